@@ -1,0 +1,43 @@
+"""``python -m evalkit [key=value ...]``: compose the Hydra config, run it, print the scores.
+
+Examples: ``python -m evalkit`` (embedded model and tasks), ``python -m evalkit model=qwen2-7b
+tensor_parallel_size=4 tasks=[gsm8k]``, a sweep: ``python -m evalkit -m max_model_len=2048,4096``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from evalkit.budget import PromptTooLong
+from evalkit.config import CONF_DIR, ConfigError, check_overrides, register_configs
+
+
+def fail(message: str) -> None:
+    print(f"evalkit: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run_one(cfg: DictConfig) -> None:
+    from evalkit.run import evaluate
+
+    try:
+        run_dir = evaluate(OmegaConf.to_object(cfg))
+    except (ConfigError, PromptTooLong) as error:
+        fail(str(error))
+    print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
+
+
+def main() -> None:
+    try:
+        check_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
+    except ConfigError as error:
+        fail(str(error))
+    register_configs()
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)(run_one)()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Stage 1, configuration: the typed schema Hydra composes into, and the checks that run before any engine starts.
+
+The YAML files in ``conf/`` only pick presets and values; every key, its type and its default live here.
+``conf/config.yaml`` lays model presets (``conf/model/*.yaml``) over :class:`EvalConfig`, so the short
+overrides of the product spec (``model=qwen2-7b tensor_parallel_size=4 max_tokens=2048``) are top-level keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = PROJECT_ROOT / "conf"
+TASKS_DIR = PROJECT_ROOT / "tasks"
+
+OVERFLOW_POLICIES = ("fail", "truncate_left")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
+
+
+class ConfigError(ValueError):
+    """A mistake in the user's input, reported as one line before any engine starts."""
+
+
+@dataclass
+class EvalConfig:
+    # --- the model (a preset from conf/model/ fills these) ---
+    model_name: str = MISSING  # names the folder under result/
+    vllm_path: str = MISSING  # local weights folder, a hub id, or embedded://<name>
+    dtype: str = "auto"  # one of DTYPES; float32 is the right choice on CPU (see README)
+    trust_remote_code: bool = False
+    apply_chat_template: bool = False  # wrap prompts in the tokenizer's chat template
+    tokenizer: Optional[str] = None  # tokenizer folder when it is not the weights folder
+
+    # --- the engine ---
+    max_model_len: int = 4096  # context window the engine is started with
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    batch_size: Optional[int] = None  # most sequences the engine runs at once (vLLM max_num_seqs); null: vLLM's default
+    seed: int = 1234  # engine seed and lm-eval's sampling seeds
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
+
+    # --- generation ---
+    max_tokens: int = 16384  # ceiling on new tokens per request; a task's own max_gen_toks may lower it
+    temperature: float = 0.0  # 0.0 is greedy decoding, the reference procedure
+    sampling_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.SamplingParams argument
+    strip_thinking: bool = False  # score the text after the reasoning section; raw text stays in the samples
+    thinking_end: str = "</think>"  # marker that closes the reasoning section
+
+    # --- length budget ---
+    overflow: str = "fail"  # prompt too long for max_model_len: "fail" the run, or "truncate_left"
+    min_gen_tokens: int = 1  # a generation prompt must leave at least this much room (capped by the request)
+
+    # --- tasks ---
+    tasks: list[str] = field(default_factory=lambda: ["evalkit_arith", "evalkit_facts"])
+    limit: Optional[float] = None  # documents per task (an int), or a fraction below 1.0
+    num_fewshot: Optional[int] = None
+    task_data: dict[str, Any] = field(default_factory=dict)  # per task: dataset_path/dataset_name/dataset_kwargs
+    tasks_dirs: list[str] = field(default_factory=list)  # more folders of task YAMLs, besides tasks/
+
+    # --- output ---
+    output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
+    log_samples: bool = True
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="evalkit_schema", node=EvalConfig)
+
+
+def schema_keys() -> list[str]:
+    return [f.name for f in fields(EvalConfig)]
+
+
+def model_presets() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+
+
+def closest(name: str, options: list[str], n: int = 3) -> str:
+    """The options nearest to name, for error messages: "did you mean ...?"."""
+    near = difflib.get_close_matches(name, options, n=n, cutoff=0.5)
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Reject unknown keys and presets on the command line with one line each, before Hydra composes.
+
+    Hydra would refuse them too, but with a multi-line message; a user deserves the closest names.
+    Keys starting with ``hydra``, ``+``, ``~`` or dotted keys inside dict fields are left to Hydra.
+    """
+    keys = set(schema_keys())
+    for item in overrides:
+        if "=" not in item or item.startswith(("hydra", "+", "~", "-")):
+            continue
+        key, _, value = item.partition("=")
+        key = key.split("@", 1)[0]
+        head = key.split(".", 1)[0]
+        if key == "model":
+            presets = model_presets()
+            if value not in presets:
+                raise ConfigError(
+                    f"unknown model preset {value!r}{closest(value, presets)}; presets: {', '.join(presets)}"
+                )
+        elif head not in keys:
+            raise ConfigError(f"unknown config key {head!r}{closest(head, sorted(keys))}; see evalkit/config.py")
+
+
+def validate(cfg: EvalConfig) -> None:
+    """Checks on values that need no engine: one ConfigError per mistake, with the fix."""
+    if cfg.vllm_path in (None, "", MISSING, "???"):
+        raise ConfigError("vllm_path is not set: pass vllm_path=/path/to/weights (or choose model=<preset>)")
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"dtype={cfg.dtype!r} is not one of {', '.join(DTYPES)}")
+    if cfg.overflow not in OVERFLOW_POLICIES:
+        raise ConfigError(f"overflow={cfg.overflow!r} is not one of {', '.join(OVERFLOW_POLICIES)}")
+    for name, value in (("max_model_len", cfg.max_model_len), ("max_tokens", cfg.max_tokens),
+                        ("tensor_parallel_size", cfg.tensor_parallel_size), ("min_gen_tokens", cfg.min_gen_tokens)):
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be at least 1")
+    if cfg.batch_size is not None and cfg.batch_size < 1:
+        raise ConfigError(f"batch_size={cfg.batch_size} must be at least 1 (or null for vLLM's default)")
+    if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
+        raise ConfigError(f"gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]")
+    if cfg.limit is not None and (cfg.limit <= 0 or (cfg.limit > 1 and cfg.limit != int(cfg.limit))):
+        raise ConfigError(f"limit={cfg.limit} must be a whole number of documents or a fraction in (0, 1]")
+    if not cfg.tasks:
+        raise ConfigError("tasks is empty: pass tasks=[name,...]")
+    if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith("."):
+        raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")

@@ -1,0 +1,76 @@
+"""The contracts between stages: what an engine must do, and the frozen records that cross stage borders.
+
+The harness (lm-eval adapter) talks to any :class:`Engine`: the real vLLM one in ``engine.py``, or a
+deterministic fake in the unit tests. Token ids are the currency; text only enters and leaves through
+the engine's tokenizer methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    finish_reason: str  # "stop" (a stop string or end-of-sequence) or "length" (hit max_tokens)
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score tokens ``ids[start:]`` given everything before them."""
+
+    ids: tuple[int, ...]
+    start: int
+
+
+@dataclass(frozen=True)
+class Scored:
+    logprob: float  # sum of the log-probabilities of ids[start:]
+    is_greedy: bool  # every scored token was the engine's top-1 choice
+
+
+class Engine(Protocol):
+    max_model_len: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, without special tokens."""
+
+    def prefix_token_id(self) -> int:
+        """The token that stands before an empty context (BOS, or EOS where a model has no BOS)."""
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]: ...
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Engine arguments actually used and library versions, for the results file."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RequestRecord:
+    """What evalkit saw of one request, merged into the per-sample output next to lm-eval's fields."""
+
+    kind: str  # generate_until | loglikelihood | loglikelihood_rolling
+    prompt_tokens: int
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    raw_output: str | None = None  # before the thinking section was stripped
+    requested_max_tokens: int | None = None
+    max_tokens: int | None = None  # what the engine was given after the length budget
+    clamped: bool = False  # max_tokens was lowered to fit max_model_len
+    truncated_tokens: int = 0  # prompt tokens dropped from the left under overflow=truncate_left
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,149 @@
+"""Stage 3, the harness: lm-eval's ``LM`` interface on top of an evalkit :class:`~evalkit.contracts.Engine`.
+
+Tokenization of (context, continuation) pairs is lm-eval's own (``TemplateLM._encode_pair`` and its
+empty-context rule), so log-likelihoods line up with lm-eval's ``hf`` backend. Every request goes through
+the length budget (``budget.py``) and leaves a :class:`RequestRecord`, which the results stage merges into
+the per-sample output: raw text, finish reason, token counts, clamps and truncations.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from lm_eval.api.model import TemplateLM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from evalkit.budget import plan_generation, plan_score
+from evalkit.contracts import Engine, GenRequest, RequestRecord, ScoreRequest
+
+
+def strip_thinking(text: str, end_marker: str) -> str:
+    """The answer after a reasoning section: text after the last end marker.
+
+    Without an end marker, text that opened a reasoning section never reached its answer (cut off by
+    the token limit), so nothing is left to score; text that never opened one is kept whole.
+    """
+    if end_marker in text:
+        return text.rsplit(end_marker, 1)[1].lstrip()
+    start_marker = end_marker.replace("</", "<", 1)
+    return "" if start_marker != end_marker and start_marker in text else text
+
+
+class EvalkitLM(TemplateLM):
+    """One engine shared by every task of a run, seen by lm-eval as an ``LM``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model_name: str,
+        max_tokens: int,
+        min_gen_tokens: int = 1,
+        overflow: str = "fail",
+        strip_thinking: bool = False,
+        thinking_end: str = "</think>",
+    ) -> None:
+        super().__init__()
+        self.engine = engine
+        self.model_name = model_name
+        self.max_tokens = max_tokens
+        self.min_gen_tokens = min_gen_tokens
+        self.overflow = overflow
+        self.strip_thinking = strip_thinking
+        self.thinking_end = thinking_end
+        # (task, doc_id) -> records of that document's requests, in request order
+        self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
+        self._pending: list[Any] = []
+
+    # --- what lm-eval asks of a model ---
+    @property
+    def eot_token_id(self) -> int:
+        return self.engine.prefix_token_id()
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self.engine.prefix_token_id()
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.model_name
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.engine.encode(string)
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(getattr(self.engine, "tokenizer", None), "chat_template", None) if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.engine.chat_prompt(chat_history, add_generation_prompt)
+
+    def _record(self, instance: Any, record: RequestRecord) -> None:
+        self.records[(instance.task_name, instance.doc_id)].append(record)
+
+    # --- log-likelihood ---
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._pending = list(requests)  # TemplateLM keeps order: _loglikelihood_tokens gets them 1:1
+        try:
+            return super().loglikelihood(requests, disable_tqdm=True)
+        finally:
+            self._pending = []
+
+    def _loglikelihood_tokens(self, requests, **kwargs) -> list[tuple[float, bool]]:
+        scores = []
+        for i, (_, context_enc, continuation_enc) in enumerate(requests):
+            drop = plan_score(context_tokens=len(context_enc), continuation_tokens=len(continuation_enc),
+                              max_model_len=self.engine.max_model_len, overflow=self.overflow)
+            ids = tuple(context_enc[drop:]) + tuple(continuation_enc)
+            scores.append(ScoreRequest(ids=ids, start=len(context_enc) - drop))
+            if self._pending:
+                self._record(self._pending[i], RequestRecord(
+                    kind="loglikelihood", prompt_tokens=len(ids), truncated_tokens=drop,
+                    extra={"continuation_tokens": len(continuation_enc)}))
+        return [(s.logprob, s.is_greedy) for s in self.engine.score(scores)]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Perplexity-style scoring: the whole text in disjoint windows that fit max_model_len."""
+        windows: list[ScoreRequest] = []
+        owners: list[int] = []
+        for n, instance in enumerate(requests):
+            (text,) = instance.args
+            tokens = self.engine.encode(text)
+            for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=tokens, prefix_token=self.prefix_token_id,
+                    max_seq_len=self.engine.max_model_len - 2, context_len=1)):
+                windows.append(ScoreRequest(ids=tuple(context) + tuple(continuation), start=len(context)))
+                owners.append(n)
+            self._record(instance, RequestRecord(kind="loglikelihood_rolling", prompt_tokens=len(tokens),
+                                                 extra={"windows": owners.count(n)}))
+        totals = [0.0] * len(requests)
+        for n, scored in zip(owners, self.engine.score(windows)):
+            totals[n] += scored.logprob
+        return totals
+
+    # --- generation ---
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        batch: list[GenRequest] = []
+        records: list[RequestRecord] = []
+        for instance in requests:
+            context, gen_kwargs = instance.args
+            until = gen_kwargs.get("until") or []
+            stop = (until,) if isinstance(until, str) else tuple(until)
+            requested = min(int(gen_kwargs.get("max_gen_toks") or self.max_tokens), self.max_tokens)
+            ids = self.engine.encode(context)
+            plan = plan_generation(prompt_tokens=len(ids), requested=requested,
+                                   max_model_len=self.engine.max_model_len,
+                                   min_gen_tokens=self.min_gen_tokens, overflow=self.overflow)
+            batch.append(GenRequest(prompt_ids=tuple(ids[plan.keep_from:]), max_tokens=plan.max_tokens, stop=stop))
+            records.append(RequestRecord(kind="generate_until", prompt_tokens=len(ids) - plan.keep_from,
+                                         requested_max_tokens=requested, max_tokens=plan.max_tokens,
+                                         clamped=plan.clamped, truncated_tokens=plan.truncated))
+        answers = []
+        for instance, record, generation in zip(requests, records, self.engine.generate(batch)):
+            record.raw_output = generation.text
+            record.finish_reason = generation.finish_reason
+            record.output_tokens = generation.output_tokens
+            self._record(instance, record)
+            answers.append(strip_thinking(generation.text, self.thinking_end)
+                           if self.strip_thinking else generation.text)
+        return answers

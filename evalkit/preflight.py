@@ -1,0 +1,72 @@
+"""Checks that need the model's files or the machine, run before the engine starts (it takes minutes).
+
+Each failure is a :class:`~evalkit.config.ConfigError`: one line with what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from evalkit import embedded
+from evalkit.config import ConfigError, EvalConfig
+
+# config.json keys vLLM reads for a model's context length; it takes the smallest present.
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+               "max_sequence_length", "max_seq_length", "seq_len", "model_max_length")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model_path(vllm_path: str) -> str:
+    """A local folder for vllm_path (fetching the embedded model on first use), or a hub id as given."""
+    if embedded.is_embedded(vllm_path):
+        return embedded.materialize(vllm_path)
+    path = Path(vllm_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"vllm_path={vllm_path} has no config.json; point it at a Hugging Face model folder")
+        return str(path.resolve())
+    if path.exists():
+        raise ConfigError(f"vllm_path={vllm_path} is a file; point it at the model's folder")
+    if HUB_ID.match(vllm_path) and not vllm_path.startswith("."):
+        return vllm_path  # a hub id: vLLM fetches it where the network allows
+    raise ConfigError(f"vllm_path={vllm_path} does not exist; pass vllm_path=/path/to/weights "
+                      f"(or set EVALKIT_MODELS_DIR for the presets)")
+
+
+def model_context_length(model_dir: str) -> tuple[int, str] | None:
+    """(tokens, where it came from) read off config.json, or None when it is not stated."""
+    config_file = Path(model_dir) / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    config = config.get("text_config", config) if "max_position_embeddings" not in config else config
+    found = [(int(config[k]), k) for k in LENGTH_KEYS if isinstance(config.get(k), int)]
+    if not found:
+        return None
+    length, key = min(found)
+    scaling = config.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in ("linear", "dynamic", "yarn") and scaling.get("factor"):
+        if kind != "dynamic" and "original_max_position_embeddings" in scaling:
+            length = int(scaling["original_max_position_embeddings"])
+        length, key = int(length * float(scaling["factor"])), f"{key} x rope_scaling.factor"
+    return length, key
+
+
+def check_model(cfg: EvalConfig, model_dir: str) -> None:
+    stated = model_context_length(model_dir)
+    if stated and cfg.max_model_len > stated[0]:
+        raise ConfigError(f"max_model_len={cfg.max_model_len} exceeds what {cfg.model_name} supports "
+                          f"({stated[0]}, {stated[1]} in config.json); pass max_model_len={stated[0]} or less")
+
+
+def check_devices(cfg: EvalConfig) -> None:
+    from evalkit.engine import accelerators  # torch lives behind the engine module
+
+    kind, count = accelerators()
+    if cfg.tensor_parallel_size > count:
+        what = f"{count} GPU(s)" if kind == "cuda" else f"no GPU and {count} CPU core(s)"
+        raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} but this machine has {what}; "
+                          f"pass tensor_parallel_size={count} or less")

@@ -1,0 +1,177 @@
+"""Stage 4, results: everything a run writes under ``result/<model_name>/<run id>/``, and nothing else writes there.
+
+A run folder is built under a hidden temporary name and renamed into place once complete, so a crash
+leaves no half-written run and one run never overwrites another. The files (see README, "Results"):
+
+* ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`)
+* ``samples_<task>.jsonl`` -- one line per document and filter (:class:`SampleLine`)
+* ``config.yaml`` -- the resolved config
+* ``summary.csv`` / ``summary.md`` -- one row per task, metric and filter (:data:`SUMMARY_COLUMNS`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterable, TypedDict
+
+import pandas as pd
+
+from evalkit.contracts import RequestRecord
+
+LM_EVAL_KEYS = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better",
+                "n-samples")
+SUMMARY_COLUMNS = ["task", "metric", "filter", "value", "stderr", "n_samples", "num_fewshot", "version",
+                   "finish_length", "clamped", "truncated", "prompt_tokens", "output_tokens"]
+
+
+class TaskCounts(TypedDict):
+    requests: int
+    prompt_tokens: int  # summed over requests, after any truncation
+    output_tokens: int  # generated tokens, summed
+    finish_length: int  # generations that stopped at their token limit
+    clamped: int  # generations whose max_tokens was lowered to fit max_model_len
+    truncated: int  # requests whose prompt lost tokens on the left (overflow=truncate_left)
+    truncated_tokens: int
+
+
+class EvalkitSection(TypedDict):
+    run_id: str
+    model_name: str
+    config: dict[str, Any]  # the resolved config, as given
+    engine: dict[str, Any]  # engine_args actually passed to vllm.LLM, sampling settings, versions, hardware
+    timings: dict[str, float]  # seconds per stage
+    counts: dict[str, TaskCounts]  # per task
+
+
+class SampleLine(TypedDict, total=False):
+    """lm-eval's sample fields (doc_id, doc, target, arguments, resps, filtered_resps, filter, metrics,
+    doc_hash, prompt_hash, target_hash, and each metric's value) plus evalkit's below."""
+
+    prompt: str  # the text of the first request (context), as sent after any chat template
+    raw_output: str | None  # generation before the thinking section was stripped (generation tasks)
+    filtered_output: Any  # what the metric scored
+    scores: dict[str, Any]  # metric -> value for this document
+    finish_reason: str | None
+    prompt_tokens: int
+    output_tokens: int
+    requests: list[dict[str, Any]]  # one RequestRecord per request of this document
+
+
+def count_records(records: dict[tuple[str, int], list[RequestRecord]]) -> dict[str, TaskCounts]:
+    counts: dict[str, Counter] = {}
+    for (task, _), recs in records.items():
+        c = counts.setdefault(task, Counter())
+        for r in recs:
+            c.update(requests=1, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
+                     finish_length=r.finish_reason == "length", clamped=r.clamped,
+                     truncated=r.truncated_tokens > 0, truncated_tokens=r.truncated_tokens)
+    return {task: TaskCounts(**{k: int(c[k]) for k in TaskCounts.__annotations__}) for task, c in counts.items()}
+
+
+def sample_line(sample: dict[str, Any], records: list[RequestRecord]) -> SampleLine:
+    metrics = sample.get("metrics") or []
+    arguments = sample.get("arguments") or []
+    first = arguments[0] if arguments else None
+    prompt = first[0] if isinstance(first, (list, tuple)) and first else first
+    filtered = sample.get("filtered_resps")
+    gens = [r for r in records if r.kind == "generate_until"]
+    line: SampleLine = {
+        **sample,
+        "prompt": prompt,
+        "raw_output": gens[0].raw_output if gens else None,
+        "filtered_output": filtered[0] if isinstance(filtered, list) and len(filtered) == 1 else filtered,
+        "scores": {m: sample.get(m) for m in metrics},
+        "finish_reason": gens[0].finish_reason if gens else None,
+        "prompt_tokens": sum(r.prompt_tokens for r in records),
+        "output_tokens": sum(r.output_tokens for r in records),
+        "requests": [asdict(r) for r in records],
+    }
+    return line
+
+
+def summary_frame(results: dict[str, Any], counts: dict[str, TaskCounts]) -> pd.DataFrame:
+    rows = []
+    for task, values in results.get("results", {}).items():
+        c = counts.get(task, {})
+        for key, value in values.items():
+            if "," not in key or "_stderr" in key.split(",")[0]:
+                continue
+            metric, filt = key.split(",", 1)
+            stderr = values.get(f"{metric}_stderr,{filt}")
+            rows.append({
+                "task": task, "metric": metric, "filter": filt, "value": value,
+                "stderr": stderr if isinstance(stderr, (int, float)) else None,
+                "n_samples": results.get("n-samples", {}).get(task, {}).get("effective"),
+                "num_fewshot": results.get("n-shot", {}).get(task),
+                "version": results.get("versions", {}).get(task),
+                **{k: c.get(k) for k in ("finish_length", "clamped", "truncated", "prompt_tokens", "output_tokens")},
+            })
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _json(obj: Any) -> str:
+    from lm_eval.utils import handle_non_serializable
+
+    return json.dumps(obj, default=handle_non_serializable, ensure_ascii=False)
+
+
+def _write_jsonl(path: Path, lines: Iterable[Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(_json(line) + "\n")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def write_run(
+    *,
+    output_dir: str,
+    model_name: str,
+    run_id: str,
+    results: dict[str, Any],
+    records: dict[tuple[str, int], list[RequestRecord]],
+    config_yaml: str,
+    evalkit: EvalkitSection,
+) -> Path:
+    """Write one run folder atomically and return its final path."""
+    parent = Path(output_dir) / model_name
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".tmp-{run_id}-{os.getpid()}"
+    try:
+        tmp.mkdir()
+        aggregate = {k: results[k] for k in LM_EVAL_KEYS if k in results}
+        aggregate["evalkit"] = evalkit
+        (tmp / "results.json").write_text(json.dumps(json.loads(_json(aggregate)), indent=2) + "\n")
+        for task, samples in (results.get("samples") or {}).items():
+            _write_jsonl(tmp / f"samples_{task}.jsonl",
+                         (sample_line(s, records.get((task, s["doc_id"]), [])) for s in samples))
+        (tmp / "config.yaml").write_text(config_yaml)
+        frame = summary_frame(results, evalkit["counts"])
+        frame.to_csv(tmp / "summary.csv", index=False)
+        (tmp / "summary.md").write_text(frame.to_markdown(index=False, floatfmt=".4f") + "\n")
+        return _publish(tmp, parent, run_id)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _publish(tmp: Path, parent: Path, run_id: str) -> Path:
+    """Rename tmp to the first free <run_id>[-N]; never replaces an existing run."""
+    for n in range(1000):
+        final = parent / (run_id if n == 0 else f"{run_id}-{n}")
+        if final.exists():
+            continue
+        try:
+            os.rename(tmp, final)  # fails if another run took the name meanwhile (non-empty folder)
+            return final
+        except OSError:
+            continue
+    raise RuntimeError(f"no free run folder name under {parent}")

@@ -1,0 +1,92 @@
+"""One evaluation run, stage by stage: check -> load tasks -> start the engine -> lm-eval -> write results.
+
+Everything that can fail on bad input (config values, task names, task data, the model's path and
+length, the devices) is checked before the engine starts, because starting it takes minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+from evalkit import preflight, results
+from evalkit.config import EvalConfig, validate
+from evalkit.contracts import Engine
+from evalkit.harness import EvalkitLM
+from evalkit.tasks import load_tasks
+
+log = logging.getLogger("evalkit")
+EngineFactory = Callable[[EvalConfig, str], Engine]
+
+
+def start_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
+    from evalkit.engine import VLLMEngine
+
+    return VLLMEngine(
+        model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+        gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
+        max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+        temperature=cfg.temperature, engine_kwargs=dict(cfg.engine_kwargs),
+        sampling_kwargs=dict(cfg.sampling_kwargs),
+    )
+
+
+def _limit(limit: float | None) -> int | float | None:
+    return int(limit) if limit is not None and limit >= 1 else limit
+
+
+def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, check_devices: bool = True) -> Path:
+    """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts."""
+    from lm_eval import simple_evaluate
+
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = round(now - clock, 3)
+        clock = now
+
+    validate(cfg)
+    manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
+    lap("load_tasks")
+    model_dir = preflight.resolve_model_path(cfg.vllm_path)
+    preflight.check_model(cfg, model_dir)
+    if check_devices:
+        preflight.check_devices(cfg)
+    lap("prepare_model")
+
+    run_id = results.new_run_id()
+    engine = engine_factory(cfg, model_dir)
+    lap("engine_start")
+    try:
+        lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
+                       min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
+                       strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end)
+        outcome: dict[str, Any] = simple_evaluate(
+            model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
+            log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
+            random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+            fewshot_random_seed=cfg.seed, bootstrap_iters=1000,
+        )
+        lap("evaluate")
+        description = engine.describe()
+    finally:
+        engine.close()
+
+    config = OmegaConf.structured(cfg)
+    timings["total"] = round(sum(timings.values()), 3)
+    section: results.EvalkitSection = {
+        "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
+        "engine": {**description, "model_dir": model_dir}, "timings": timings,
+        "counts": results.count_records(lm.records),
+    }
+    return results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
+                             results=outcome, records=lm.records, config_yaml=OmegaConf.to_yaml(config),
+                             evalkit=section)

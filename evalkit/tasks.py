@@ -1,0 +1,87 @@
+"""Stage 3a, tasks: lm-eval tasks by name, evalkit's own YAMLs in ``tasks/``, and data from local files.
+
+Task data is loaded here, before any engine starts, so that a wrong name or an unreachable dataset fails
+in seconds. Two ways to keep data local (air-gapped clusters are the common case):
+
+* ``task_data.<task>`` in the config replaces a task's ``dataset_path`` / ``dataset_name`` /
+  ``dataset_kwargs`` and keeps its prompts and metrics, e.g.
+  ``+task_data.gsm8k={dataset_path:json,dataset_kwargs:{data_files:{test:/data/gsm8k/test.jsonl}}}``.
+* relative ``data_files`` in a task YAML are read relative to that YAML's folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from evalkit.config import TASKS_DIR, ConfigError, closest
+
+DATA_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs")
+
+
+def task_manager(extra_dirs: list[str]):
+    from lm_eval.tasks import TaskManager
+
+    dirs = [str(TASKS_DIR)] + [str(Path(d).resolve()) for d in extra_dirs]
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise ConfigError(f"tasks_dirs: {d} is not a folder")
+    return TaskManager(include_path=dirs)
+
+
+def _resolve_data_files(data_files: Any, base: Path) -> Any:
+    if isinstance(data_files, str):
+        return data_files if "://" in data_files else str((base / data_files).resolve())
+    if isinstance(data_files, list):
+        return [_resolve_data_files(f, base) for f in data_files]
+    if isinstance(data_files, dict):
+        return {k: _resolve_data_files(v, base) for k, v in data_files.items()}
+    return data_files
+
+
+def _overrides(entry: Any, full_config: dict[str, Any], user_data: dict[str, Any] | None) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    if user_data:
+        unknown = set(user_data) - set(DATA_KEYS)
+        if unknown:
+            raise ConfigError(f"task_data.{entry.name}: unknown keys {sorted(unknown)}; use {', '.join(DATA_KEYS)}")
+        overrides.update(user_data)
+        base = Path.cwd()
+    else:
+        base = Path(entry.yaml_path).parent if entry.yaml_path else Path.cwd()
+    kwargs = dict(overrides.get("dataset_kwargs", full_config.get("dataset_kwargs")) or {})
+    if "data_files" in kwargs:
+        kwargs["data_files"] = _resolve_data_files(kwargs["data_files"], base)
+        overrides["dataset_kwargs"] = kwargs
+    return overrides
+
+
+def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str]) -> tuple[Any, list[Any]]:
+    """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
+
+    ConfigError if a name is unknown or its data cannot be read."""
+    manager = task_manager(extra_dirs)
+    known = manager.all_tasks
+    for name in list(names) + list(task_data):
+        if name not in manager.task_index:
+            raise ConfigError(f"unknown task {name!r}{closest(name, known)}; {len(known)} tasks are known "
+                              f"(lm-eval's and {TASKS_DIR.name}/)")
+    loaded: list[Any] = []
+    for name in names:
+        entry = manager.task_index[name]
+        if entry.kind.name not in ("TASK", "PY_TASK"):
+            if name in task_data:
+                raise ConfigError(f"task_data.{name}: {name} is a group; point task_data at its tasks instead")
+            loaded.append(name)  # groups and tags: lm-eval expands them
+            continue
+        factory = manager._factory  # lm-eval's own loader, so includes and !function resolve as usual
+        overrides = _overrides(entry, factory._load_full_config(entry), task_data.get(name))
+        try:
+            loaded.append(factory.build(entry, overrides=overrides or None, registry=manager.task_index))
+        except Exception as error:  # datasets raises many kinds; the user needs the task and the fix
+            logging.getLogger(__name__).debug("loading %s failed", name, exc_info=True)
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(f"task {name}: its data could not be loaded ({first}); "
+                              f"point task_data.{name} at local files") from error
+    return manager, loaded

@@ -1,0 +1,76 @@
+"""A deterministic stand-in engine for unit tests of evalkit's own logic (budgets, records, results files).
+
+It never stands in where evalkit claims real engine behaviour: those tests use vLLM (tests/test_engine.py).
+Tokens are characters (id = code point), so token counts are easy to reason about in tests.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest
+
+BOS = 1
+
+
+class FakeEngine:
+    def __init__(self, max_model_len: int = 4096, reply: str | None = None) -> None:
+        self.max_model_len = max_model_len
+        self.reply = reply  # fixed generation text; None answers the last "What is a op b?" correctly
+        self.generated: list[GenRequest] = []
+        self.scored: list[ScoreRequest] = []
+        self.closed = False
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def prefix_token_id(self) -> int:
+        return BOS
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def _answer(self, prompt: str) -> str:
+        if self.reply is not None:
+            return self.reply
+        asked = re.findall(r"What is (\d+) ([+-]) (\d+)\?", prompt)
+        if not asked:
+            return " I do not know."
+        a, op, b = asked[-1]
+        return f" {int(a) + int(b) if op == '+' else int(a) - int(b)}\nQuestion: more"
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        self.generated.extend(requests)
+        out = []
+        for r in requests:
+            text = self._answer(self.decode(r.prompt_ids))
+            cut = min((text.find(s) for s in r.stop if s in text), default=-1)
+            if cut >= 0:
+                text, reason = text[:cut], "stop"
+            else:
+                reason = "stop"
+            if len(text) > r.max_tokens:
+                text, reason = text[: r.max_tokens], "length"
+            out.append(Generation(text=text, finish_reason=reason, output_tokens=len(text)))
+        return out
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        """Log-probability -0.1 per scored token, -0.05 for vowels: short, vowel-rich answers win."""
+        self.scored.extend(requests)
+        out = []
+        for r in requests:
+            tokens = r.ids[r.start:]
+            logprob = sum(-0.05 if chr(t) in "aeiou" else -0.1 for t in tokens)
+            out.append(Scored(logprob=logprob, is_greedy=len(tokens) == 1))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine_args": {"model": "fake", "max_model_len": self.max_model_len}, "versions": {}, "hardware": {}}
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,86 @@
+"""Config composition with Hydra's compose API (evalkit/config.py, conf/). Run: pytest tests/test_config.py"""
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from evalkit.config import CONF_DIR, ConfigError, EvalConfig, check_overrides, model_presets, register_configs, validate
+
+SPEC_PRESETS = {"qwen2.5-7b", "qwen2-7b", "qwen1.5-7b", "llama3.2-3b", "llama3.1-8b", "llama3-8b", "llama2-7b",
+                "yi-6b", "smollm2-135m"}
+
+
+def load(*overrides: str) -> EvalConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+
+
+def test_default_is_the_embedded_model_on_the_embedded_tasks():
+    cfg = load()
+    assert isinstance(cfg, EvalConfig)
+    assert cfg.vllm_path == "embedded://smollm2-135m-instruct" and cfg.dtype == "float32"
+    assert (cfg.max_tokens, cfg.temperature, cfg.tensor_parallel_size) == (16384, 0.0, 1)
+    assert cfg.tasks == ["evalkit_arith", "evalkit_facts"]
+    validate(cfg)
+
+
+def test_product_spec_overrides_work_as_written(monkeypatch):
+    monkeypatch.setenv("EVALKIT_MODELS_DIR", "/data/models")
+    cfg = load("model=qwen2-7b", "tensor_parallel_size=4", "max_tokens=2048", "batch_size=64", "limit=100",
+               "tasks=[arc_easy,my_task]", "max_model_len=8192")
+    assert cfg.model_name == "qwen2-7b" and cfg.vllm_path == "/data/models/Qwen2-7B-Instruct"
+    assert (cfg.tensor_parallel_size, cfg.max_tokens, cfg.batch_size, cfg.limit) == (4, 2048, 64, 100)
+    assert cfg.tasks == ["arc_easy", "my_task"] and cfg.max_model_len == 8192
+    assert cfg.dtype == "bfloat16" and cfg.apply_chat_template is True
+
+
+def test_command_line_beats_the_preset():
+    cfg = load("model=llama2-7b", "vllm_path=/x/llama", "dtype=float32")
+    assert (cfg.vllm_path, cfg.dtype) == ("/x/llama", "float32")
+
+
+@pytest.mark.parametrize("preset", sorted(SPEC_PRESETS))
+def test_every_preset_composes_and_validates(preset):
+    assert SPEC_PRESETS <= set(model_presets())
+    cfg = load(f"model={preset}")
+    assert cfg.model_name and cfg.vllm_path and cfg.dtype
+    validate(cfg)
+
+
+def test_any_engine_argument_passes_through():
+    cfg = load("+engine_kwargs.enforce_eager=true", "+engine_kwargs.max_num_batched_tokens=8192",
+               "+sampling_kwargs.top_p=0.9")
+    assert cfg.engine_kwargs == {"enforce_eager": True, "max_num_batched_tokens": 8192}
+    assert cfg.sampling_kwargs == {"top_p": 0.9}
+
+
+def test_unknown_key_is_one_line_with_the_closest_name():
+    with pytest.raises(ConfigError, match=r"unknown config key 'max_token' \(did you mean max_tokens"):
+        check_overrides(["max_token=5"])
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ConfigError, match=r"unknown model preset 'qwen2-7' \(did you mean qwen2-7b.*presets: "):
+        check_overrides(["model=qwen2-7"])
+
+
+def test_known_overrides_pass_the_check():
+    check_overrides(["model=yi-6b", "tensor_parallel_size=2", "engine_kwargs.enforce_eager=true",
+                     "+engine_kwargs.x=1", "hydra.verbose=true"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("vllm_path=", "vllm_path is not set"),
+    ("dtype=fp8", "dtype='fp8' is not one of"),
+    ("overflow=drop", "overflow='drop'"),
+    ("max_model_len=0", "max_model_len=0 must be at least 1"),
+    ("gpu_memory_utilization=1.5", "gpu_memory_utilization=1.5"),
+    ("limit=2.5", "limit=2.5"),
+    ("tasks=[]", "tasks is empty"),
+    ("model_name=../x", "model_name='../x'"),
+])
+def test_bad_values_fail_with_one_line(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
+        validate(load(override))
+    assert "\n" not in str(info.value)

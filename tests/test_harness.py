@@ -1,0 +1,92 @@
+"""The lm-eval adapter (evalkit/harness.py) on the deterministic fake engine. Run: pytest tests/test_harness.py"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from evalkit.budget import PromptTooLong
+from evalkit.harness import EvalkitLM, strip_thinking
+from tests.fake_engine import BOS, FakeEngine
+
+
+def instance(task, doc_id, *args):
+    return SimpleNamespace(task_name=task, doc_id=doc_id, args=args)
+
+
+def test_generation_gets_min_of_max_tokens_and_room():
+    engine = FakeEngine(max_model_len=64)
+    lm = EvalkitLM(engine, model_name="m", max_tokens=16384)
+    prompt = "Question: What is 2 + 2?\nAnswer:"  # 32 characters = 32 tokens
+    (answer,) = lm.generate_until([instance("t", 0, prompt, {"until": ["\n"]})])
+    assert answer == " 4"
+    assert engine.generated[0].max_tokens == 64 - 32 and engine.generated[0].prompt_ids == tuple(map(ord, prompt))
+    (record,) = lm.records[("t", 0)]
+    assert record.clamped and record.requested_max_tokens == 16384 and record.max_tokens == 32
+    assert (record.prompt_tokens, record.output_tokens, record.finish_reason) == (32, 2, "stop")
+
+
+def test_task_max_gen_toks_lowers_the_ceiling_and_length_is_reported():
+    engine = FakeEngine(reply=" 1234567890")
+    lm = EvalkitLM(engine, model_name="m", max_tokens=100)
+    (answer,) = lm.generate_until([instance("t", 3, "x", {"until": ["\n"], "max_gen_toks": 4})])
+    assert answer == " 123"
+    (record,) = lm.records[("t", 3)]
+    assert record.finish_reason == "length" and not record.clamped and record.max_tokens == 4
+
+
+def test_too_long_prompt_fails_by_default_and_truncates_left_on_request():
+    prompt = "A" * 60 + "What is 1 + 1?"
+    lm = EvalkitLM(FakeEngine(max_model_len=40), model_name="m", max_tokens=8)
+    with pytest.raises(PromptTooLong):
+        lm.generate_until([instance("t", 0, prompt, {"until": []})])
+    engine = FakeEngine(max_model_len=40)
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8, min_gen_tokens=8, overflow="truncate_left")
+    (answer,) = lm.generate_until([instance("t", 0, prompt, {"until": ["\n"]})])
+    assert answer == " 2"
+    assert engine.generated[0].prompt_ids == tuple(map(ord, prompt[-32:]))
+    assert lm.records[("t", 0)][0].truncated_tokens == len(prompt) - 32
+
+
+def test_strip_thinking_scores_the_answer_and_keeps_the_raw_text():
+    lm = EvalkitLM(FakeEngine(reply="<think>7+5 is 12</think> 12"), model_name="m", max_tokens=64,
+                   strip_thinking=True)
+    (answer,) = lm.generate_until([instance("t", 0, "q", {"until": []})])
+    assert answer == "12" and lm.records[("t", 0)][0].raw_output == "<think>7+5 is 12</think> 12"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<think>a</think>b", "b"), ("x</think> y", "y"), ("<think>never closed", ""), ("plain 5", "plain 5"),
+    ("<think>1</think>2<think>3</think> 4", "4"),
+])
+def test_strip_thinking_rules(text, expected):
+    assert strip_thinking(text, "</think>") == expected
+
+
+def test_loglikelihood_uses_lm_evals_pair_encoding():
+    engine = FakeEngine()
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8)
+    out = lm.loglikelihood([instance("t", 0, "Q: sky? A: ", "blue"), instance("t", 0, "", "ab")])
+    # trailing space moves to the continuation (lm-eval's _encode_pair); empty context gets the prefix token
+    assert engine.scored[0].ids[engine.scored[0].start:] == tuple(map(ord, " blue"))
+    assert engine.scored[1].ids == (BOS, ord("a"), ord("b")) and engine.scored[1].start == 1
+    assert out[0] == (pytest.approx(-0.1 * 3 - 0.05 * 2), False)
+    assert [r.kind for r in lm.records[("t", 0)]] == ["loglikelihood", "loglikelihood"]
+
+
+def test_loglikelihood_context_truncation_is_counted():
+    engine = FakeEngine(max_model_len=10)
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8, overflow="truncate_left")
+    lm.loglikelihood([instance("t", 1, "0123456789", "ab")])
+    assert engine.scored[0].ids == tuple(map(ord, "3456789ab"))
+    assert lm.records[("t", 1)][0].truncated_tokens == 3
+
+
+def test_rolling_loglikelihood_covers_every_token_once_in_windows():
+    engine = FakeEngine(max_model_len=8)
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8)
+    text = "bcdfghjklmnpqrst"  # 16 consonants: -0.1 each
+    (total,) = lm.loglikelihood_rolling([instance("t", 0, text)])
+    assert total == pytest.approx(-1.6)
+    assert sum(len(r.ids) - r.start for r in engine.scored) == 16
+    assert all(len(r.ids) <= 7 for r in engine.scored)  # vLLM needs one free position
+    assert lm.records[("t", 0)][0].extra["windows"] == len(engine.scored)
