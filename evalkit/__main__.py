@@ -15,18 +15,20 @@ from evalkit.budget import PromptTooLong
 from evalkit.config import CONF_DIR, ConfigError, check_overrides, register_configs
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = 2) -> None:
     print(f"evalkit: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def run_one(cfg: DictConfig) -> None:
-    from evalkit.run import evaluate
+    from evalkit.run import EngineStartError, evaluate
 
     try:
         run_dir = evaluate(OmegaConf.to_object(cfg))
     except (ConfigError, PromptTooLong) as error:
         fail(str(error))
+    except EngineStartError as error:
+        fail(str(error), code=1)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
 
 

@@ -24,6 +24,10 @@ log = logging.getLogger("evalkit")
 EngineFactory = Callable[[EvalConfig, str], Engine]
 
 
+class EngineStartError(RuntimeError):
+    """vLLM could not start with these settings (memory, an unsupported model, a driver)."""
+
+
 def start_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
     from evalkit.engine import VLLMEngine
 
@@ -54,16 +58,20 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
         clock = now
 
     validate(cfg)
-    manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
-    lap("load_tasks")
     model_dir = preflight.resolve_model_path(cfg.vllm_path)
     preflight.check_model(cfg, model_dir)
     if check_devices:
         preflight.check_devices(cfg)
     lap("prepare_model")
+    manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
+    lap("load_tasks")
 
     run_id = results.new_run_id()
-    engine = engine_factory(cfg, model_dir)
+    try:
+        engine = engine_factory(cfg, model_dir)
+    except Exception as error:
+        raise EngineStartError(f"the vLLM engine did not start ({type(error).__name__}: {error}); "
+                               "its own log above names the cause") from error
     lap("engine_start")
     try:
         lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
