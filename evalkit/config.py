@@ -89,23 +89,30 @@ def closest(name: str, options: list[str], n: int = 3) -> str:
 def check_overrides(overrides: list[str]) -> None:
     """Reject unknown keys and presets on the command line with one line each, before Hydra composes.
 
-    Hydra would refuse them too, but with a multi-line message; a user deserves the closest names.
-    Keys starting with ``hydra``, ``+``, ``~`` or dotted keys inside dict fields are left to Hydra.
+    Hydra would refuse them too, but in several lines and without the closest names. Sweeps
+    (``model=a,b``) are checked value by value; ``+``/``~`` overrides, ``hydra.*`` keys and anything
+    Hydra cannot parse are left to Hydra.
     """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    except Exception:  # Hydra reports its own syntax errors
+        return
     keys = set(schema_keys())
-    for item in overrides:
-        if "=" not in item or item.startswith(("hydra", "+", "~", "-")):
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_add() or override.is_delete() or key.startswith("hydra"):
             continue
-        key, _, value = item.partition("=")
-        key = key.split("@", 1)[0]
-        head = key.split(".", 1)[0]
         if key == "model":
             presets = model_presets()
-            if value not in presets:
-                raise ConfigError(
-                    f"unknown model preset {value!r}{closest(value, presets)}; presets: {', '.join(presets)}"
-                )
-        elif head not in keys:
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+            for value in values:
+                if value not in presets:
+                    raise ConfigError(f"unknown model preset {value!r}{closest(str(value), presets)}; "
+                                      f"presets: {', '.join(presets)}")
+        elif key.split(".", 1)[0] not in keys:
+            head = key.split(".", 1)[0]
             raise ConfigError(f"unknown config key {head!r}{closest(head, sorted(keys))}; see evalkit/config.py")
 
 

@@ -84,3 +84,9 @@ def test_bad_values_fail_with_one_line(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
         validate(load(override))
     assert "\n" not in str(info.value)
+
+
+def test_sweeps_are_checked_value_by_value():
+    check_overrides(["model=qwen2-7b,llama3-8b", "max_model_len=2048,4096"])
+    with pytest.raises(ConfigError, match="unknown model preset 'llama9'"):
+        check_overrides(["model=qwen2-7b,llama9"])
