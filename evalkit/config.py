@@ -55,6 +55,7 @@ class EvalConfig:
     # --- length budget ---
     overflow: str = "fail"  # prompt too long for max_model_len: "fail" the run, or "truncate_left"
     min_gen_tokens: int = 1  # a generation prompt must leave at least this much room (capped by the request)
+    order_seed: Optional[int] = None  # submit requests in an order shuffled by this seed (null: lm-eval's order)
 
     # --- tasks ---
     tasks: list[str] = field(default_factory=lambda: ["evalkit_arith", "evalkit_facts"])
@@ -70,6 +71,16 @@ class EvalConfig:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="evalkit_schema", node=EvalConfig)
+
+
+def compose_config(overrides: list[str]) -> EvalConfig:
+    """The config `python -m evalkit <overrides>` runs, without starting Hydra's app machinery."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 
 
 def schema_keys() -> list[str]:

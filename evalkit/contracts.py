@@ -23,6 +23,7 @@ class Generation:
     text: str
     finish_reason: str  # "stop" (a stop string or end-of-sequence) or "length" (hit max_tokens)
     output_tokens: int
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class RequestRecord:
     output_tokens: int = 0
     finish_reason: str | None = None
     raw_output: str | None = None  # before the thinking section was stripped
+    output_ids: list[int] | None = None  # generated token ids, to find where two runs diverge
     requested_max_tokens: int | None = None
     max_tokens: int | None = None  # what the engine was given after the length budget
     clamped: bool = False  # max_tokens was lowered to fit max_model_len

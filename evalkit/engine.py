@@ -133,7 +133,7 @@ class VLLMEngine:
         outputs = self.llm.generate(prompts, params, use_tqdm=self.progress)
         return [
             Generation(text=o.outputs[0].text, finish_reason=str(o.outputs[0].finish_reason),
-                       output_tokens=len(o.outputs[0].token_ids))
+                       output_tokens=len(o.outputs[0].token_ids), token_ids=tuple(o.outputs[0].token_ids))
             for o in outputs
         ]
 

@@ -8,8 +8,9 @@ the per-sample output: raw text, finish reason, token counts, clamps and truncat
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -43,6 +44,7 @@ class EvalkitLM(TemplateLM):
         overflow: str = "fail",
         strip_thinking: bool = False,
         thinking_end: str = "</think>",
+        order_seed: int | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -52,6 +54,7 @@ class EvalkitLM(TemplateLM):
         self.overflow = overflow
         self.strip_thinking = strip_thinking
         self.thinking_end = thinking_end
+        self.order_seed = order_seed
         # (task, doc_id) -> records of that document's requests, in request order
         self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
         self._pending: list[Any] = []
@@ -78,6 +81,19 @@ class EvalkitLM(TemplateLM):
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.engine.chat_prompt(chat_history, add_generation_prompt)
 
+    def _submit(self, call: Callable[[list], list], items: list) -> list:
+        """call(items), in an order shuffled by order_seed when set: batches then hold other neighbours,
+        which is how the run-to-run noise of the engine is measured (evalkit.noise)."""
+        if self.order_seed is None:
+            return call(items)
+        order = list(range(len(items)))
+        random.Random(self.order_seed).shuffle(order)
+        answers = call([items[i] for i in order])
+        result: list = [None] * len(items)
+        for position, answer in zip(order, answers):
+            result[position] = answer
+        return result
+
     def _record(self, instance: Any, record: RequestRecord) -> None:
         self.records[(instance.task_name, instance.doc_id)].append(record)
 
@@ -100,7 +116,7 @@ class EvalkitLM(TemplateLM):
                 self._record(self._pending[i], RequestRecord(
                     kind="loglikelihood", prompt_tokens=len(ids), truncated_tokens=drop,
                     extra={"continuation_tokens": len(continuation_enc)}))
-        return [(s.logprob, s.is_greedy) for s in self.engine.score(scores)]
+        return [(s.logprob, s.is_greedy) for s in self._submit(self.engine.score, scores)]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Perplexity-style scoring: the whole text in disjoint windows that fit max_model_len."""
@@ -117,7 +133,7 @@ class EvalkitLM(TemplateLM):
             self._record(instance, RequestRecord(kind="loglikelihood_rolling", prompt_tokens=len(tokens),
                                                  extra={"windows": owners.count(n)}))
         totals = [0.0] * len(requests)
-        for n, scored in zip(owners, self.engine.score(windows)):
+        for n, scored in zip(owners, self._submit(self.engine.score, windows)):
             totals[n] += scored.logprob
         return totals
 
@@ -139,10 +155,11 @@ class EvalkitLM(TemplateLM):
                                          requested_max_tokens=requested, max_tokens=plan.max_tokens,
                                          clamped=plan.clamped, truncated_tokens=plan.truncated))
         answers = []
-        for instance, record, generation in zip(requests, records, self.engine.generate(batch)):
+        for instance, record, generation in zip(requests, records, self._submit(self.engine.generate, batch)):
             record.raw_output = generation.text
             record.finish_reason = generation.finish_reason
             record.output_tokens = generation.output_tokens
+            record.output_ids = list(generation.token_ids)
             self._record(instance, record)
             answers.append(strip_thinking(generation.text, self.thinking_end)
                            if self.strip_thinking else generation.text)

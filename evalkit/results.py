@@ -175,3 +175,15 @@ def _publish(tmp: Path, parent: Path, run_id: str) -> Path:
         except OSError:
             continue
     raise RuntimeError(f"no free run folder name under {parent}")
+
+
+def write_beside(run_dir: Path, files: dict[str, str]) -> list[Path]:
+    """Add files to an existing run folder (a comparison report), each written atomically."""
+    written = []
+    for name, text in files.items():
+        final = Path(run_dir) / name
+        tmp = final.with_name(f".tmp-{name}-{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, final)
+        written.append(final)
+    return written

@@ -24,6 +24,19 @@ log = logging.getLogger("evalkit")
 EngineFactory = Callable[[EvalConfig, str], Engine]
 
 
+class Lent:
+    """An engine lent to one run: the run's close() leaves it running for the next run."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def close(self) -> None:
+        pass
+
+
 class EngineStartError(RuntimeError):
     """vLLM could not start with these settings (memory, an unsupported model, a driver)."""
 
@@ -58,10 +71,10 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
         clock = now
 
     validate(cfg)
-    model_dir = preflight.resolve_model_path(cfg.vllm_path)
-    preflight.check_model(cfg, model_dir)
     if check_devices:
         preflight.check_devices(cfg)
+    model_dir = preflight.resolve_model_path(cfg.vllm_path)
+    preflight.check_model(cfg, model_dir)
     lap("prepare_model")
     manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
     lap("load_tasks")
@@ -76,7 +89,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
     try:
         lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
                        min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
-                       strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end)
+                       strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
+                       order_seed=cfg.order_seed)
         outcome: dict[str, Any] = simple_evaluate(
             model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
             log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,

@@ -56,7 +56,8 @@ class FakeEngine:
                 reason = "stop"
             if len(text) > r.max_tokens:
                 text, reason = text[: r.max_tokens], "length"
-            out.append(Generation(text=text, finish_reason=reason, output_tokens=len(text)))
+            out.append(Generation(text=text, finish_reason=reason, output_tokens=len(text),
+                                  token_ids=tuple(self.encode(text))))
         return out
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:

@@ -1,19 +1,14 @@
 """Config composition with Hydra's compose API (evalkit/config.py, conf/). Run: pytest tests/test_config.py"""
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-
-from evalkit.config import CONF_DIR, ConfigError, EvalConfig, check_overrides, model_presets, register_configs, validate
+from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config, model_presets, validate
 
 SPEC_PRESETS = {"qwen2.5-7b", "qwen2-7b", "qwen1.5-7b", "llama3.2-3b", "llama3.1-8b", "llama3-8b", "llama2-7b",
                 "yi-6b", "smollm2-135m"}
 
 
 def load(*overrides: str) -> EvalConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+    return compose_config(list(overrides))
 
 
 def test_default_is_the_embedded_model_on_the_embedded_tasks():

@@ -90,3 +90,13 @@ def test_rolling_loglikelihood_covers_every_token_once_in_windows():
     assert sum(len(r.ids) - r.start for r in engine.scored) == 16
     assert all(len(r.ids) <= 7 for r in engine.scored)  # vLLM needs one free position
     assert lm.records[("t", 0)][0].extra["windows"] == len(engine.scored)
+
+
+def test_shuffled_submission_returns_answers_in_request_order():
+    engine = FakeEngine()
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8, order_seed=7)
+    questions = [f"What is {i} + 1?" for i in range(20)]
+    answers = lm.generate_until([instance("t", i, q, {"until": ["\n"]}) for i, q in enumerate(questions)])
+    assert answers == [f" {i + 1}" for i in range(20)]
+    submitted = [engine.decode(r.prompt_ids) for r in engine.generated]
+    assert submitted != questions and sorted(submitted) == sorted(questions)

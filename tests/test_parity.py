@@ -12,7 +12,8 @@ import pytest
 
 from evalkit.run import evaluate
 from evalkit.tasks import load_tasks
-from tests.conftest import Borrowed, compose_config
+from evalkit.config import compose_config
+from evalkit.run import Lent
 
 pytestmark = pytest.mark.engine
 
@@ -29,8 +30,8 @@ def samples_by_doc(samples):
 def both(engine, embedded_model_dir, tmp_path_factory):
     from lm_eval import simple_evaluate
 
-    cfg = compose_config(f"limit={LIMIT}", f"output_dir={tmp_path_factory.mktemp('result')}")
-    run_dir = evaluate(cfg, engine_factory=lambda cfg, model_dir: Borrowed(engine))
+    cfg = compose_config([f"limit={LIMIT}", f"output_dir={tmp_path_factory.mktemp('result')}"])
+    run_dir = evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine))
     ours = {}
     for task in cfg.tasks:
         lines = (run_dir / f"samples_{task}.jsonl").read_text().splitlines()

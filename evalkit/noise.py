@@ -1,0 +1,48 @@
+"""``python -m evalkit.noise [key=value ...]``: the engine's own run-to-run variation, as a comparison.
+
+Runs one config twice on one engine, the second time submitting the requests in a shuffled order
+(``order_seed``), so every batch holds other neighbours; then compares the two runs like
+``evalkit.compare``. Any difference is noise that the engine alone causes (batch-dependent kernels,
+reductions in another order); read a reference/candidate difference against it with
+``python -m evalkit.compare REF CAND --noise <first run> <second run>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from evalkit.budget import PromptTooLong
+from evalkit.config import ConfigError, check_overrides, compose_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    from evalkit import compare
+    from evalkit.run import Lent, evaluate, start_vllm
+
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    engines = []
+
+    def shared(cfg, model_dir):
+        if not engines:
+            engines.append(start_vllm(cfg, model_dir))
+        return Lent(engines[0])
+
+    try:
+        check_overrides(overrides)
+        cfg = compose_config(overrides)
+        first = evaluate(cfg, engine_factory=shared)
+        second = evaluate(dataclasses.replace(cfg, order_seed=cfg.seed + 1), engine_factory=shared)
+    except (ConfigError, PromptTooLong) as error:
+        print(f"evalkit.noise: error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        for engine in engines:
+            engine.close()
+    compare.main([str(first), str(second)])
+    print(f"\nnoise pair: {first} {second}\n(pass to evalkit.compare as --noise {first} {second})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
