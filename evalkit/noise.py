@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 from evalkit.budget import PromptTooLong
-from evalkit.config import ConfigError, check_overrides, compose_config
+from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
+
+
+def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
+    """Run cfg twice on the engine engine_factory gives, the second time in a shuffled order."""
+    from evalkit.run import evaluate
+
+    first = evaluate(cfg, engine_factory=engine_factory)
+    second = evaluate(dataclasses.replace(cfg, order_seed=cfg.seed + 1), engine_factory=engine_factory)
+    return first, second
 
 
 def main(argv: list[str] | None = None) -> int:
     from evalkit import compare
-    from evalkit.run import Lent, evaluate, start_vllm
+    from evalkit.run import Lent, start_vllm
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     engines = []
@@ -30,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_overrides(overrides)
-        cfg = compose_config(overrides)
-        first = evaluate(cfg, engine_factory=shared)
-        second = evaluate(dataclasses.replace(cfg, order_seed=cfg.seed + 1), engine_factory=shared)
+        first, second = measure(compose_config(overrides), shared)
     except (ConfigError, PromptTooLong) as error:
         print(f"evalkit.noise: error: {error}", file=sys.stderr)
         return 2
