@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                                           confidence=args.confidence, iterations=args.iterations, seed=args.seed)
             text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
                                    confidence=args.confidence, noise=noise)
-            page = report.html_page(text, table, report.plots(table, details, args.tolerance))
+            page = report.html_page(text, report.with_noise(table, noise), report.plots(table, details, args.tolerance))
             stem = f"compare-vs-{reference.path.parent.name}-{reference.path.name}"
             written = results.write_beside(candidate.path, {f"{stem}.md": text, f"{stem}.html": page})
             print(text)

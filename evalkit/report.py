@@ -48,11 +48,14 @@ def detail_markdown(detail: TaskDetail) -> list[str]:
     return lines + [""]
 
 
+def with_noise(table: pd.DataFrame, noise: pd.DataFrame | None) -> pd.DataFrame:
+    """The comparison with the noise pair's difference and discordant counts beside each row."""
+    return table if noise is None else table.merge(noise, on=["task", "filter", "metric"], how="left")
+
+
 def markdown(reference: str, candidate: str, table: pd.DataFrame, details: list[TaskDetail], *,
              tolerance: float, confidence: float, noise: pd.DataFrame | None = None) -> str:
-    shown = table.copy()
-    if noise is not None:
-        shown = shown.merge(noise, on=["task", "filter", "metric"], how="left")
+    shown = with_noise(table, noise)
     counts = table["verdict"].value_counts().to_dict()
     lines = [f"# evalkit compare", "", f"- reference: `{reference}`", f"- candidate: `{candidate}`",
              f"- tolerance ±{tolerance} (metric units), {confidence:.0%} paired bootstrap intervals; "
@@ -102,7 +105,7 @@ def plots(table: pd.DataFrame, details: list[TaskDetail], tolerance: float) -> d
     shift = [s for detail in details for s in detail.length_shift]
     if shift:
         fig, ax = plt.subplots(figsize=(8, 3.5))
-        ax.hist(shift, bins=min(50, max(5, len(set(shift)))))
+        ax.hist(shift, bins=[b - 0.5 for b in range(min(shift), max(shift) + 2)])  # one bar per token count
         ax.set_xlabel("candidate - reference output tokens per document")
         ax.set_ylabel("documents")
         ax.set_title("Output length shift")
