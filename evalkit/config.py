@@ -67,6 +67,8 @@ class EvalConfig:
     # --- output ---
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
     log_samples: bool = True
+    resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/store.py)
+    chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
 
 
 def register_configs() -> None:
@@ -136,7 +138,8 @@ def validate(cfg: EvalConfig) -> None:
     if cfg.overflow not in OVERFLOW_POLICIES:
         raise ConfigError(f"overflow={cfg.overflow!r} is not one of {', '.join(OVERFLOW_POLICIES)}")
     for name, value in (("max_model_len", cfg.max_model_len), ("max_tokens", cfg.max_tokens),
-                        ("tensor_parallel_size", cfg.tensor_parallel_size), ("min_gen_tokens", cfg.min_gen_tokens)):
+                        ("tensor_parallel_size", cfg.tensor_parallel_size), ("min_gen_tokens", cfg.min_gen_tokens),
+                        ("chunk_size", cfg.chunk_size)):
         if value < 1:
             raise ConfigError(f"{name}={value} must be at least 1")
     if cfg.batch_size is not None and cfg.batch_size < 1:

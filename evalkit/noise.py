@@ -21,6 +21,7 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
     """Run cfg twice on the engine engine_factory gives, the second time in a shuffled order."""
     from evalkit.run import evaluate
 
+    cfg = dataclasses.replace(cfg, resume=False)  # the second run must compute, not reuse the first's answers
     first = evaluate(cfg, engine_factory=engine_factory)
     second = evaluate(dataclasses.replace(cfg, order_seed=cfg.seed + 1), engine_factory=engine_factory)
     return first, second

@@ -47,6 +47,8 @@ class EvalkitSection(TypedDict):
     engine: dict[str, Any]  # engine_args actually passed to vllm.LLM, sampling settings, versions, hardware
     timings: dict[str, float]  # seconds per stage
     counts: dict[str, TaskCounts]  # per task
+    provenance: dict[str, Any]  # content hashes: config, model fingerprint, each task's documents and prompts
+    resume: dict[str, Any] | None  # request store file, answers reused from it and computed now
 
 
 class SampleLine(TypedDict, total=False):
@@ -72,6 +74,19 @@ def count_records(records: dict[tuple[str, int], list[RequestRecord]]) -> dict[s
                      finish_length=r.finish_reason == "length", clamped=r.clamped,
                      truncated=r.truncated_tokens > 0, truncated_tokens=r.truncated_tokens)
     return {task: TaskCounts(**{k: int(c[k]) for k in TaskCounts.__annotations__}) for task, c in counts.items()}
+
+
+def provenance(results: dict[str, Any], *, config: dict[str, Any], model_fingerprint: str) -> dict[str, Any]:
+    """Hashes that show two runs are like-for-like: same config, model, documents and prompts."""
+    from evalkit.store import sha256
+
+    tasks = {}
+    for task, samples in (results.get("samples") or {}).items():
+        docs = sorted({(s["doc_id"], s.get("doc_hash")) for s in samples})
+        prompts = sorted({(s["doc_id"], s.get("prompt_hash")) for s in samples})
+        tasks[task] = {"documents": len(docs), "docs_sha256": sha256(docs), "prompts_sha256": sha256(prompts)}
+    settings = {k: v for k, v in config.items() if k not in ("output_dir", "resume", "chunk_size", "log_samples")}
+    return {"config_sha256": sha256(settings), "model_fingerprint": model_fingerprint, "tasks": tasks}
 
 
 def sample_line(sample: dict[str, Any], records: list[RequestRecord]) -> SampleLine:

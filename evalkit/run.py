@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from evalkit import preflight, results
+from evalkit import preflight, results, store
 from evalkit.config import EvalConfig, validate
 from evalkit.contracts import Engine
 from evalkit.harness import EvalkitLM
@@ -86,6 +86,11 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
         raise EngineStartError(f"the vLLM engine did not start ({type(error).__name__}: {error}); "
                                "its own log above names the cause") from error
     lap("engine_start")
+    description = engine.describe()
+    model_fingerprint = store.fingerprint(model_dir, description)
+    if cfg.resume:
+        requests = store.RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{model_fingerprint}.jsonl")
+        engine = store.ResumableEngine(engine, requests, cfg.chunk_size)
     try:
         lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
                        min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
@@ -98,7 +103,6 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
             fewshot_random_seed=cfg.seed, bootstrap_iters=1000,
         )
         lap("evaluate")
-        description = engine.describe()
     finally:
         engine.close()
 
@@ -108,6 +112,9 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
         "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
         "engine": {**description, "model_dir": model_dir}, "timings": timings,
         "counts": results.count_records(lm.records),
+        "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=model_fingerprint),
+        "resume": ({"store": str(engine.store.path), "reused": engine.reused, "computed": engine.computed}
+                   if cfg.resume else None),
     }
     return results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
                              results=outcome, records=lm.records, config_yaml=OmegaConf.to_yaml(config),

@@ -1,0 +1,116 @@
+"""Crash-safe resume: every finished engine request is kept, so a rerun only computes what is missing.
+
+Answers are appended to ``<output_dir>/<model_name>/.requests/<fingerprint>.jsonl`` as each chunk of
+requests finishes (flushed and fsync'ed); a kill at any instant loses at most the chunk in flight, and a
+torn last line is ignored on reading. The file name is a hash of everything that decides an answer
+(:func:`fingerprint`): the model's files, the settings that change outputs, and the library versions; each
+line is keyed by a hash of the exact request. Settings that only change scheduling or memory
+(``gpu_memory_utilization``, ``batch_size``/``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``,
+``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest
+
+SCHEDULING_ONLY = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+                   "swap_space", "cpu_offload_gb", "disable_log_stats"}
+SMALL_FILE = 16 << 20  # model files up to this size are hashed by content; larger ones by size and mtime
+
+
+def sha256(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def model_files(model_dir: str) -> dict[str, Any]:
+    """A content signature of a model folder (a hub id signs as itself)."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        return {"id": model_dir}
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        stat = path.stat()
+        if stat.st_size <= SMALL_FILE:
+            files[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            files[str(path.relative_to(root))] = [stat.st_size, stat.st_mtime_ns]
+    return files
+
+
+def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
+    """Hash of what decides an answer: model files, output-changing settings, versions, hardware.
+
+    description is Engine.describe(): engine_args, sampling, versions, hardware."""
+    engine_args = description.get("engine_args", {})
+    settings = {k: v for k, v in engine_args.items() if k not in SCHEDULING_ONLY and k not in ("model", "tokenizer")}
+    tokenizer = engine_args.get("tokenizer")
+    return sha256({"model": model_files(model_dir),
+                   "tokenizer": model_files(tokenizer) if tokenizer and tokenizer != model_dir else None,
+                   "settings": settings, "sampling": description.get("sampling"),
+                   "versions": description.get("versions"), "hardware": description.get("hardware")})
+
+
+class RequestStore:
+    """Append-only answers keyed by request hash, in one JSONL file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.answers: dict[str, dict[str, Any]] = {}
+        if self.path.is_file():
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        entry = json.loads(line)
+                        self.answers[entry["key"]] = entry["answer"]
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        continue  # a line torn by a kill mid-write
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"key": k, "answer": a}) + "\n" for k, a in items))
+            f.flush()
+            os.fsync(f.fileno())
+        self.answers.update(items)
+
+
+class ResumableEngine:
+    """An Engine that answers from the store where it can and sends the rest in chunks, saving each."""
+
+    def __init__(self, engine: Any, store: RequestStore, chunk_size: int) -> None:
+        self._engine = engine
+        self.store = store
+        self.chunk_size = chunk_size
+        self.reused = 0
+        self.computed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def _run(self, requests: Sequence[Any], call: Callable[[list], list], load: Callable[[dict], Any]) -> list:
+        keys = [sha256({"kind": type(r).__name__, **asdict(r)}) for r in requests]
+        missing = [i for i, k in enumerate(keys) if k not in self.store.answers]
+        self.reused += len(requests) - len(missing)
+        for start in range(0, len(missing), self.chunk_size):
+            chunk = missing[start:start + self.chunk_size]
+            answers = call([requests[i] for i in chunk])
+            self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)])
+            self.computed += len(chunk)
+        return [load(self.store.answers[k]) for k in keys]
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+        return self._run(requests, self._engine.generate,
+                         lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}))
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        return self._run(requests, self._engine.score, lambda a: Scored(**a))
+
+    def close(self) -> None:
+        self._engine.close()

@@ -1,0 +1,83 @@
+"""Crash-safe resume (evalkit/store.py) on the deterministic fake engine. Run: pytest tests/test_store.py"""
+
+import json
+
+import pytest
+
+from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.store import RequestStore, ResumableEngine, fingerprint
+from tests.fake_engine import FakeEngine
+from tests.test_compare import fake_run
+
+
+def requests(n, max_tokens=8):
+    return [GenRequest(prompt_ids=tuple(map(ord, f"What is {i} + 1?")), max_tokens=max_tokens, stop=("\n",))
+            for i in range(n)]
+
+
+def test_answers_are_saved_chunk_by_chunk_and_reused(tmp_path):
+    path = tmp_path / "store.jsonl"
+    engine = FakeEngine()
+    first = ResumableEngine(engine, RequestStore(path), chunk_size=3)
+    answers = first.generate(requests(7))
+    assert (first.computed, first.reused) == (7, 0)
+    assert len(path.read_text().splitlines()) == 7 and len(engine.generated) == 7
+    again = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=3)
+    assert again.generate(requests(7)) == answers and (again.computed, again.reused) == (0, 7)
+
+
+def test_a_torn_last_line_is_ignored_and_recomputed(tmp_path):
+    path = tmp_path / "store.jsonl"
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2).generate(requests(4))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])  # killed mid-write
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2)
+    engine.generate(requests(4))
+    assert (engine.reused, engine.computed) == (3, 1)
+
+
+def test_a_changed_request_is_never_served_a_stale_answer(tmp_path):
+    path = tmp_path / "store.jsonl"
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8).generate(requests(3, max_tokens=8))
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
+    engine.generate(requests(3, max_tokens=1))
+    assert engine.reused == 0
+    engine.score([ScoreRequest(ids=(1, 2, 3), start=1)])
+    assert engine.computed == 4
+
+
+def test_fingerprint_follows_outputs_not_scheduling(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    base = {"engine_args": {"model": str(tmp_path), "dtype": "float32", "gpu_memory_utilization": 0.9},
+            "sampling": {"temperature": 0.0}, "versions": {"vllm": "1"}, "hardware": {"gpus": ["A"]}}
+    same = fingerprint(str(tmp_path), base)
+    lower_memory = {**base, "engine_args": {**base["engine_args"], "gpu_memory_utilization": 0.5, "max_num_seqs": 8}}
+    assert fingerprint(str(tmp_path), lower_memory) == same
+    for changed in ({**base, "engine_args": {**base["engine_args"], "dtype": "bfloat16"}},
+                    {**base, "sampling": {"temperature": 0.7}}, {**base, "versions": {"vllm": "2"}},
+                    {**base, "hardware": {"gpus": ["B"]}}):
+        assert fingerprint(str(tmp_path), changed) != same
+    (tmp_path / "config.json").write_text('{"changed": 1}')
+    assert fingerprint(str(tmp_path), base) != same
+
+
+def test_a_rerun_reuses_everything_and_writes_the_same_samples(tmp_path):
+    first = fake_run(tmp_path, "out", FakeEngine())
+    second = fake_run(tmp_path, "out", FakeEngine(reply="would differ if asked"))
+    assert first != second
+    resume = [json.loads((run / "results.json").read_text())["evalkit"]["resume"] for run in (first, second)]
+    assert resume[0]["reused"] == 0 and resume[1] == {**resume[0], "reused": resume[0]["computed"], "computed": 0}
+    for task in ("evalkit_arith", "evalkit_facts"):
+        lines = [[json.loads(l) for l in (run / f"samples_{task}.jsonl").read_text().splitlines()]
+                 for run in (first, second)]
+        assert lines[0] == lines[1]
+
+
+def test_provenance_hashes_match_for_like_for_like_runs(tmp_path):
+    runs = [fake_run(tmp_path, name, FakeEngine()) for name in ("a", "b")]
+    provenance = [json.loads((r / "results.json").read_text())["evalkit"]["provenance"] for r in runs]
+    assert provenance[0] == provenance[1]
+    assert provenance[0]["tasks"]["evalkit_arith"]["documents"] == 12
+    other = json.loads((fake_run(tmp_path, "c", FakeEngine(), limit=5) / "results.json").read_text())
+    assert other["evalkit"]["provenance"]["tasks"]["evalkit_arith"]["docs_sha256"] != \
+        provenance[0]["tasks"]["evalkit_arith"]["docs_sha256"]
