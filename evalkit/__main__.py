@@ -11,7 +11,6 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from evalkit.budget import PromptTooLong
 from evalkit.config import CONF_DIR, ConfigError, check_overrides, register_configs
 
 
@@ -21,13 +20,13 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def run_one(cfg: DictConfig) -> None:
-    from evalkit.run import EngineStartError, evaluate
+    from evalkit.supervise import RunFailed, supervise
 
     try:
-        run_dir = evaluate(OmegaConf.to_object(cfg))
-    except (ConfigError, PromptTooLong) as error:
+        run_dir = supervise(OmegaConf.to_object(cfg))
+    except ConfigError as error:
         fail(str(error))
-    except EngineStartError as error:
+    except RunFailed as error:
         fail(str(error), code=1)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
 

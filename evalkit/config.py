@@ -28,6 +28,18 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class OomRetry:
+    """Automatic back-off when the engine runs out of memory (evalkit/supervise.py), one fresh process per try."""
+
+    enabled: bool = True
+    utilization_step: float = 0.1  # lower gpu_memory_utilization by this much per try...
+    utilization_floor: float = 0.5  # ...down to this
+    max_num_seqs: list[int] = field(default_factory=lambda: [64, 16, 4])  # then fewer sequences at once
+    eager: bool = True  # last, enforce_eager=true (no CUDA graphs)
+    max_attempts: int = 10
+
+
+@dataclass
 class EvalConfig:
     # --- the model (a preset from conf/model/ fills these) ---
     model_name: str = MISSING  # names the folder under result/
@@ -69,6 +81,13 @@ class EvalConfig:
     log_samples: bool = True
     resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/store.py)
     chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
+    oom_retry: OomRetry = field(default_factory=OomRetry)
+
+
+def memory_settings(cfg: EvalConfig) -> dict[str, Any]:
+    """The settings the OOM back-off changes, as recorded for each try."""
+    return {"gpu_memory_utilization": cfg.gpu_memory_utilization, "batch_size": cfg.batch_size,
+            "enforce_eager": bool(cfg.engine_kwargs.get("enforce_eager", False))}
 
 
 def register_configs() -> None:

@@ -49,6 +49,7 @@ class EvalkitSection(TypedDict):
     counts: dict[str, TaskCounts]  # per task
     provenance: dict[str, Any]  # content hashes: config, model fingerprint, each task's documents and prompts
     resume: dict[str, Any] | None  # request store file, answers reused from it and computed now
+    attempts: list[dict[str, Any]]  # every try of this run: settings, status, error, seconds (OOM back-off)
 
 
 class SampleLine(TypedDict, total=False):

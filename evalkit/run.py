@@ -15,7 +15,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from evalkit import preflight, results, store
-from evalkit.config import EvalConfig, validate
+from evalkit.config import EvalConfig, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.harness import EvalkitLM
 from evalkit.tasks import load_tasks
@@ -57,8 +57,11 @@ def _limit(limit: float | None) -> int | float | None:
     return int(limit) if limit is not None and limit >= 1 else limit
 
 
-def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, check_devices: bool = True) -> Path:
-    """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts."""
+def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, check_devices: bool = True,
+             attempts: list[dict[str, Any]] | None = None) -> Path:
+    """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
+
+    attempts: earlier tries of this run that failed for lack of memory (supervise.py), for the record."""
     from lm_eval import simple_evaluate
 
     timings: dict[str, float] = {}
@@ -113,6 +116,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
         "engine": {**description, "model_dir": model_dir}, "timings": timings,
         "counts": results.count_records(lm.records),
         "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=model_fingerprint),
+        "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,
+                                          "seconds": timings["total"]}],
         "resume": ({"store": str(engine.store.path), "reused": engine.reused, "computed": engine.computed}
                    if cfg.resume else None),
     }

@@ -1,0 +1,206 @@
+"""Runs that survive: each try of a run in a fresh process, memory back-off between tries, no leftovers.
+
+``python -m evalkit`` calls :func:`supervise`. It holds a lock on ``<output_dir>/<model_name>`` (a second
+run there is refused), then starts ``python -m evalkit.attempt`` in a new process group. When a try
+fails for lack of memory it is retried with smaller settings (:func:`next_settings`, ``oom_retry.*``);
+answers already computed are reused from the request store, so a retry redoes no finished work. Any
+other failure stops at once with its message. After every try the whole process group is killed, so no
+``VLLM::EngineCore`` or worker outlives it; Ctrl-C and SIGTERM stop the try the same way, and a try whose
+supervisor dies gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from evalkit import preflight
+from evalkit.config import ConfigError, EvalConfig, OomRetry, memory_settings, validate
+
+# Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
+# asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization
+# would make that worse, so the back-off moves on to fewer sequences and eager mode).
+PRESSURE = re.compile(r"out of memory|OutOfMemoryError|\bMemoryError\b|Cannot allocate memory|"
+                      r"is less than desired (?:CPU|GPU) memory utilization", re.IGNORECASE)
+KV_CACHE = re.compile(r"No available memory for the cache blocks|"
+                      r"which is larger than the available KV cache memory", re.IGNORECASE)
+
+
+class RunFailed(RuntimeError):
+    """A run failed for a reason other than bad input; the message says why and what was tried."""
+
+
+@dataclass
+class Outcome:
+    status: str  # ok | config | memory | error
+    message: str = ""
+    run_dir: str | None = None
+    memory_kind: str | None = None  # pressure | kv_cache, for status "memory"
+
+
+def classify(text: str) -> str | None:
+    """"pressure", "kv_cache" or None (not a memory failure) for an error message or log tail."""
+    if KV_CACHE.search(text):
+        return "kv_cache"
+    if PRESSURE.search(text):
+        return "pressure"
+    return None
+
+
+def next_settings(cfg: EvalConfig, kind: str, policy: OomRetry) -> EvalConfig | None:
+    """The next, smaller settings to try after a memory failure of this kind, or None when none are left."""
+    lower = round(cfg.gpu_memory_utilization - policy.utilization_step, 4)
+    if kind == "pressure" and lower >= policy.utilization_floor - 1e-9:
+        return dataclasses.replace(cfg, gpu_memory_utilization=lower)
+    smaller = [n for n in policy.max_num_seqs if cfg.batch_size is None or n < cfg.batch_size]
+    if smaller:
+        return dataclasses.replace(cfg, batch_size=max(smaller))
+    if policy.eager and not cfg.engine_kwargs.get("enforce_eager"):
+        return dataclasses.replace(cfg, engine_kwargs={**cfg.engine_kwargs, "enforce_eager": True})
+    return None
+
+
+def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outcome]) -> tuple[Outcome, list]:
+    """Call attempt until it succeeds, fails for another reason, or the back-off runs out.
+
+    Returns the last outcome and every try: settings, status, error, seconds."""
+    attempts: list[dict[str, Any]] = []
+    current: EvalConfig | None = cfg
+    while current is not None:
+        started = time.perf_counter()
+        outcome = attempt(current, attempts)
+        attempts.append({"settings": memory_settings(current), "status": outcome.status, "error": outcome.message or None,
+                         "seconds": round(time.perf_counter() - started, 1)})
+        if outcome.status != "memory" or not cfg.oom_retry.enabled or len(attempts) >= cfg.oom_retry.max_attempts:
+            return outcome, attempts
+        current = next_settings(current, outcome.memory_kind or "pressure", cfg.oom_retry)
+    return outcome, attempts
+
+
+def lock_path(cfg: EvalConfig) -> Path:
+    target = (Path(cfg.output_dir) / cfg.model_name).resolve()
+    digest = hashlib.sha256(str(target).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"evalkit-{digest}.lock"
+
+
+class RunLock:
+    """An exclusive lock on one result folder; the kernel drops it if the holder dies."""
+
+    def __init__(self, cfg: EvalConfig) -> None:
+        self.target = Path(cfg.output_dir) / cfg.model_name
+        self.fd = os.open(lock_path(cfg), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            raise ConfigError(f"another evalkit run (pid {holder}) is writing to {self.target}; wait for it "
+                              "to finish, or pass output_dir= or model_name= for a separate folder") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+class Attempt:
+    """One try in ``python -m evalkit.attempt``, its own process group, stderr echoed and its tail kept."""
+
+    def __init__(self, cfg: EvalConfig, history: list) -> None:
+        self.work = Path(tempfile.mkdtemp(prefix="evalkit-attempt-"))
+        spec = self.work / "spec.json"
+        spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history}))
+        self.outcome_file = self.work / "outcome.json"
+        self.tail: collections.deque[str] = collections.deque(maxlen=400)
+        self.process = subprocess.Popen([sys.executable, "-m", "evalkit.attempt", str(spec), str(self.outcome_file)],
+                                        stderr=subprocess.PIPE, text=True, errors="replace",
+                                        start_new_session=True)
+        self.reader = threading.Thread(target=self._echo, daemon=True)
+        self.reader.start()
+
+    def _echo(self) -> None:
+        for line in self.process.stderr:
+            sys.stderr.write(line)
+            self.tail.append(line)
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+        """Signal the whole group, wait, then kill whatever is left of it."""
+        for s, wait in ((sig, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.process.pid, s)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+
+    def wait(self) -> Outcome:
+        code = self.process.wait()
+        self.stop(signal.SIGKILL, grace=1.0)  # engine processes left in the group, if any
+        self.reader.join(timeout=5)
+        log = "".join(self.tail)
+        if self.outcome_file.is_file():
+            outcome = Outcome(**json.loads(self.outcome_file.read_text()))
+        else:
+            outcome = Outcome(status="error", message=f"the try exited with code {code} and no outcome")
+            if code == -signal.SIGKILL:  # not by us: the kernel's out-of-memory killer
+                outcome = Outcome(status="memory", message="killed by SIGKILL (the system ran out of memory?)",
+                                  memory_kind="pressure")
+        if outcome.status == "error":
+            kind = classify(outcome.message) or classify(log)
+            if kind:
+                outcome = Outcome(status="memory", message=outcome.message, memory_kind=kind)
+        for f in self.work.iterdir():
+            f.unlink()
+        self.work.rmdir()
+        return outcome
+
+
+def supervise(cfg: EvalConfig) -> Path:
+    """Run cfg with memory back-off in fresh processes; return the run folder."""
+    validate(cfg)  # the cheap checks here, before any process starts; the try repeats them all
+    preflight.check_model(cfg, preflight.resolve_model_path(cfg.vllm_path))
+    lock = RunLock(cfg)
+    current: list[Attempt] = []
+
+    def on_signal(signum, frame):
+        for attempt in current:
+            attempt.stop(signal.SIGTERM)
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        def attempt(settings: EvalConfig, history: list) -> Outcome:
+            current[:] = [Attempt(settings, history)]
+            return current[0].wait()
+
+        outcome, attempts = run_with_retries(cfg, attempt)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        lock.release()
+    if outcome.status == "config":
+        raise ConfigError(outcome.message)
+    if outcome.status != "ok":
+        tries = "; ".join(f"{a['settings']}: {a['status']}" for a in attempts)
+        raise RunFailed(f"{outcome.message} (tries: {tries})")
+    if len(attempts) > 1:
+        print(f"evalkit: succeeded on try {len(attempts)} with {attempts[-1]['settings']}; "
+              f"pin these settings to skip the failed tries", file=sys.stderr)
+    return Path(outcome.run_dir)

