@@ -61,6 +61,17 @@ def classify(text: str) -> str | None:
     return None
 
 
+ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
+
+
+def root_cause(log: str) -> str | None:
+    """The engine's own error line from a try's output (vLLM reports it from its worker processes):
+    the last one that names a memory failure, else the last error line of all."""
+    found = [m.group(1) + ": " + m.group(2).strip() for m in map(ERROR_LINE.search, log.splitlines()) if m]
+    memory = [line for line in found if classify(line)]
+    return (memory or found or [None])[-1]
+
+
 def next_settings(cfg: EvalConfig, kind: str, policy: OomRetry) -> EvalConfig | None:
     """The next, smaller settings to try after a memory failure of this kind, or None when none are left."""
     lower = round(cfg.gpu_memory_utilization - policy.utilization_step, 4)
@@ -119,7 +130,7 @@ class RunLock:
 
 
 class Attempt:
-    """One try in ``python -m evalkit.attempt``, its own process group, stderr echoed and its tail kept."""
+    """One try in ``python -m evalkit.attempt``, its own process group, its output echoed and its tail kept."""
 
     def __init__(self, cfg: EvalConfig, history: list) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="evalkit-attempt-"))
@@ -128,13 +139,14 @@ class Attempt:
         self.outcome_file = self.work / "outcome.json"
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         self.process = subprocess.Popen([sys.executable, "-m", "evalkit.attempt", str(spec), str(self.outcome_file)],
-                                        stderr=subprocess.PIPE, text=True, errors="replace",
-                                        start_new_session=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        errors="replace", start_new_session=True)
         self.reader = threading.Thread(target=self._echo, daemon=True)
         self.reader.start()
 
     def _echo(self) -> None:
-        for line in self.process.stderr:
+        # vLLM logs to stdout; all of the try's output goes to stderr, leaving stdout to the score table
+        for line in self.process.stdout:
             sys.stderr.write(line)
             self.tail.append(line)
 
@@ -163,7 +175,10 @@ class Attempt:
                 outcome = Outcome(status="memory", message="killed by SIGKILL (the system ran out of memory?)",
                                   memory_kind="pressure")
         if outcome.status == "error":
-            kind = classify(outcome.message) or classify(log)
+            cause = root_cause(log)
+            if cause and cause not in outcome.message:
+                outcome.message = f"{cause} (engine log) <- {outcome.message}"
+            kind = classify(outcome.message)
             if kind:
                 outcome = Outcome(status="memory", message=outcome.message, memory_kind=kind)
         for f in self.work.iterdir():

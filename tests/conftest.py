@@ -24,3 +24,8 @@ def engine(embedded_model_dir):
     real.progress = False
     yield real
     real.close()
+
+
+def run_dirs(folder) -> list:
+    """The run folders in result/<model_name>/ (not the hidden request store)."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))

@@ -14,6 +14,7 @@ from evalkit import compare
 from evalkit.config import compose_config
 from evalkit.noise import measure
 from evalkit.run import Lent
+from tests.conftest import run_dirs
 
 pytestmark = pytest.mark.engine
 LIMIT = 20
@@ -41,7 +42,7 @@ def test_bfloat16_changes_are_found_at_sample_level(noise_pair, tmp_path):
            "gpu_memory_utilization=0.25"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
-    (candidate,) = (out / "smollm2-135m-instruct").iterdir()
+    (candidate,) = run_dirs(out / "smollm2-135m-instruct")
     table, details = compare.compare_runs(compare.load_run(reference), compare.load_run(candidate))
     facts = next(d for d in details if d.task == "evalkit_facts")
     arith = next(d for d in details if d.task == "evalkit_arith")

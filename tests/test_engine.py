@@ -15,6 +15,7 @@ import pytest
 from evalkit.budget import PromptTooLong
 from evalkit.contracts import ScoreRequest
 from evalkit.harness import EvalkitLM
+from tests.conftest import run_dirs
 
 pytestmark = pytest.mark.engine
 
@@ -25,7 +26,7 @@ def test_python_m_evalkit_end_to_end(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| evalkit_arith" in done.stdout and "| evalkit_facts" in done.stdout
-    (run_dir,) = (out / "smollm2-135m-instruct").iterdir()
+    (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
     assert f"written to {run_dir}" in done.stdout
     data = json.loads((run_dir / "results.json").read_text())
     assert data["n-samples"]["evalkit_arith"]["effective"] == 12

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from evalkit.config import ConfigError, EvalConfig, OomRetry
-from evalkit.supervise import Outcome, RunLock, classify, next_settings, run_with_retries
+from evalkit.supervise import Outcome, RunLock, classify, next_settings, root_cause, run_with_retries
 
 VLLM_ERRORS = {
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": "pressure",
@@ -121,3 +121,16 @@ def test_second_run_on_the_same_folder_is_refused(tmp_path):
     finally:
         first.release()
     RunLock(config).release()  # free again once released
+
+
+def test_root_cause_is_read_off_the_engine_log():
+    log = "\n".join([
+        "(EngineCore pid=1) INFO starting",
+        "(VllmWorker-0 pid=2) ERROR [multiproc_executor.py:953] ValueError: Available memory on node 0 (7.5/9.59 GiB)"
+        " on startup is less than desired CPU memory utilization (0.9, 8.63 GiB).",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ])
+    assert root_cause(log).startswith("ValueError: Available memory on node 0")
+    assert root_cause("x\nKeyError: 'foo'\nRuntimeError: Engine core initialization failed.") == \
+        "RuntimeError: Engine core initialization failed."
+    assert root_cause("all fine") is None

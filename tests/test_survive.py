@@ -20,6 +20,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run import Lent, evaluate
+from tests.conftest import run_dirs
 
 pytestmark = pytest.mark.engine
 
@@ -68,7 +69,7 @@ def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
                            "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.3",
                            "oom_retry.utilization_floor=0.2"], capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = (out / "smollm2-135m-instruct").iterdir()
+    (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
     attempts = results(run_dir)["evalkit"]["attempts"]
     print("\ntries:", [(a["settings"]["gpu_memory_utilization"], a["status"], a["seconds"]) for a in attempts])
     assert attempts[0]["status"] == "memory" and "less than desired CPU memory utilization" in attempts[0]["error"]
@@ -106,11 +107,11 @@ def test_sigkill_mid_task_then_resume_recomputes_nothing_finished(tmp_path, engi
     assert wait_until_gone(session) == []
     (store,) = store_dir.glob("*.jsonl")
     finished = len(store.read_text().splitlines())
-    assert 6 <= finished < 40 and not [p for p in (out / "smollm2-135m-instruct").iterdir() if p.name != ".requests"]
+    assert 6 <= finished < 40 and not run_dirs(out / "smollm2-135m-instruct")
 
     resumed = subprocess.run([sys.executable, "-m", "evalkit", *args], capture_output=True, text=True, timeout=1500)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    (run_dir,) = [p for p in (out / "smollm2-135m-instruct").iterdir() if p.name != ".requests"]
+    (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
     resume = results(run_dir)["evalkit"]["resume"]
     assert (resume["reused"], resume["computed"]) == (finished, 40 - finished)
 
