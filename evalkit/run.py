@@ -57,70 +57,83 @@ def _limit(limit: float | None) -> int | float | None:
     return int(limit) if limit is not None and limit >= 1 else limit
 
 
-def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, check_devices: bool = True,
-             attempts: list[dict[str, Any]] | None = None) -> Path:
-    """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
+class Stopwatch:
+    """Seconds per stage, in the order the stages ran."""
 
-    attempts: earlier tries of this run that failed for lack of memory (supervise.py), for the record."""
-    from lm_eval import simple_evaluate
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._clock = time.perf_counter()
 
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(stage: str) -> None:
-        nonlocal clock
+    def lap(self, stage: str) -> None:
         now = time.perf_counter()
-        timings[stage] = round(now - clock, 3)
-        clock = now
+        self.laps[stage] = round(now - self._clock, 3)
+        self._clock = now
 
+
+def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[str, Any, list[Any]]:
+    """Every check that needs no engine, then the model folder and the loaded tasks."""
     validate(cfg)
     if check_devices:
         preflight.check_devices(cfg)
     model_dir = preflight.resolve_model_path(cfg.vllm_path)
     preflight.check_model(cfg, model_dir)
-    lap("prepare_model")
+    watch.lap("prepare_model")
     manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
-    lap("load_tasks")
+    watch.lap("load_tasks")
+    return model_dir, manager, tasks
 
+
+def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list[Any]) -> dict[str, Any]:
+    from lm_eval import simple_evaluate
+
+    return simple_evaluate(
+        model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
+        log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
+        random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+        fewshot_random_seed=cfg.seed, bootstrap_iters=1000,
+    )
+
+
+def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, check_devices: bool = True,
+             attempts: list[dict[str, Any]] | None = None) -> Path:
+    """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
+
+    attempts: earlier tries of this run that failed for lack of memory (supervise.py), for the record."""
+    watch = Stopwatch()
+    model_dir, manager, tasks = prepare(cfg, check_devices=check_devices, watch=watch)
     run_id = results.new_run_id()
     try:
         engine = engine_factory(cfg, model_dir)
     except Exception as error:
         raise EngineStartError(f"the vLLM engine did not start ({type(error).__name__}: {error}); "
                                "its own log above names the cause") from error
-    lap("engine_start")
-    description = engine.describe()
-    model_fingerprint = store.fingerprint(model_dir, description)
-    if cfg.resume:
-        requests = store.RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{model_fingerprint}.jsonl")
-        engine = store.ResumableEngine(engine, requests, cfg.chunk_size)
+    watch.lap("engine_start")
     try:
+        description = engine.describe()
+        fingerprint = store.fingerprint(model_dir, description)
+        if cfg.resume:
+            answers = store.RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
+            engine = store.ResumableEngine(engine, answers, cfg.chunk_size)
         lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
                        min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
                        strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
                        order_seed=cfg.order_seed)
-        outcome: dict[str, Any] = simple_evaluate(
-            model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
-            log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
-            random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-            fewshot_random_seed=cfg.seed, bootstrap_iters=1000,
-        )
-        lap("evaluate")
+        outcome = score_with_lm_eval(cfg, lm, manager, tasks)
+        watch.lap("evaluate")
     finally:
         engine.close()
 
-    config = OmegaConf.structured(cfg)
-    timings["total"] = round(sum(timings.values()), 3)
+    timings = {**watch.laps, "total": round(sum(watch.laps.values()), 3)}
     section: results.EvalkitSection = {
         "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
         "engine": {**description, "model_dir": model_dir}, "timings": timings,
         "counts": results.count_records(lm.records),
-        "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=model_fingerprint),
+        "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=fingerprint),
         "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,
                                           "seconds": timings["total"]}],
         "resume": ({"store": str(engine.store.path), "reused": engine.reused, "computed": engine.computed}
                    if cfg.resume else None),
     }
     return results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
-                             results=outcome, records=lm.records, config_yaml=OmegaConf.to_yaml(config),
-                             evalkit=section)
+                             results=outcome, records=lm.records,
+                             config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)), evalkit=section)
