@@ -9,7 +9,9 @@ transformers into an ordinary float32 safetensors checkpoint under ``$EVALKIT_CA
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -68,8 +70,9 @@ def _convert(gguf_dir: Path, gguf_name: str, out: Path) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+    with contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader's own progress bar
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
     # The weights are already dequantized; without this the checkpoint would claim to be GGUF.
     del model.config.quantization_config
     model.hf_quantizer = None

@@ -189,7 +189,8 @@ class Attempt:
 
 def supervise(cfg: EvalConfig) -> Path:
     """Run cfg with memory back-off in fresh processes; return the run folder."""
-    validate(cfg)  # the cheap checks here, before any process starts; the try repeats them all
+    validate(cfg)  # the checks here, before any process starts; the try repeats them
+    preflight.check_devices(cfg)
     preflight.check_model(cfg, preflight.resolve_model_path(cfg.vllm_path))
     lock = RunLock(cfg)
     current: list[Attempt] = []
