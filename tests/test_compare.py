@@ -85,3 +85,12 @@ def test_a_changed_prompt_is_refused(runs, tmp_path):
 def test_not_a_run(tmp_path):
     with pytest.raises(compare.CompareError, match="not an evalkit run"):
         compare.load_run(tmp_path)
+
+
+def test_noise_command_rejects_bad_input_in_one_line(capsys):
+    from evalkit import noise
+
+    assert noise.main(["max_tokenz=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evalkit.noise: error: unknown config key 'max_tokenz' (did you mean max_tokens")
+    assert err.count("\n") == 1
