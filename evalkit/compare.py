@@ -112,13 +112,19 @@ def _choice_logprobs(sample: dict[str, Any]) -> list[float] | None:
         return None
 
 
-def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]], metrics: list[str]) -> TaskDetail:
+def paired_scores(pairs: list[tuple[dict, dict]], metric: str) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(reference, candidate, both 0/1) values of one metric over the paired documents."""
+    ref = np.array([float(r[metric]) for r, _ in pairs])
+    cand = np.array([float(c[metric]) for _, c in pairs])
+    return ref, cand, stats.is_binary(ref) and stats.is_binary(cand)
+
+
+def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
+                scores: dict[str, tuple[np.ndarray, np.ndarray, bool]]) -> TaskDetail:
     detail = TaskDetail(task=task, filter=filt)
-    for metric in metrics:
-        ref = np.array([float(r[metric]) for r, _ in pairs])
-        cand = np.array([float(c[metric]) for _, c in pairs])
-        if stats.is_binary(ref) and stats.is_binary(cand):
-            ids = [r["doc_id"] for r, _ in pairs]
+    ids = [r["doc_id"] for r, _ in pairs]
+    for metric, (ref, cand, binary) in scores.items():
+        if binary:
             detail.flips[metric] = {
                 "right_to_wrong": [d for d, x, y in zip(ids, ref, cand) if x == 1 and y == 0],
                 "wrong_to_right": [d for d, x, y in zip(ids, ref, cand) if x == 0 and y == 1]}
@@ -162,18 +168,16 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float = 0.02, con
             keys = sorted(k for k in ref_samples if k[1] == filt)
             pairs = [(ref_samples[k], cand_samples[k]) for k in keys]
             metrics = [m for m in pairs[0][0].get("metrics", []) if all(m in s for p in pairs for s in p)]
-            for metric in metrics:
-                ref = np.array([float(r[metric]) for r, _ in pairs])
-                cand = np.array([float(c[metric]) for _, c in pairs])
+            scores = {metric: paired_scores(pairs, metric) for metric in metrics}
+            for metric, (ref, cand, binary) in scores.items():
                 interval = stats.paired_bootstrap(ref, cand, iterations=iterations, confidence=confidence,
                                                   seed=seed, higher_is_better=better_is.get(metric, True))
-                b, c, p = stats.mcnemar_exact(ref, cand) if stats.is_binary(ref) and stats.is_binary(cand) \
-                    else (None, None, None)
+                b, c, p = stats.mcnemar_exact(ref, cand) if binary else (None, None, None)
                 rows.append({"task": task, "filter": filt, "metric": metric, "n": len(pairs),
                              "reference": ref.mean(), "candidate": cand.mean(), "diff": interval.diff,
                              "ci_low": interval.low, "ci_high": interval.high, "mcnemar_b": b, "mcnemar_c": c,
                              "mcnemar_p": p, "verdict": stats.verdict(interval, tolerance)})
-            details.append(task_detail(task, filt, pairs, metrics))
+            details.append(task_detail(task, filt, pairs, scores))
     return pd.DataFrame(rows, columns=ROW_COLUMNS), details
 
 
