@@ -40,6 +40,17 @@ class OomRetry:
 
 
 @dataclass
+class TaskSeeds:
+    """lm-eval's seeds (its defaults), set before tasks are built, as simple_evaluate does: documents shuffled in
+    process_docs and few-shot samples depend on them, never on the engine's seed."""
+
+    random: int = 0
+    numpy: int = 1234
+    torch: int = 1234
+    fewshot: int = 1234
+
+
+@dataclass
 class EvalConfig:
     # --- the model (a preset from conf/model/ fills these) ---
     model_name: str = MISSING  # names the folder under result/
@@ -47,20 +58,23 @@ class EvalConfig:
     dtype: str = "auto"  # one of DTYPES; float32 is the right choice on CPU (see README)
     trust_remote_code: bool = False
     apply_chat_template: bool = False  # wrap prompts in the tokenizer's chat template
+    system_instruction: Optional[str] = None  # a system message before every prompt (lm-eval's --system_instruction)
+    fewshot_as_multiturn: bool = True  # with a chat template, few-shot examples as turns (lm-eval's default)
     tokenizer: Optional[str] = None  # tokenizer folder when it is not the weights folder
+    add_bos_token: Optional[bool] = None  # null: the tokenizer's default, as lm-eval (BOS for Llama); true/false forces
 
     # --- the engine ---
     max_model_len: int = 4096  # context window the engine is started with
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
     batch_size: Optional[int] = None  # most sequences the engine runs at once (vLLM max_num_seqs); null: vLLM's default
-    seed: int = 1234  # engine seed and lm-eval's sampling seeds
+    seed: int = 1234  # the engine's seed (sampling); lm-eval's own seeds are task_seeds and never follow it
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
 
     # --- generation ---
     max_tokens: int = 16384  # ceiling on new tokens per request; a task's own max_gen_toks may lower it
-    temperature: float = 0.0  # 0.0 is greedy decoding, the reference procedure
-    sampling_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.SamplingParams argument
+    temperature: Optional[float] = None  # null keeps each task's own (greedy unless it samples); a number overrides all
+    sampling_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.SamplingParams argument, overrides tasks
     strip_thinking: bool = False  # score the text after the reasoning section; raw text stays in the samples
     thinking_end: str = "</think>"  # marker that closes the reasoning section
 
@@ -75,6 +89,7 @@ class EvalConfig:
     num_fewshot: Optional[int] = None
     task_data: dict[str, Any] = field(default_factory=dict)  # per task: dataset_path/dataset_name/dataset_kwargs
     tasks_dirs: list[str] = field(default_factory=list)  # more folders of task YAMLs, besides tasks/
+    task_seeds: TaskSeeds = field(default_factory=lambda: TaskSeeds())  # lm-eval's seeds for building prompts
 
     # --- output ---
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
@@ -161,6 +176,8 @@ def validate(cfg: EvalConfig) -> None:
                         ("chunk_size", cfg.chunk_size)):
         if value < 1:
             raise ConfigError(f"{name}={value} must be at least 1")
+    if cfg.temperature is not None and cfg.temperature < 0:
+        raise ConfigError(f"temperature={cfg.temperature} must be 0 or more (or null to keep each task's own)")
     if cfg.batch_size is not None and cfg.batch_size < 1:
         raise ConfigError(f"batch_size={cfg.batch_size} must be at least 1 (or null for vLLM's default)")
     if not 0.0 < cfg.gpu_memory_utilization <= 1.0:

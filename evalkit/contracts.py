@@ -16,6 +16,14 @@ class GenRequest:
     prompt_ids: tuple[int, ...]
     max_tokens: int
     stop: tuple[str, ...] = ()
+    # every other vllm.SamplingParams setting, as (name, value) pairs: the task's own generation settings
+    # (temperature, top_p, ...) plus evalkit's overrides, exactly as the engine receives them
+    sampling: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the answer is a function of the request alone (no sampling): identical requests may share it."""
+        return float(dict(self.sampling).get("temperature", 0.0) or 0.0) == 0.0
 
 
 @dataclass(frozen=True)
@@ -43,13 +51,18 @@ class Scored:
 class Engine(Protocol):
     max_model_len: int
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text, without special tokens."""
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Token ids of text; with add_special_tokens, the tokenizer adds what it adds by default (BOS for Llama)."""
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
     def prefix_token_id(self) -> int:
         """The token that stands before an empty context (BOS, or EOS where a model has no BOS)."""
 
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
+    def eos_token_id(self) -> int: ...
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """The chat template applied to messages; without a generation prompt the last message is continued."""
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]: ...
 

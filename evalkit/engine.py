@@ -57,6 +57,17 @@ def hardware() -> dict[str, Any]:
     return info
 
 
+def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | None) -> Any:
+    """The tokenizer as lm-eval's vllm backend loads it (vLLM's get_tokenizer; add_bos_token only when set)."""
+    try:
+        from vllm.tokenizers import get_tokenizer
+    except ImportError:  # vLLM before the tokenizers package
+        from vllm.transformers_utils.tokenizer import get_tokenizer
+
+    extra = {"add_bos_token": add_bos_token} if add_bos_token is not None else {}
+    return get_tokenizer(path, trust_remote_code=trust_remote_code, **extra)
+
+
 class VLLMEngine:
     """The :class:`evalkit.contracts.Engine` backed by a real vLLM engine."""
 
@@ -72,9 +83,8 @@ class VLLMEngine:
         max_num_seqs: int | None,
         seed: int,
         trust_remote_code: bool,
-        temperature: float,
+        add_bos_token: bool | None,
         engine_kwargs: dict[str, Any],
-        sampling_kwargs: dict[str, Any],
         progress: bool = True,
     ) -> None:
         from vllm import LLM
@@ -93,27 +103,36 @@ class VLLMEngine:
             self.args["max_num_seqs"] = max_num_seqs
         self.args.update(engine_kwargs)
         self.max_model_len = max_model_len
-        self.temperature = temperature
-        self.sampling_kwargs = dict(sampling_kwargs)
         self.progress = progress
+        self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
+                                        add_bos_token=add_bos_token)
         self.llm = LLM(**self.args)
-        self.tokenizer = self.llm.get_tokenizer()
 
-    # --- tokenizer ---
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    # --- tokenizer (lm-eval's prompts are text; these turn them into the ids the engine is sent) ---
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
 
     def prefix_token_id(self) -> int:
         bos = self.tokenizer.bos_token_id
         return bos if bos is not None else self.tokenizer.eos_token_id
 
-    def eos_text(self) -> str | None:
-        return self.tokenizer.eos_token
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
 
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        """As lm-eval's vllm backend: the last message is continued when no generation prompt is added (a
+        task's ``gen_prefix``), and a template that rejects the system role is retried without it."""
+        import jinja2
+
+        options = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
+                   "continue_final_message": not add_generation_prompt, "enable_thinking": None}
+        try:
+            return self.tokenizer.apply_chat_template(messages, **options)
+        except jinja2.exceptions.TemplateError:
+            return self.tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **options)
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
@@ -121,14 +140,8 @@ class VLLMEngine:
 
         if not requests:
             return []
-        params = [
-            SamplingParams(
-                **{"temperature": self.temperature, **self.sampling_kwargs},
-                max_tokens=r.max_tokens,
-                stop=list(r.stop) or None,
-            )
-            for r in requests
-        ]
+        params = [SamplingParams(**dict(r.sampling), max_tokens=r.max_tokens, stop=list(r.stop) or None)
+                  for r in requests]
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=self.progress)
         return [
@@ -138,7 +151,12 @@ class VLLMEngine:
         ]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
-        """Log-probabilities of ids[start:] from vLLM's prompt logprobs (raw model logits, no sampling)."""
+        """Log-probabilities of ids[start:] from vLLM's prompt logprobs (raw model logits, no sampling).
+
+        is_greedy as lm-eval's vllm backend reads it: each scored token must be the first entry of highest
+        log-probability in vLLM's {token: logprob} dict for its position (the token itself and the top-1),
+        so a tie counts as greedy when the token comes first in that dict, as it does there.
+        """
         from vllm import SamplingParams
 
         if not requests:
@@ -150,15 +168,14 @@ class VLLMEngine:
         for r, out in zip(requests, outputs):
             total, greedy = 0.0, True
             for position in range(max(r.start, 1), len(r.ids)):
-                entry = out.prompt_logprobs[position][r.ids[position]]
-                total += entry.logprob
-                greedy = greedy and entry.rank == 1
+                entries = {token: entry.logprob for token, entry in out.prompt_logprobs[position].items()}
+                total += entries[r.ids[position]]
+                greedy = greedy and max(entries, key=entries.__getitem__) == r.ids[position]
             scored.append(Scored(logprob=total, is_greedy=greedy))
         return scored
 
     def describe(self) -> dict[str, Any]:
-        return {"engine_args": dict(self.args), "sampling": {"temperature": self.temperature, **self.sampling_kwargs},
-                "versions": library_versions(), "hardware": hardware()}
+        return {"engine_args": dict(self.args), "versions": library_versions(), "hardware": hardware()}
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

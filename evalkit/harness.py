@@ -1,18 +1,26 @@
 """Stage 3, the harness: lm-eval's ``LM`` interface on top of an evalkit :class:`~evalkit.contracts.Engine`.
 
-Tokenization of (context, continuation) pairs is lm-eval's own (``TemplateLM._encode_pair`` and its
-empty-context rule), so log-likelihoods line up with lm-eval's ``hf`` backend. Every request goes through
-the length budget (``budget.py``) and leaves a :class:`RequestRecord`, which the results stage merges into
-the per-sample output: raw text, finish reason, token counts, clamps and truncations.
+Prompts and outputs are built as lm-eval's own ``vllm`` backend (0.4.13) builds them: text is encoded with
+the tokenizer's default special tokens (BOS for Llama, Mistral, Gemma) unless it already starts with the
+BOS text, or as ``add_bos_token`` forces; (context, continuation) pairs use ``TemplateLM._encode_pair`` and
+its empty-context rule; a task's own generation settings pass through lm-eval's ``normalize_gen_kwargs``;
+the decoded EOS joins the stop strings; special tokens stay in the output text, which is cut at the stops
+afterwards. Where evalkit departs from that backend on purpose (the length budget, the ``max_tokens``
+ceiling, unfinished reasoning), the README says so ("Differences from lm-eval").
+
+Every request goes through the length budget (``budget.py``) and leaves a :class:`RequestRecord`, which the
+results stage merges into the per-sample output: raw text, finish reason, token counts, clamps, truncations.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import defaultdict
 from typing import Any, Callable
 
 from lm_eval.api.model import TemplateLM
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalkit.budget import plan_generation, plan_score
@@ -31,6 +39,30 @@ def strip_thinking(text: str, end_marker: str) -> str:
     return "" if start_marker != end_marker and start_marker in text else text
 
 
+# What lm-eval's vllm backend adds to every generation's SamplingParams (its "HF defaults").
+OUTPUT_DEFAULTS = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+
+
+def generation_settings(gen_kwargs: dict[str, Any], *, eos: str | None, max_tokens: int,
+                        temperature: float | None = None,
+                        sampling_kwargs: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str], int]:
+    """(SamplingParams settings, stop strings, new-token ceiling) for one request's gen_kwargs.
+
+    As lm-eval's ``VLLM.modify_gen_kwargs`` with ``max_gen_toks=max_tokens``: a task's ``do_sample``,
+    ``temperature``, ``top_p``, ... and its ``max_gen_toks`` (or an alias) pass through; ``max_tokens`` also
+    caps a task that asks for more. Then evalkit's explicit overrides: ``sampling_kwargs``, and
+    ``temperature`` when it is not None.
+    """
+    settings = dict(normalize_gen_kwargs(gen_kwargs, default_max_gen_toks=max_tokens))
+    until = handle_stop_sequences(settings.pop("until", None), eos=eos)
+    requested = min(int(settings.pop("max_gen_toks")), max_tokens)
+    settings.pop("do_sample", None)
+    settings = OUTPUT_DEFAULTS | settings | dict(sampling_kwargs or {})
+    if temperature is not None:
+        settings["temperature"] = temperature
+    return settings, until, requested
+
+
 class EvalkitLM(TemplateLM):
     """One engine shared by every task of a run, seen by lm-eval as an ``LM``."""
 
@@ -40,6 +72,9 @@ class EvalkitLM(TemplateLM):
         *,
         model_name: str,
         max_tokens: int,
+        add_bos_token: bool | None = None,
+        temperature: float | None = None,
+        sampling_kwargs: dict[str, Any] | None = None,
         min_gen_tokens: int = 1,
         overflow: str = "fail",
         strip_thinking: bool = False,
@@ -50,6 +85,9 @@ class EvalkitLM(TemplateLM):
         self.engine = engine
         self.model_name = model_name
         self.max_tokens = max_tokens
+        self.add_bos_token = add_bos_token
+        self.temperature = temperature
+        self.sampling_kwargs = dict(sampling_kwargs or {})
         self.min_gen_tokens = min_gen_tokens
         self.overflow = overflow
         self.strip_thinking = strip_thinking
@@ -59,10 +97,14 @@ class EvalkitLM(TemplateLM):
         self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
         self._pending: list[Any] = []
 
+    @functools.cached_property
+    def _bos_text(self) -> str:
+        return self.engine.decode([self.prefix_token_id])
+
     # --- what lm-eval asks of a model ---
     @property
     def eot_token_id(self) -> int:
-        return self.engine.prefix_token_id()
+        return self.engine.eos_token_id()
 
     @property
     def prefix_token_id(self) -> int:
@@ -73,7 +115,15 @@ class EvalkitLM(TemplateLM):
         return self.model_name
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return self.engine.encode(string)
+        """lm-eval's rule: the tokenizer's default special tokens (or add_bos_token when set), none for
+        text that already starts with the BOS text (a chat template's output), none for empty text."""
+        if not string:
+            return []
+        if add_special_tokens is None:
+            add_special_tokens = self.add_bos_token
+        if string.startswith(self._bos_text):
+            add_special_tokens = False
+        return self.engine.encode(string, add_special_tokens=True if add_special_tokens is None else add_special_tokens)
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         return getattr(getattr(self.engine, "tokenizer", None), "chat_template", None) if chat_template else None
@@ -119,12 +169,14 @@ class EvalkitLM(TemplateLM):
         return [(s.logprob, s.is_greedy) for s in self._submit(self.engine.score, scores)]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Perplexity-style scoring: the whole text in disjoint windows that fit max_model_len."""
+        """Perplexity-style scoring: the whole text (with the tokenizer's default special tokens, so a BOS
+        is scored too) in disjoint windows of max_model_len - 2 tokens, as lm-eval's vllm backend cuts them
+        (its hf backend uses windows of max_length)."""
         windows: list[ScoreRequest] = []
         owners: list[int] = []
         for n, instance in enumerate(requests):
             (text,) = instance.args
-            tokens = self.engine.encode(text)
+            tokens = self.tok_encode(text)
             for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
                     token_list=tokens, prefix_token=self.prefix_token_id,
                     max_seq_len=self.engine.max_model_len - 2, context_len=1)):
@@ -139,28 +191,36 @@ class EvalkitLM(TemplateLM):
 
     # --- generation ---
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        eos = self.engine.decode([self.eot_token_id])
         batch: list[GenRequest] = []
         records: list[RequestRecord] = []
+        stops: list[list[str]] = []
         for instance in requests:
             context, gen_kwargs = instance.args
-            until = gen_kwargs.get("until") or []
-            stop = (until,) if isinstance(until, str) else tuple(until)
-            requested = min(int(gen_kwargs.get("max_gen_toks") or self.max_tokens), self.max_tokens)
-            ids = self.engine.encode(context)
+            settings, until, requested = generation_settings(
+                gen_kwargs, eos=eos, max_tokens=self.max_tokens, temperature=self.temperature,
+                sampling_kwargs=self.sampling_kwargs)
+            ids = self.tok_encode(context)
             plan = plan_generation(prompt_tokens=len(ids), requested=requested,
                                    max_model_len=self.engine.max_model_len,
                                    min_gen_tokens=self.min_gen_tokens, overflow=self.overflow)
-            batch.append(GenRequest(prompt_ids=tuple(ids[plan.keep_from:]), max_tokens=plan.max_tokens, stop=stop))
+            # A reasoning model writes the task's stops (often "\n\n") inside its thinking section: stop
+            # only at EOS then, and apply the task's stops to the answer once the thinking is removed.
+            engine_stop = [s for s in until if s == eos] if self.strip_thinking else until
+            batch.append(GenRequest(prompt_ids=tuple(ids[plan.keep_from:]), max_tokens=plan.max_tokens,
+                                    stop=tuple(engine_stop), sampling=tuple(sorted(settings.items()))))
             records.append(RequestRecord(kind="generate_until", prompt_tokens=len(ids) - plan.keep_from,
                                          requested_max_tokens=requested, max_tokens=plan.max_tokens,
                                          clamped=plan.clamped, truncated_tokens=plan.truncated))
+            stops.append(until)
         answers = []
-        for instance, record, generation in zip(requests, records, self._submit(self.engine.generate, batch)):
+        for instance, record, until, generation in zip(requests, records, stops,
+                                                       self._submit(self.engine.generate, batch)):
             record.raw_output = generation.text
             record.finish_reason = generation.finish_reason
             record.output_tokens = generation.output_tokens
             record.output_ids = list(generation.token_ids)
             self._record(instance, record)
-            answers.append(strip_thinking(generation.text, self.thinking_end)
-                           if self.strip_thinking else generation.text)
+            text = strip_thinking(generation.text, self.thinking_end) if self.strip_thinking else generation.text
+            answers.append(postprocess_generated_text(text, until, None))
         return answers

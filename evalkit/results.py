@@ -40,11 +40,25 @@ class TaskCounts(TypedDict):
     truncated_tokens: int
 
 
+class Prompting(TypedDict):
+    add_bos_token: bool | None  # the config key: null is the tokenizer's default
+    adds_bos: bool  # whether prompts got a BOS token (text that starts with the BOS text never does)
+    bos_token: list[Any]  # [text, id]: the token before an empty context
+    eos_token: list[Any]  # [text, id]: added to every generation's stop strings
+    apply_chat_template: bool
+    system_instruction: str | None
+    fewshot_as_multiturn: bool
+    task_seeds: dict[str, int]  # lm-eval's random/numpy/torch/fewshot seeds
+    temperature_override: float | None  # null: each task's own sampling settings
+    sampling_kwargs: dict[str, Any]  # evalkit's overrides of every generation's SamplingParams
+
+
 class EvalkitSection(TypedDict):
     run_id: str
     model_name: str
     config: dict[str, Any]  # the resolved config, as given
-    engine: dict[str, Any]  # engine_args actually passed to vllm.LLM, sampling settings, versions, hardware
+    engine: dict[str, Any]  # engine_args actually passed to vllm.LLM, versions, hardware
+    prompting: Prompting  # special tokens, chat template settings, seeds, sampling overrides
     timings: dict[str, float]  # seconds per stage
     counts: dict[str, TaskCounts]  # per task
     provenance: dict[str, Any]  # content hashes: config, model fingerprint, each task's documents and prompts

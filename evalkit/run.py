@@ -7,6 +7,7 @@ length, the devices) is checked before the engine starts, because starting it ta
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from evalkit import preflight, results, store
-from evalkit.config import EvalConfig, memory_settings, validate
+from evalkit.config import EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.harness import EvalkitLM
 from evalkit.tasks import load_tasks
@@ -48,8 +49,7 @@ def start_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
         model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
         gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
         max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-        temperature=cfg.temperature, engine_kwargs=dict(cfg.engine_kwargs),
-        sampling_kwargs=dict(cfg.sampling_kwargs),
+        add_bos_token=cfg.add_bos_token, engine_kwargs=dict(cfg.engine_kwargs),
     )
 
 
@@ -78,20 +78,52 @@ def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[
     model_dir = preflight.resolve_model_path(cfg.vllm_path)
     preflight.check_model(cfg, model_dir)
     watch.lap("prepare_model")
+    seed_as_lm_eval(cfg.task_seeds)  # simple_evaluate seeds before it builds tasks: process_docs may shuffle
     manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
     watch.lap("load_tasks")
     return model_dir, manager, tasks
 
 
-def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list[Any]) -> dict[str, Any]:
-    from lm_eval import simple_evaluate
+def seed_as_lm_eval(seeds: TaskSeeds) -> None:
+    import numpy as np
+    from lm_eval.utils import set_torch_seed
 
-    return simple_evaluate(
+    random.seed(seeds.random)
+    np.random.seed(seeds.numpy)
+    set_torch_seed(seeds.torch)
+
+
+def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list[Any]) -> dict[str, Any]:
+    """lm-eval's simple_evaluate on the built tasks, plus the fields its EvaluationTracker adds to results."""
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+
+    tracker = GeneralConfigTracker()
+    tracker.log_experiment_args(
+        model_source="evalkit", model_args={"pretrained": cfg.model_name},
+        system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
+        chat_template=lm.chat_template(cfg.apply_chat_template) if cfg.apply_chat_template else None)
+    outcome = simple_evaluate(
         model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
         log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
-        random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-        fewshot_random_seed=cfg.seed, bootstrap_iters=1000,
+        system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
+        random_seed=cfg.task_seeds.random, numpy_random_seed=cfg.task_seeds.numpy,
+        torch_random_seed=cfg.task_seeds.torch, fewshot_random_seed=cfg.task_seeds.fewshot,
+        bootstrap_iters=1000,
     )
+    tracker.log_end_time()
+    outcome.update(asdict(tracker))
+    return outcome
+
+
+def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
+    """How prompts were built, with what the tokenizer did by default, for the results file."""
+    bos, eos = lm.prefix_token_id, lm.eot_token_id
+    return {"add_bos_token": cfg.add_bos_token, "adds_bos": lm.tok_encode("a")[:1] == [bos],
+            "bos_token": [lm.engine.decode([bos]), bos], "eos_token": [lm.engine.decode([eos]), eos],
+            "apply_chat_template": cfg.apply_chat_template, "system_instruction": cfg.system_instruction,
+            "fewshot_as_multiturn": cfg.fewshot_as_multiturn, "task_seeds": asdict(cfg.task_seeds),
+            "temperature_override": cfg.temperature, "sampling_kwargs": dict(cfg.sampling_kwargs)}
 
 
 def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, check_devices: bool = True,
@@ -115,7 +147,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
             answers = store.RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
             engine = store.ResumableEngine(engine, answers, cfg.chunk_size)
         lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
-                       min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
+                       add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
+                       sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
                        strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
                        order_seed=cfg.order_seed)
         outcome = score_with_lm_eval(cfg, lm, manager, tasks)
@@ -126,7 +159,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
     timings = {**watch.laps, "total": round(sum(watch.laps.values()), 3)}
     section: results.EvalkitSection = {
         "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
-        "engine": {**description, "model_dir": model_dir}, "timings": timings,
+        "engine": {**description, "model_dir": model_dir}, "prompting": prompting(cfg, lm), "timings": timings,
         "counts": results.count_records(lm.records),
         "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=fingerprint),
         "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,

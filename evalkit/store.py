@@ -2,7 +2,8 @@
 
 Answers are appended to ``<output_dir>/<model_name>/.requests/<fingerprint>.jsonl`` as each chunk of
 requests finishes (flushed and fsync'ed); a kill at any instant loses at most the chunk in flight, and a
-torn last line is ignored on reading. The file name is a hash of everything that decides an answer
+torn last line is cut off on reading, so the next append starts on a line of its own. Identical requests
+share one answer when greedy and keep one each when sampled (:meth:`ResumableEngine._key`). The file name is a hash of everything that decides an answer
 (:func:`fingerprint`): the model's files, the settings that change outputs, and the library versions; each
 line is keyed by a hash of the exact request. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``batch_size``/``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``,
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -72,13 +74,18 @@ class RequestStore:
         self.path = Path(path)
         self.answers: dict[str, dict[str, Any]] = {}
         if self.path.is_file():
-            with open(self.path, encoding="utf-8") as f:
+            with open(self.path, "rb+") as f:
+                whole = 0  # bytes up to the end of the last complete line
                 for line in f:
+                    if not line.endswith(b"\n"):
+                        break  # torn by a kill mid-write: cut it, or the next append would be glued to it
+                    whole += len(line)
                     try:
                         entry = json.loads(line)
                         self.answers[entry["key"]] = entry["answer"]
                     except (json.JSONDecodeError, KeyError, TypeError):
-                        continue  # a line torn by a kill mid-write
+                        continue
+                f.truncate(whole)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def add(self, items: list[tuple[str, dict[str, Any]]]) -> None:
@@ -98,12 +105,22 @@ class ResumableEngine:
         self.chunk_size = chunk_size
         self.reused = 0
         self.computed = 0
+        self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
+    def _key(self, request: Any) -> str:
+        """The request's hash; a sampled one also counts how often it was asked this run (a task's
+        ``repeats``, or two tasks with one prompt), so each draw keeps its own answer. Greedy ones share."""
+        key = sha256({"kind": type(request).__name__, **asdict(request)})
+        if isinstance(request, GenRequest) and not request.greedy:
+            self._draws[key] += 1
+            key = sha256({"request": key, "draw": self._draws[key]})
+        return key
+
     def _run(self, requests: Sequence[Any], call: Callable[[list], list], load: Callable[[dict], Any]) -> list:
-        keys = [sha256({"kind": type(r).__name__, **asdict(r)}) for r in requests]
+        keys = [self._key(r) for r in requests]
         missing = [i for i, k in enumerate(keys) if k not in self.store.answers]
         self.reused += len(requests) - len(missing)
         for start in range(0, len(missing), self.chunk_size):

@@ -11,25 +11,29 @@ from typing import Any, Sequence
 
 from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest
 
-BOS = 1
+BOS, EOS = 1, 2
 
 
 class FakeEngine:
-    def __init__(self, max_model_len: int = 4096, reply: str | None = None) -> None:
+    def __init__(self, max_model_len: int = 4096, reply: str | None = None, adds_bos: bool = False) -> None:
         self.max_model_len = max_model_len
+        self.adds_bos = adds_bos  # with special tokens, encode() puts BOS first, as a Llama tokenizer does
         self.reply = reply  # fixed generation text; None answers the last "What is a op b?" correctly
         self.generated: list[GenRequest] = []
         self.scored: list[ScoreRequest] = []
         self.closed = False
 
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return ([BOS] if add_special_tokens and self.adds_bos else []) + [ord(c) for c in text]
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids)
 
     def prefix_token_id(self) -> int:
         return BOS
+
+    def eos_token_id(self) -> int:
+        return EOS
 
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)

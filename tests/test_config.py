@@ -15,7 +15,7 @@ def test_default_is_the_embedded_model_on_the_embedded_tasks():
     cfg = load()
     assert isinstance(cfg, EvalConfig)
     assert cfg.vllm_path == "embedded://smollm2-135m-instruct" and cfg.dtype == "float32"
-    assert (cfg.max_tokens, cfg.temperature, cfg.tensor_parallel_size) == (16384, 0.0, 1)
+    assert (cfg.max_tokens, cfg.temperature, cfg.tensor_parallel_size) == (16384, None, 1)
     assert cfg.tasks == ["evalkit_arith", "evalkit_facts"]
     validate(cfg)
 
