@@ -1,10 +1,12 @@
 """Stage 4, results: everything a run writes under ``result/<model_name>/<run id>/``, and nothing else writes there.
 
 A run folder is built under a hidden temporary name and renamed into place once complete, so a crash
-leaves no half-written run and one run never overwrites another. The files (see README, "Results"):
+leaves no half-written run and one run never overwrites another. The files (see README, "Results"), named
+and laid out as lm-eval's EvaluationTracker writes them, so lm-eval's own tools read them:
 
-* ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`)
-* ``samples_<task>.jsonl`` -- one line per document and filter (:class:`SampleLine`)
+* ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`);
+  ``results_<date>.json`` is a link to it, under lm-eval's name
+* ``samples_<task>_<date>.jsonl`` -- one line per document and filter (:class:`SampleLine`)
 * ``config.yaml`` -- the resolved config
 * ``summary.csv`` / ``summary.md`` -- one row per task, metric and filter (:data:`SUMMARY_COLUMNS`)
 """
@@ -16,6 +18,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from datetime import datetime
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, TypedDict
@@ -24,8 +27,6 @@ import pandas as pd
 
 from evalkit.contracts import RequestRecord
 
-LM_EVAL_KEYS = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better",
-                "n-samples")
 SUMMARY_COLUMNS = ["task", "metric", "filter", "value", "stderr", "n_samples", "num_fewshot", "version",
                    "finish_length", "clamped", "truncated", "prompt_tokens", "output_tokens"]
 
@@ -64,11 +65,13 @@ class EvalkitSection(TypedDict):
     provenance: dict[str, Any]  # content hashes: config, model fingerprint, each task's documents and prompts
     resume: dict[str, Any] | None  # request store file, answers reused from it and computed now
     attempts: list[dict[str, Any]]  # every try of this run: settings, status, error, seconds (OOM back-off)
+    files: dict[str, Any]  # written by write_run: {"results": lm-eval's name, "samples": {task: file name}}
 
 
 class SampleLine(TypedDict, total=False):
-    """lm-eval's sample fields (doc_id, doc, target, arguments, resps, filtered_resps, filter, metrics,
-    doc_hash, prompt_hash, target_hash, and each metric's value) plus evalkit's below."""
+    """lm-eval's sample fields as its EvaluationTracker writes them (doc_id, doc, target as text, arguments
+    as {"gen_args_<i>": {"arg_<j>": ...}}, resps and filtered_resps as text, filter, metrics, doc_hash,
+    prompt_hash, target_hash, and each metric's value) plus evalkit's below."""
 
     prompt: str  # the text of the first request (context), as sent after any chat template
     raw_output: str | None  # generation before the thinking section was stripped (generation tasks)
@@ -122,7 +125,17 @@ def sample_line(sample: dict[str, Any], records: list[RequestRecord]) -> SampleL
         "output_tokens": sum(r.output_tokens for r in records),
         "requests": [asdict(r) for r in records],
     }
-    return line
+    return {**line, **lm_eval_layout(sample)}
+
+
+def lm_eval_layout(sample: dict[str, Any]) -> dict[str, Any]:
+    """The fields lm-eval's EvaluationTracker.save_results_samples rewrites before writing a sample."""
+    from lm_eval.utils import sanitize_list
+
+    return {"arguments": {f"gen_args_{i}": {f"arg_{j}": value for j, value in enumerate(args)}
+                          for i, args in enumerate(sample.get("arguments") or [])},
+            "resps": sanitize_list(sample.get("resps")), "filtered_resps": sanitize_list(sample.get("filtered_resps")),
+            "target": str(sample.get("target"))}
 
 
 def summary_frame(results: dict[str, Any], counts: dict[str, TaskCounts]) -> pd.DataFrame:
@@ -145,6 +158,14 @@ def summary_frame(results: dict[str, Any], counts: dict[str, TaskCounts]) -> pd.
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
+def task_hashes(samples: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """lm-eval's per-task hash of its documents, prompts and targets (EvaluationTracker.save_results_aggregated)."""
+    from lm_eval.utils import hash_string
+
+    return {task: hash_string("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in task_samples))
+            for task, task_samples in samples.items()}
+
+
 def _json(obj: Any) -> str:
     from lm_eval.utils import handle_non_serializable
 
@@ -159,6 +180,23 @@ def _write_jsonl(path: Path, lines: Iterable[Any]) -> None:
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
+
+
+def lm_eval_date_id() -> str:
+    """The timestamp lm-eval's EvaluationTracker puts in its file names."""
+    return datetime.now().isoformat().replace(":", "-")
+
+
+def sample_files(run_dir: Path) -> dict[str, Path]:
+    """task -> its samples file in a run folder, as results.json names them."""
+    data = json.loads((Path(run_dir) / "results.json").read_text())
+    names = (data.get("evalkit") or {}).get("files", {}).get("samples", {})
+    return {task: Path(run_dir) / name for task, name in names.items()}
+
+
+def read_samples(run_dir: Path, task: str) -> list[dict[str, Any]]:
+    with open(sample_files(run_dir)[task], encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def write_run(
@@ -177,12 +215,18 @@ def write_run(
     tmp = parent / f".tmp-{run_id}-{os.getpid()}"
     try:
         tmp.mkdir()
-        aggregate = {k: results[k] for k in LM_EVAL_KEYS if k in results}
-        aggregate["evalkit"] = evalkit
+        date_id = lm_eval_date_id()
+        samples = results.get("samples") or {}
+        files = {"results": f"results_{date_id}.json",
+                 "samples": {task: f"samples_{task}_{date_id}.jsonl" for task in samples}}
+        aggregate = {k: v for k, v in results.items() if k != "samples"}
+        aggregate["task_hashes"] = task_hashes(samples)
+        aggregate["evalkit"] = {**evalkit, "files": files}
         (tmp / "results.json").write_text(json.dumps(json.loads(_json(aggregate)), indent=2) + "\n")
-        for task, samples in (results.get("samples") or {}).items():
-            _write_jsonl(tmp / f"samples_{task}.jsonl",
-                         (sample_line(s, records.get((task, s["doc_id"]), [])) for s in samples))
+        (tmp / files["results"]).symlink_to("results.json")
+        for task, task_samples in samples.items():
+            _write_jsonl(tmp / files["samples"][task],
+                         (sample_line(s, records.get((task, s["doc_id"]), [])) for s in task_samples))
         (tmp / "config.yaml").write_text(config_yaml)
         frame = summary_frame(results, evalkit["counts"])
         frame.to_csv(tmp / "summary.csv", index=False)

@@ -121,7 +121,11 @@ class ResumableEngine:
 
     def _run(self, requests: Sequence[Any], call: Callable[[list], list], load: Callable[[dict], Any]) -> list:
         keys = [self._key(r) for r in requests]
-        missing = [i for i, k in enumerate(keys) if k not in self.store.answers]
+        first: dict[str, int] = {}  # each missing answer once, however often it is asked
+        for i, k in enumerate(keys):
+            if k not in self.store.answers:
+                first.setdefault(k, i)
+        missing = list(first.values())
         self.reused += len(requests) - len(missing)
         for start in range(0, len(missing), self.chunk_size):
             chunk = missing[start:start + self.chunk_size]

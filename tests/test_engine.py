@@ -15,6 +15,7 @@ import pytest
 from evalkit.budget import PromptTooLong
 from evalkit.contracts import ScoreRequest
 from evalkit.harness import EvalkitLM
+from evalkit.results import read_samples
 from tests.conftest import run_dirs
 
 pytestmark = pytest.mark.engine
@@ -35,7 +36,7 @@ def test_python_m_evalkit_end_to_end(tmp_path):
     assert ek["engine"]["engine_args"]["dtype"] == "float32"
     assert ek["engine"]["engine_args"]["max_model_len"] == 4096
     assert ek["engine"]["versions"]["vllm"] and ek["counts"]["evalkit_facts"]["requests"] == 48
-    samples = [json.loads(l) for l in (run_dir / "samples_evalkit_arith.jsonl").read_text().splitlines()]
+    samples = read_samples(run_dir, "evalkit_arith")
     assert all(s["finish_reason"] in ("stop", "length") and s["output_tokens"] >= 1 for s in samples)
     assert all(s["raw_output"] == s["resps"][0][0] for s in samples)
 

@@ -4,6 +4,7 @@ The fake engine answers arithmetic correctly, so the scores are known. Run: pyte
 """
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -11,6 +12,7 @@ import yaml
 
 from evalkit import results
 from evalkit.config import EvalConfig
+from evalkit.results import read_samples
 from evalkit.run import evaluate
 from tests.fake_engine import FakeEngine
 
@@ -36,8 +38,11 @@ def run_dir(tmp_path_factory):
 def test_run_folder_holds_every_file(run_dir):
     assert run_dir.parent.name == "fake-model"
     names = {p.name for p in run_dir.iterdir()}
-    assert names == {"results.json", "samples_evalkit_arith.jsonl", "samples_evalkit_facts.jsonl", "config.yaml",
-                     "summary.csv", "summary.md"}
+    stamp = json.loads((run_dir / "results.json").read_text())["evalkit"]["files"]["results"][len("results_"):-5]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d+", stamp)  # lm-eval's date_id
+    assert names == {"results.json", f"results_{stamp}.json", f"samples_evalkit_arith_{stamp}.jsonl",
+                     f"samples_evalkit_facts_{stamp}.jsonl", "config.yaml", "summary.csv", "summary.md"}
+    assert (run_dir / f"results_{stamp}.json").resolve() == (run_dir / "results.json").resolve()
     assert not [p for p in run_dir.parent.iterdir() if p.name.startswith(".tmp")]
 
 
@@ -56,14 +61,14 @@ def test_results_json_has_lm_evals_schema_and_evalkits(run_dir):
 
 
 def test_samples_carry_prompt_raw_output_metrics_and_tokens(run_dir):
-    lines = [json.loads(l) for l in (run_dir / "samples_evalkit_arith.jsonl").read_text().splitlines()]
+    lines = read_samples(run_dir, "evalkit_arith")
     assert len(lines) == 10
     first = lines[0]
     assert first["prompt"].endswith("Question: What is 14 - 1?\nAnswer:")
     assert first["raw_output"] == " 13" and first["filtered_output"] == "13" and first["target"] == "13"
     assert first["scores"] == {"exact_match": 1.0} and first["finish_reason"] == "stop"
     assert first["prompt_tokens"] == len(first["prompt"]) and first["output_tokens"] == 3
-    facts = json.loads((run_dir / "samples_evalkit_facts.jsonl").read_text().splitlines()[0])
+    facts = read_samples(run_dir, "evalkit_facts")[0]
     assert len(facts["requests"]) == 4 and facts["raw_output"] is None
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.results import read_samples
 from evalkit.store import RequestStore, ResumableEngine, fingerprint
 from tests.fake_engine import FakeEngine
 from tests.test_compare import fake_run
@@ -34,6 +35,38 @@ def test_a_torn_last_line_is_ignored_and_recomputed(tmp_path):
     engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2)
     engine.generate(requests(4))
     assert (engine.reused, engine.computed) == (3, 1)
+
+
+def test_an_answer_appended_after_a_torn_line_survives_the_next_reload(tmp_path):
+    path = tmp_path / "store.jsonl"
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2).generate(requests(4))
+    text = path.read_text()
+    path.write_text(text[: len(text) - 10])  # the fourth line torn by a kill mid-write
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2).generate(requests(4))  # recomputes it
+    again = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=2)
+    again.generate(requests(4))
+    assert (again.reused, again.computed) == (4, 0)
+    assert all(line.endswith("}") for line in path.read_text().splitlines())
+
+
+def sampled(n, temperature):
+    prompt = tuple(map(ord, "Tell me a story."))
+    return [GenRequest(prompt_ids=prompt, max_tokens=8, sampling=(("temperature", temperature),))] * n
+
+
+def test_identical_sampled_requests_keep_one_answer_each_and_greedy_ones_share(tmp_path):
+    path = tmp_path / "store.jsonl"
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
+    engine.generate(sampled(4, temperature=0.8))  # a task with repeats: 4
+    assert engine.computed == 4 and len(path.read_text().splitlines()) == 4
+    engine.generate(sampled(3, temperature=0.0))  # greedy: one answer serves all three
+    assert engine.computed == 5 and len(path.read_text().splitlines()) == 5
+    rerun = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=8)
+    rerun.generate(sampled(4, temperature=0.8))
+    rerun.generate(sampled(3, temperature=0.0))
+    assert (rerun.reused, rerun.computed) == (7, 0)
+    more = rerun.generate(sampled(1, temperature=0.8))  # a fifth draw was never made: it is computed
+    assert rerun.computed == 1 and more[0].text == "never as"  # max_tokens=8
 
 
 def test_a_changed_request_is_never_served_a_stale_answer(tmp_path):
@@ -68,8 +101,7 @@ def test_a_rerun_reuses_everything_and_writes_the_same_samples(tmp_path):
     resume = [json.loads((run / "results.json").read_text())["evalkit"]["resume"] for run in (first, second)]
     assert resume[0]["reused"] == 0 and resume[1] == {**resume[0], "reused": resume[0]["computed"], "computed": 0}
     for task in ("evalkit_arith", "evalkit_facts"):
-        lines = [[json.loads(l) for l in (run / f"samples_{task}.jsonl").read_text().splitlines()]
-                 for run in (first, second)]
+        lines = [read_samples(run, task) for run in (first, second)]
         assert lines[0] == lines[1]
 
 

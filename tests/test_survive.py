@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from evalkit.config import compose_config
+from evalkit.results import read_samples
 from evalkit.run import Lent, evaluate
 from tests.conftest import run_dirs
 
@@ -118,7 +119,7 @@ def test_sigkill_mid_task_then_resume_recomputes_nothing_finished(tmp_path, engi
     cfg = compose_config([a for a in args if not a.startswith("output_dir")] + [f"output_dir={tmp_path / 'clean'}"])
     clean = evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine))
     fields = ("doc_id", "resps", "filtered_resps", "exact_match", "finish_reason", "output_tokens")
-    load = lambda d: [{k: s[k] for k in fields} for s in map(json.loads, (d / "samples_evalkit_arith.jsonl").read_text().splitlines())]
+    load = lambda d: [{k: s[k] for k in fields} for s in read_samples(d, "evalkit_arith")]
     assert load(run_dir) == load(clean)
     print(f"\nkilled after {finished}/40 requests; resumed run computed {resume['computed']}, "
           f"evaluate {results(run_dir)['evalkit']['timings']['evaluate']} s vs clean {results(clean)['evalkit']['timings']['evaluate']} s")
