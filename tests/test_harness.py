@@ -100,3 +100,45 @@ def test_shuffled_submission_returns_answers_in_request_order():
     assert answers == [f" {i + 1}" for i in range(20)]
     submitted = [engine.decode(r.prompt_ids) for r in engine.generated]
     assert submitted != questions and sorted(submitted) == sorted(questions)
+
+
+def test_a_thinking_models_stop_inside_its_reasoning_does_not_end_the_answer():
+    reply = "<think>First 7 + 5.\n\nThat is 12.</think> 12\n\nQuestion: next"
+    engine = FakeEngine(reply=reply)
+    lm = EvalkitLM(engine, model_name="m", max_tokens=64, strip_thinking=True)
+    (answer,) = lm.generate_until([instance("t", 0, "q", {"until": ["\n\n"]})])
+    assert engine.generated[0].stop == ("\x02",)  # only the EOS text reaches the engine...
+    assert answer == "12"  # ...and the task's stop cuts the answer once the reasoning is removed
+    assert lm.records[("t", 0)][0].raw_output == reply
+    plain = FakeEngine(reply=reply)
+    (cut,) = EvalkitLM(plain, model_name="m", max_tokens=64).generate_until([instance("t", 0, "q", {"until": ["\n\n"]})])
+    assert plain.generated[0].stop == ("\n\n", "\x02") and cut == "<think>First 7 + 5."
+
+
+def test_a_tasks_own_sampling_settings_reach_the_engine_and_overrides_win():
+    engine = FakeEngine(reply=" ok")
+    kwargs = {"until": "\n", "do_sample": True, "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 7}
+    EvalkitLM(engine, model_name="m", max_tokens=100).generate_until([instance("t", 0, "q", dict(kwargs))])
+    sent = engine.generated[0]
+    assert dict(sent.sampling) == {"temperature": 0.8, "top_p": 0.9, "skip_special_tokens": False,
+                                   "spaces_between_special_tokens": False}
+    assert sent.max_tokens == 7 and sent.stop == ("\n", "\x02") and not sent.greedy
+    EvalkitLM(engine, model_name="m", max_tokens=5, temperature=0.0, sampling_kwargs={"top_p": 1.0}).generate_until(
+        [instance("t", 0, "q", dict(kwargs))])
+    assert dict(engine.generated[1].sampling)["temperature"] == 0.0 and engine.generated[1].greedy
+    assert dict(engine.generated[1].sampling)["top_p"] == 1.0 and engine.generated[1].max_tokens == 5
+    EvalkitLM(engine, model_name="m", max_tokens=100).generate_until(
+        [instance("t", 0, "q", {"until": [], "temperature": 0.5, "do_sample": False})])
+    assert dict(engine.generated[2].sampling)["temperature"] == 0.0  # do_sample false means greedy (lm-eval)
+
+
+def test_prompts_get_the_tokenizers_default_bos_unless_they_start_with_it():
+    engine = FakeEngine(adds_bos=True)
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8)
+    lm.generate_until([instance("t", 0, "Hi", {"until": []}), instance("t", 1, "\x01Hi", {"until": []})])
+    assert [r.prompt_ids for r in engine.generated] == [(BOS, ord("H"), ord("i")), (BOS, ord("H"), ord("i"))]
+    lm.loglikelihood([instance("t", 2, "Q:", " A")])
+    assert engine.scored[0].ids == (BOS, ord("Q"), ord(":"), ord(" "), ord("A")) and engine.scored[0].start == 3
+    forced_off = EvalkitLM(FakeEngine(adds_bos=True), model_name="m", max_tokens=8, add_bos_token=False)
+    assert forced_off.tok_encode("Hi") == [ord("H"), ord("i")]
+    assert EvalkitLM(FakeEngine(), model_name="m", max_tokens=8).tok_encode("Hi") == [ord("H"), ord("i")]
