@@ -1,10 +1,14 @@
 """Stage 5, compare: is a candidate run as accurate as a reference run, document by document?
 
 Both runs must have seen the same documents with the same prompts (checked with lm-eval's per-sample
-``doc_hash`` and ``prompt_hash``); unlike-for-like input is refused. For every task, filter and metric the
-paired difference gets a bootstrap interval, 0/1 metrics get McNemar's exact test, and a verdict is read
-against the tolerance (``stats.verdict``). The sample-level view lists flipped documents, diverging
-generations, finish-reason and length shifts, and log-probability drift on log-likelihood tasks.
+``doc_hash`` and ``prompt_hash``); unlike-for-like input is refused. For every task, filter and metric, and for
+every group (its subtasks' documents pooled), the difference gets an interval and a verdict against the
+tolerance (``stats.verdict``): Tango's score interval and McNemar's exact test for 0/1 metrics averaged over
+documents, a paired bootstrap of the mean difference for other averaged metrics, and for corpus-level
+metrics (perplexity, BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation, named in
+results.json. A metric whose direction (``higher_is_better``) is unknown is compared unoriented. The
+sample-level view lists flipped documents, diverging generations, finish-reason and length shifts, and
+log-probability drift on log-likelihood tasks.
 
 Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]``.
 """
@@ -13,14 +17,16 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from evalkit import stats
+
+AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
 
 
 class CompareError(ValueError):
@@ -40,6 +46,8 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     """A run folder written by ``python -m evalkit``, or its results.json."""
+    from evalkit.results import sample_files
+
     folder = Path(path)
     folder = folder.parent if folder.name == "results.json" else folder
     results_file = folder / "results.json"
@@ -47,13 +55,12 @@ def load_run(path: str | Path) -> Run:
         raise CompareError(f"{path}: not an evalkit run (no results.json)")
     results = json.loads(results_file.read_text())
     samples = {}
-    for task in results.get("results", {}):
-        file = folder / f"samples_{task}.jsonl"
+    for task, file in sample_files(folder).items():
         if file.is_file():
             lines = (json.loads(line) for line in file.read_text().splitlines() if line.strip())
             samples[task] = {(s["doc_id"], s.get("filter", "none")): s for s in lines}
     if not samples:
-        raise CompareError(f"{path}: no samples_<task>.jsonl files; rerun with log_samples=true")
+        raise CompareError(f"{path}: no samples_<task>_<date>.jsonl files; rerun with log_samples=true")
     return Run(path=folder.resolve(), results=results, samples=samples)
 
 
@@ -112,19 +119,20 @@ def _choice_logprobs(sample: dict[str, Any]) -> list[float] | None:
         return None
 
 
-def paired_scores(pairs: list[tuple[dict, dict]], metric: str) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(reference, candidate, both 0/1) values of one metric over the paired documents."""
-    ref = np.array([float(r[metric]) for r, _ in pairs])
-    cand = np.array([float(c[metric]) for _, c in pairs])
-    return ref, cand, stats.is_binary(ref) and stats.is_binary(cand)
+def metric_values(pairs: list[tuple[dict, dict]], metric: str) -> tuple[list[Any], list[Any]]:
+    """One metric's per-document values in both runs; JSON lists turned back into lm-eval's tuples."""
+    def value(sample: dict[str, Any]) -> Any:
+        return tuple(sample[metric]) if isinstance(sample[metric], list) else sample[metric]
+
+    return [value(r) for r, _ in pairs], [value(c) for _, c in pairs]
 
 
 def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
-                scores: dict[str, tuple[np.ndarray, np.ndarray, bool]]) -> TaskDetail:
+                values: dict[str, tuple[list[Any], list[Any]]]) -> TaskDetail:
     detail = TaskDetail(task=task, filter=filt)
     ids = [r["doc_id"] for r, _ in pairs]
-    for metric, (ref, cand, binary) in scores.items():
-        if binary:
+    for metric, (ref, cand) in values.items():
+        if stats.all_binary(ref, cand):
             detail.flips[metric] = {
                 "right_to_wrong": [d for d, x, y in zip(ids, ref, cand) if x == 1 and y == 0],
                 "wrong_to_right": [d for d, x, y in zip(ids, ref, cand) if x == 0 and y == 1]}
@@ -156,33 +164,92 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
     return detail
 
 
+def aggregation(results: dict[str, Any], task: str, metric: str) -> tuple[str, Callable[[list], float] | None]:
+    """(name, function) of the aggregation the task's metric_list names in results.json, else lm-eval's
+    default for the metric; the function is None when lm-eval's registry does not know the name."""
+    from lm_eval.api.registry import get_aggregation, get_metric_aggregation
+
+    entries = ((results.get("configs") or {}).get(task) or {}).get("metric_list") or []
+    named = next((e.get("aggregation") for e in entries if isinstance(e, dict) and e.get("metric") == metric), None)
+    if named is not None:
+        return str(named), get_aggregation(named) if isinstance(named, str) else None
+    default = get_metric_aggregation(metric)
+    return getattr(default, "__name__", "none"), default
+
+
+def direction(results: dict[str, Any], task: str, metric: str) -> bool | None:
+    """higher_is_better as results.json records it; None (unknown) when missing or null, never a guess."""
+    value = ((results.get("higher_is_better") or {}).get(task) or {}).get(metric)
+    return value if isinstance(value, bool) else None
+
+
+def compare_values(results: dict[str, Any], task: str, metric: str, ref: list[Any], cand: list[Any], *,
+                   higher_is_better: bool | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """One row's statistics (stats.compare_paired) with the aggregation the task gives the metric."""
+    from lm_eval.api.registry import get_aggregation
+
+    name, agg = aggregation(results, task, metric)
+    return asdict(stats.compare_paired(ref, cand, aggregate=agg, aggregate_name=name,
+                                       by_mean=agg is get_aggregation("mean"), higher_is_better=higher_is_better,
+                                       aggregate_iterations=AGGREGATE_ITERATIONS, **settings))
+
+
+def leaf_tasks(group_subtasks: dict[str, list[str]], group: str) -> list[str]:
+    """The tasks under a group, through nested groups (mmlu -> mmlu_stem -> mmlu_abstract_algebra)."""
+    return [leaf for sub in group_subtasks.get(group, [])
+            for leaf in (leaf_tasks(group_subtasks, sub) if sub in group_subtasks else [sub])]
+
+
+def group_rows(results: dict[str, Any], values: dict[str, dict[tuple[str, str], tuple[list, list]]],
+               settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group, filter and metric shared by all its tasks: their documents pooled, so each counts once
+    (lm-eval's size-weighted group mean). Only mean-aggregated metrics pool; lm-eval groups average scores."""
+    from lm_eval.api.registry import get_aggregation
+
+    subtasks, rows = results.get("group_subtasks") or {}, []
+    for group in sorted(subtasks):
+        tasks = leaf_tasks(subtasks, group)
+        if not tasks or any(t not in values for t in tasks):
+            continue
+        for filt, metric in sorted(set.intersection(*(set(values[t]) for t in tasks))):
+            if any(aggregation(results, t, metric)[1] is not get_aggregation("mean") for t in tasks):
+                continue
+            ref = [v for t in tasks for v in values[t][(filt, metric)][0]]
+            cand = [v for t in tasks for v in values[t][(filt, metric)][1]]
+            own, leaves = direction(results, group, metric), {direction(results, t, metric) for t in tasks}
+            known = own if own is not None else leaves.pop() if len(leaves) == 1 else None
+            row = compare_values(results, tasks[0], metric, ref, cand, higher_is_better=known, settings=settings)
+            pooled = f"group: {len(ref)} documents of {len(tasks)} tasks pooled (size-weighted)"
+            rows.append({"task": group, "filter": filt, "metric": metric, "n": len(ref), **row,
+                         "note": "; ".join(filter(None, [pooled, row["note"]]))})
+    return rows
+
+
 def compare_runs(reference: Run, candidate: Run, *, tolerance: float = 0.02, confidence: float = 0.95,
                  iterations: int = 10_000, seed: int = 0) -> tuple[pd.DataFrame, list[TaskDetail]]:
-    """One row per task, filter and metric (see ROW_COLUMNS), and the sample-level details."""
+    """One row per task (then group), filter and metric (see ROW_COLUMNS), and the sample-level details."""
     check_like_for_like(reference, candidate)
-    rows, details = [], []
+    settings = dict(tolerance=tolerance, confidence=confidence, iterations=iterations, seed=seed)
+    results, rows, details = reference.results, [], []
+    values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
     for task in sorted(reference.samples):
-        ref_samples, cand_samples = reference.samples[task], candidate.samples[task]
-        better_is = reference.results.get("higher_is_better", {}).get(task, {})
+        ref_samples, cand_samples, values[task] = reference.samples[task], candidate.samples[task], {}
         for filt in sorted({f for _, f in ref_samples}):
-            keys = sorted(k for k in ref_samples if k[1] == filt)
-            pairs = [(ref_samples[k], cand_samples[k]) for k in keys]
+            pairs = [(ref_samples[k], cand_samples[k]) for k in sorted(k for k in ref_samples if k[1] == filt)]
             metrics = [m for m in pairs[0][0].get("metrics", []) if all(m in s for p in pairs for s in p)]
-            scores = {metric: paired_scores(pairs, metric) for metric in metrics}
-            for metric, (ref, cand, binary) in scores.items():
-                interval = stats.paired_bootstrap(ref, cand, iterations=iterations, confidence=confidence,
-                                                  seed=seed, higher_is_better=better_is.get(metric, True))
-                b, c, p = stats.mcnemar_exact(ref, cand) if binary else (None, None, None)
-                rows.append({"task": task, "filter": filt, "metric": metric, "n": len(pairs),
-                             "reference": ref.mean(), "candidate": cand.mean(), "diff": interval.diff,
-                             "ci_low": interval.low, "ci_high": interval.high, "mcnemar_b": b, "mcnemar_c": c,
-                             "mcnemar_p": p, "verdict": stats.verdict(interval, tolerance)})
-            details.append(task_detail(task, filt, pairs, scores))
+            for metric in metrics:
+                ref, cand = values[task][(filt, metric)] = metric_values(pairs, metric)
+                rows.append({"task": task, "filter": filt, "metric": metric, "n": len(pairs), **compare_values(
+                    results, task, metric, ref, cand, higher_is_better=direction(results, task, metric),
+                    settings=settings)})
+            details.append(task_detail(task, filt, pairs, {m: values[task][(filt, m)] for m in metrics}))
+    rows += group_rows(results, values, settings)
     return pd.DataFrame(rows, columns=ROW_COLUMNS), details
 
 
 ROW_COLUMNS = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high",
-               "mcnemar_b", "mcnemar_c", "mcnemar_p", "verdict"]
+               "mcnemar_b", "mcnemar_c", "mcnemar_p", "method", "verdict", "note"]
+FAILING = ("worse", "changed")  # verdicts that make the command exit 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             written = results.write_beside(candidate.path, {f"{stem}.md": text, f"{stem}.html": page})
             print(text)
             print(f"\nwritten: {', '.join(map(str, written))}")
-            worst = max(worst, 1 if (table["verdict"] == "worse").any() else 0)
+            worst = max(worst, 1 if table["verdict"].isin(FAILING).any() else 0)
         return worst
     except CompareError as error:
         print(f"evalkit.compare: error: {error}", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from evalkit import stats
 from evalkit.compare import TaskDetail
 
 MAX_LISTED = 10  # documents listed per category in the text report
@@ -53,15 +54,31 @@ def with_noise(table: pd.DataFrame, noise: pd.DataFrame | None) -> pd.DataFrame:
     return table if noise is None else table.merge(noise, on=["task", "filter", "metric"], how="left")
 
 
+def header(table: pd.DataFrame, *, tolerance: float, confidence: float) -> list[str]:
+    """What the numbers are, how many documents the tolerance needs, and the verdict counts."""
+    counts = table["verdict"].value_counts().to_dict()
+    lines = [f"- tolerance ±{tolerance} (metric units); {confidence:.0%} intervals: Tango's score interval for 0/1 "
+             "metrics (method `tango`), a paired bootstrap for the others (`bootstrap`: mean difference; "
+             "`bootstrap <aggregation>`: the metric's own lm-eval aggregation); `diff` is candidate − reference, "
+             "negated where lower is better, so positive means better unless the note says the direction is unknown"]
+    if 0 < tolerance < 1:
+        needed = stats.documents_needed(tolerance, confidence=confidence)
+        fewer = sorted(set(table.loc[(table["method"] == "tango") & (table["n"] < needed), "task"]))
+        lines.append(f"- with no flips, ±{tolerance} needs about {needed} documents to show `equivalent` on a 0/1 "
+                     "metric; " + (f"fewer here: {', '.join(fewer)}" if fewer else "every 0/1 row here has that many"))
+    return lines + ["- verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+
+
 def markdown(reference: str, candidate: str, table: pd.DataFrame, details: list[TaskDetail], *,
              tolerance: float, confidence: float, noise: pd.DataFrame | None = None) -> str:
-    shown = with_noise(table, noise)
-    counts = table["verdict"].value_counts().to_dict()
-    lines = [f"# evalkit compare", "", f"- reference: `{reference}`", f"- candidate: `{candidate}`",
-             f"- tolerance ±{tolerance} (metric units), {confidence:.0%} paired bootstrap intervals; "
-             f"`diff` is oriented so that positive means better",
-             f"- verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items()), "",
-             shown.to_markdown(index=False, floatfmt=".4g"), "", "## Samples", ""]
+    shown = with_noise(table, noise).drop(columns=["note"])
+    notes = [f"- {r.task} / {r.metric} ({r.filter}): {r.note}" for r in table.itertuples() if r.note]
+    lines = ["# evalkit compare", "", f"- reference: `{reference}`", f"- candidate: `{candidate}`",
+             *header(table, tolerance=tolerance, confidence=confidence), "",
+             shown.to_markdown(index=False, floatfmt=".4g"), ""]
+    if notes:
+        lines += ["Notes:", "", *notes, ""]
+    lines += ["## Samples", ""]
     for detail in details:
         lines += detail_markdown(detail)
     return "\n".join(lines)
@@ -80,6 +97,7 @@ def plots(table: pd.DataFrame, details: list[TaskDetail], tolerance: float) -> d
     import matplotlib.pyplot as plt
 
     images: dict[str, str] = {}
+    table = table[table["ci_low"].notna() & table["ci_high"].notna()]  # rows not compared have no interval
     labels = [f"{r.task} / {r.metric} ({r.filter})" for r in table.itertuples()]
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(labels) + 1.5))
     y = range(len(labels))
@@ -88,8 +106,8 @@ def plots(table: pd.DataFrame, details: list[TaskDetail], tolerance: float) -> d
     ax.errorbar(table["diff"], list(y), xerr=[table["diff"] - table["ci_low"], table["ci_high"] - table["diff"]],
                 fmt="o", capsize=4)
     ax.set_yticks(list(y), labels)
-    ax.set_xlabel("candidate - reference (positive is better)")
-    ax.set_title("Score differences with paired bootstrap intervals")
+    ax.set_xlabel("candidate - reference, oriented: positive is better (unless the direction is unknown)")
+    ax.set_title("Score differences with their intervals")
     ax.legend(loc="best")
     images["Score differences"] = _png(fig)
     plt.close(fig)

@@ -1,45 +1,147 @@
 """Paired statistics for comparing two runs on the same documents. Pure functions, no I/O.
 
-* Paired bootstrap (Efron & Tibshirani, 1993; for NLP, Koehn 2004 and Dror et al. 2018): resample
-  documents with replacement, keeping each document's pair of scores together, and read the
-  confidence interval of the mean difference off the percentiles.
+* 0/1 metrics averaged over documents: Tango's asymptotic score interval for the difference of paired
+  proportions (Tango 1998, Statistics in Medicine 17:891-908, with the correction in Stat Med 18:3511, 1999),
+  one of the intervals Fagerland, Lydersen & Laake (2014, "Recommended tests and confidence intervals for
+  paired binomial proportions", Stat Med 33:2850-2875) recommend. Unlike a bootstrap it keeps its width when
+  no document flips: with none of n documents changing it still spans +-z^2/(n+z^2) (+-0.088 at n=40).
+  Newcombe's hybrid score interval (1998, method 10) would collapse to zero width there.
 * McNemar's exact test (McNemar 1947): for 0/1 metrics only the discordant documents (b: right in the
   reference only, c: right in the candidate only) carry information; under no change b ~ Binomial(b+c, 1/2).
+* Everything else: the paired bootstrap (Efron & Tibshirani, 1993; for NLP, Koehn 2004 and Dror et al.
+  2018): resample documents with replacement, keeping each document's pair of values together, and read the
+  interval of the difference off the percentiles. The statistic is the mean paired difference, or for
+  corpus-level metrics (perplexity, BLEU, F1, ...) the metric's own aggregation of the candidate's resample
+  minus that of the reference's, on the same resampled documents. Resamples are drawn in bounded chunks.
 * The verdict is a non-inferiority/equivalence reading of the interval against a tolerance, not "p > 0.05".
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import warnings
 from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.optimize import brentq
+from scipy.stats import binomtest, norm
 
-VERDICTS = ("equivalent", "better", "worse", "inconclusive")
+VERDICTS = ("equivalent", "better", "worse", "changed", "inconclusive")
+MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
 
 
 @dataclass(frozen=True)
 class Interval:
-    diff: float  # mean(candidate - reference), oriented so that positive is better
+    diff: float  # candidate - reference, negated where lower is better: positive is better when oriented
     low: float
     high: float
     confidence: float
 
 
-def paired_bootstrap(reference: np.ndarray, candidate: np.ndarray, *, iterations: int = 10_000,
-                     confidence: float = 0.95, seed: int = 0, higher_is_better: bool = True) -> Interval:
-    """Percentile interval of the mean paired difference, oriented so that positive means better."""
-    delta = np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
-    if not higher_is_better:
-        delta = -delta
-    n = len(delta)
-    if n == 0:
-        raise ValueError("no paired documents to compare")
+def orient(interval: Interval, higher_is_better: bool | None) -> Interval:
+    """Negate a candidate - reference interval for lower-is-better metrics; unknown direction stays as is."""
+    if higher_is_better is not False:
+        return interval
+    return Interval(diff=0.0 - interval.diff, low=0.0 - interval.high, high=0.0 - interval.low,
+                    confidence=interval.confidence)
+
+
+def z_value(confidence: float) -> float:
+    return float(norm.ppf(0.5 + confidence / 2))
+
+
+def tango_score(delta: float, b: int, c: int, n: int) -> float:
+    """Tango's score statistic for H0: p_cand - p_ref = delta, from the discordant counts b (right in the
+    reference only) and c (right in the candidate only) of n documents.
+
+    In Tango's notation (Fagerland et al. 2014, eq. for the "Tango asymptotic score interval") n12 = c,
+    n21 = b; p21 is replaced by its maximum-likelihood estimate under H0, the root of a quadratic.
+    """
+    qa = 2 * n
+    qb = -b - c + (2 * n - c + b) * delta
+    qc = -b * delta * (1 - delta)
+    p21 = (math.sqrt(max(qb * qb - 4 * qa * qc, 0.0)) - qb) / (2 * qa)
+    variance = n * (2 * p21 + delta * (1 - delta))
+    return (c - b - n * delta) / math.sqrt(max(variance, 1e-300))
+
+
+def tango_interval(b: int, c: int, n: int, *, confidence: float = 0.95) -> Interval:
+    """Tango's score interval for p_cand - p_ref: the deltas in (-1, 1) whose score lies within +-z.
+
+    The score is infinite at the edges -1 and 1 unless every document flipped one way, in which case that
+    edge itself is the limit. Closed form when nothing flipped (b = c = 0): +-z^2 / (n + z^2).
+    """
+    if n <= 0 or b < 0 or c < 0 or b + c > n:
+        raise ValueError(f"no valid paired table: b={b}, c={c}, n={n}")
+    z, estimate = z_value(confidence), (c - b) / n
+    edge = 1.0 - 1e-12
+
+    def limit(target: float, lo: float, hi: float) -> float:
+        return float(brentq(lambda d: tango_score(d, b, c, n) - target, lo, hi, xtol=1e-12))
+
+    low = -1.0 if b == n else limit(z, -edge, estimate)
+    high = 1.0 if c == n else limit(-z, estimate, edge)
+    return Interval(diff=estimate, low=low, high=high, confidence=confidence)
+
+
+def documents_needed(tolerance: float, *, confidence: float = 0.95) -> int:
+    """Fewest documents whose Tango interval with no flips, +-z^2/(n+z^2), fits inside +-tolerance."""
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance {tolerance} must lie in (0, 1) for 0/1 metrics")
+    z2 = z_value(confidence) ** 2
+    return math.floor(z2 * (1 - tolerance) / tolerance) + 1
+
+
+def resamples(n: int, iterations: int, *, seed: int, max_cells: int = MAX_CELLS) -> Iterator[np.ndarray]:
+    """Bootstrap document indices, (rows, n) at a time with rows * n <= max_cells (at least one row).
+
+    Indices come from uniform floats (one draw each), so the resamples are the same whatever the chunk size.
+    """
     rng = np.random.default_rng(seed)
-    means = delta[rng.integers(0, n, size=(iterations, n))].mean(axis=1)
+    rows = max(1, max_cells // max(n, 1))
+    for start in range(0, iterations, rows):
+        count = min(rows, iterations - start)
+        yield np.minimum((rng.random((count, n)) * n).astype(np.intp), n - 1)
+
+
+def _percentiles(diff: float, statistics: np.ndarray, confidence: float) -> Interval:
     alpha = (1.0 - confidence) / 2
-    low, high = np.quantile(means, [alpha, 1 - alpha])
-    return Interval(diff=float(delta.mean()), low=float(low), high=float(high), confidence=confidence)
+    low, high = np.quantile(statistics, [alpha, 1 - alpha])
+    return Interval(diff=float(diff), low=float(low), high=float(high), confidence=confidence)
+
+
+def paired_bootstrap(reference: np.ndarray, candidate: np.ndarray, *, iterations: int = 10_000,
+                     confidence: float = 0.95, seed: int = 0, higher_is_better: bool | None = True,
+                     max_cells: int = MAX_CELLS) -> Interval:
+    """Percentile interval of the mean paired difference (candidate - reference, then oriented)."""
+    delta = np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
+    if len(delta) == 0:
+        raise ValueError("no paired documents to compare")
+    means = np.concatenate([delta[idx].mean(axis=1)
+                            for idx in resamples(len(delta), iterations, seed=seed, max_cells=max_cells)])
+    return orient(_percentiles(delta.mean(), means, confidence), higher_is_better)
+
+
+def paired_bootstrap_aggregate(reference: Sequence[Any], candidate: Sequence[Any],
+                               aggregate: Callable[[list[Any]], float], *, iterations: int = 1_000,
+                               confidence: float = 0.95, seed: int = 0, higher_is_better: bool | None = True,
+                               max_cells: int = MAX_CELLS) -> Interval:
+    """Percentile interval of aggregate(candidate) - aggregate(reference) over paired document resamples.
+
+    For corpus-level metrics whose per-document values are not scores (perplexity's (log-likelihood,
+    words), BLEU's (reference, prediction), ...): each resample draws the same documents for both runs.
+    """
+    if len(reference) == 0 or len(reference) != len(candidate):
+        raise ValueError(f"need paired documents, got {len(reference)} and {len(candidate)}")
+    diff = aggregate(list(candidate)) - aggregate(list(reference))
+    with warnings.catch_warnings():  # resamples of one class make sklearn's F1/MCC warn, once per resample
+        warnings.simplefilter("ignore")
+        statistics = np.array([aggregate([candidate[i] for i in row]) - aggregate([reference[i] for i in row])
+                               for idx in resamples(len(reference), iterations, seed=seed, max_cells=max_cells)
+                               for row in idx], dtype=float)
+    return orient(_percentiles(diff, statistics, confidence), higher_is_better)
 
 
 def mcnemar_exact(reference: np.ndarray, candidate: np.ndarray) -> tuple[int, int, float]:
@@ -57,18 +159,92 @@ def is_binary(values: np.ndarray) -> bool:
     return bool(np.isin(np.asarray(values, dtype=float), (0.0, 1.0)).all())
 
 
-def verdict(interval: Interval, tolerance: float) -> str:
-    """Read the oriented interval against +-tolerance (in the metric's units):
+def all_scalar(*runs: Sequence[Any]) -> bool:
+    return all(isinstance(v, numbers.Real) for values in runs for v in values)
+
+
+def all_binary(*runs: Sequence[Any]) -> bool:
+    return all_scalar(*runs) and all(is_binary(np.asarray(values, dtype=float)) for values in runs)
+
+
+def verdict(interval: Interval, tolerance: float, higher_is_better: bool | None = True) -> str:
+    """Read the interval against +-tolerance (in the metric's units):
 
     equivalent    the whole interval lies inside (-tolerance, +tolerance)
     worse         the whole interval lies below 0 and reaches -tolerance or beyond
     better        the whole interval lies above 0 and reaches +tolerance or beyond
-    inconclusive  anything else: the interval straddles 0 and a tolerance edge (more documents needed)
+    changed       instead of worse/better when the metric's direction is unknown (higher_is_better None):
+                  the interval is candidate - reference, unoriented; exits 1 like worse
+    inconclusive  anything else: the interval straddles 0 and a tolerance edge (more documents needed),
+                  or has zero width (a bootstrap whose resamples never differ is no evidence either way)
     """
+    if not interval.high > interval.low:
+        return "inconclusive"
     if -tolerance < interval.low and interval.high < tolerance:
         return "equivalent"
-    if interval.high < 0:
-        return "worse"
-    if interval.low > 0:
-        return "better"
+    if interval.high < 0 or interval.low > 0:
+        if higher_is_better is None:
+            return "changed"
+        return "worse" if interval.high < 0 else "better"
     return "inconclusive"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric compared on paired documents: the comparison table's statistics columns."""
+
+    reference: float  # the metric over the reference run's documents (its aggregation)
+    candidate: float
+    diff: float  # Interval.diff: oriented so that positive is better, unless the direction is unknown
+    ci_low: float
+    ci_high: float
+    mcnemar_b: int | None  # 0/1 metrics: documents right only in the reference
+    mcnemar_c: int | None  # ... right only in the candidate
+    mcnemar_p: float | None
+    method: str | None  # "tango", "bootstrap" (mean difference) or "bootstrap <aggregation>"
+    verdict: str
+    note: str  # why a verdict is weaker than it looks ("" when nothing to say)
+
+
+def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggregate: Callable[[list], float] | None,
+                   aggregate_name: str, by_mean: bool, higher_is_better: bool | None, tolerance: float,
+                   confidence: float = 0.95, iterations: int = 10_000, aggregate_iterations: int = 1_000,
+                   seed: int = 0) -> Comparison:
+    """Pick the interval for one metric's paired per-document values and read its verdict.
+
+    by_mean (the metric's aggregation is the mean) with 0/1 values: Tango's interval and McNemar's test;
+    with other numbers: the bootstrap of the mean difference; anything else (perplexity's (ll, words),
+    BLEU's (ref, pred), or a non-mean aggregation): the bootstrap of the aggregation itself.
+    """
+    nan, notes = math.nan, [] if higher_is_better is not None else [
+        "direction unknown (higher_is_better null): diff is candidate - reference, unoriented"]
+    scores, mcnemar, method = (nan, nan), (None, None, None), None
+    try:
+        if aggregate is None:
+            raise ValueError(f"aggregation {aggregate_name!r} is not in lm-eval's registry")
+        if by_mean and all_scalar(reference, candidate):
+            ref, cand = np.asarray(reference, dtype=float), np.asarray(candidate, dtype=float)
+            scores = (float(ref.mean()), float(cand.mean()))
+            if all_binary(ref, cand):
+                mcnemar, method = mcnemar_exact(ref, cand), "tango"
+                interval = orient(tango_interval(mcnemar[0], mcnemar[1], len(ref), confidence=confidence),
+                                  higher_is_better)
+            else:
+                method = "bootstrap"
+                interval = paired_bootstrap(ref, cand, iterations=iterations, confidence=confidence, seed=seed,
+                                            higher_is_better=higher_is_better)
+        else:
+            method = f"bootstrap {aggregate_name}"
+            scores = (float(aggregate(list(reference))), float(aggregate(list(candidate))))
+            interval = paired_bootstrap_aggregate(reference, candidate, aggregate, confidence=confidence, seed=seed,
+                                                  iterations=min(iterations, aggregate_iterations),
+                                                  higher_is_better=higher_is_better)
+    except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError) as error:
+        return Comparison(*scores, nan, nan, nan, *mcnemar, method, "inconclusive",
+                          "; ".join(notes + [f"not compared: {error}"]))
+    if math.isnan(interval.low) or math.isnan(interval.high):
+        notes.append("no interval: the values or their aggregation are NaN")
+    elif not interval.high > interval.low:
+        notes.append("zero-width interval: the resampled differences never vary, which is no evidence of equivalence")
+    return Comparison(*scores, interval.diff, interval.low, interval.high, *mcnemar, method,
+                      verdict(interval, tolerance, higher_is_better), "; ".join(notes))

@@ -1,9 +1,14 @@
-"""Paired statistics against hand-computed answers (evalkit/stats.py). Run: pytest tests/test_stats.py"""
+"""Paired statistics against published and hand-computed answers (evalkit/stats.py). Run: pytest tests/test_stats.py"""
+
+import math
 
 import numpy as np
 import pytest
 
-from evalkit.stats import Interval, is_binary, mcnemar_exact, paired_bootstrap, verdict
+from evalkit.stats import (Interval, compare_paired, documents_needed, is_binary, mcnemar_exact, orient,
+                           paired_bootstrap, paired_bootstrap_aggregate, resamples, tango_interval, verdict, z_value)
+
+Z2 = z_value(0.95) ** 2
 
 
 def table(b, c, both_right=5, both_wrong=5):
@@ -25,9 +30,75 @@ def test_mcnemar_exact_matches_hand_computation(b, c, p):
     assert mcnemar_exact(ref, cand) == (b, c, pytest.approx(p))
 
 
-def test_bootstrap_of_a_constant_difference_is_a_point():
+def test_tango_interval_matches_the_published_cavo_example():
+    # Complete response before and after consolidation therapy (Cavo et al. 2012), the worked example of the
+    # paired 2x2 table in Fagerland, Lydersen & Laake (Statistical Analysis of Contingency Tables, 2017, ch. 8),
+    # table [[59, 6], [16, 80]]; their R package contingencytables prints, in its tests (test-ch8.R):
+    # "Tango asymptotic score CI: estimate = -0.0621 (95% CI -0.1240 to -0.0054)". The estimate is
+    # (n12 - n21) / N, so here the candidate is right alone on n12 = 6 and the reference on n21 = 16.
+    interval = tango_interval(b=16, c=6, n=161)
+    assert (round(interval.diff, 4), round(interval.low, 4), round(interval.high, 4)) == (-0.0621, -0.1240, -0.0054)
+
+
+def yang_sun_hardin_roots(b, c, n):
+    """Real roots of the quartic whose outermost roots are Tango's limits: the non-iterative form of Yang, Sun &
+    Hardin (2012), "A non-iterative implementation of Tango's score confidence interval for a paired difference
+    of proportions", Stat Med 31, doi:10.1002/sim.5561 (their b, c: the candidate-only and reference-only cells)."""
+    g, d, s = Z2, c - b, b + c
+    m = [n ** 2 * (n / g + 1) ** 2, -n * d * (n / g + 1) * (4 * n / g + 1),
+         2 * n * d ** 2 * (3 * n / g + 2) / g - n ** 2 * (s / g + 1),
+         n * d * (2 * s / g + 1) - d ** 3 * (4 * n / g + 1) / g, d ** 2 * (d ** 2 / g - s) / g]
+    return sorted(r.real for r in np.roots(m) if abs(r.imag) < 1e-9)
+
+
+@pytest.mark.parametrize("b, c, n", [
+    (16, 6, 161),  # Cavo et al. 2012, above
+    (7, 1, 21),  # Bentur et al. 2009, airway hyper-responsiveness (Fagerland et al. 2014): (1, 1, 7, 12)
+    (20, 40, 160),  # PropCIs' example scoreci.mp(b = 40, c = 20, n = 160)
+    (8, 16, 86),  # Agresti & Min (2005), the example in ratesci's pairbinci: c(53, 16, 8, 9)
+    (0, 3, 25),  # an off-diagonal zero cell, which Tango's interval was made for
+])
+def test_tango_limits_agree_with_the_closed_form_quartic(b, c, n):
+    roots = yang_sun_hardin_roots(b, c, n)
+    interval = tango_interval(b=b, c=c, n=n)
+    assert interval.low == pytest.approx(roots[0], abs=1e-9) and interval.high == pytest.approx(roots[-1], abs=1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 12, 40, 189, 1000])
+def test_tango_without_flips_is_plus_minus_z2_over_n_plus_z2(n):
+    interval = tango_interval(b=0, c=0, n=n)
+    half = Z2 / (n + Z2)  # 0.0876 at n = 40
+    assert (interval.diff, interval.low, interval.high) == (0.0, pytest.approx(-half), pytest.approx(half))
+
+
+def test_tango_at_the_edges_and_mirrored():
+    assert tango_interval(b=5, c=0, n=5).low == -1.0 and tango_interval(b=0, c=5, n=5).high == 1.0
+    up, down = tango_interval(b=2, c=9, n=30), tango_interval(b=9, c=2, n=30)
+    assert (down.low, down.high) == (pytest.approx(-up.high), pytest.approx(-up.low))
+    with pytest.raises(ValueError, match="no valid paired table"):
+        tango_interval(b=3, c=3, n=5)
+
+
+def test_documents_the_tolerance_needs():
+    assert documents_needed(0.02) == 189  # smallest n with z^2 / (n + z^2) < 0.02
+    assert verdict(tango_interval(0, 0, 188), 0.02) == "inconclusive"
+    assert verdict(tango_interval(0, 0, 189), 0.02) == "equivalent"
+
+
+@pytest.mark.parametrize("n, expected", [(12, "inconclusive"), (40, "inconclusive"), (300, "equivalent")])
+def test_identical_documents_need_enough_of_them(n, expected):
+    ref = np.array([1, 0] * (n // 2))
+    comparison = compare_paired(ref, ref.copy(), aggregate=np.mean, aggregate_name="mean", by_mean=True,
+                                higher_is_better=True, tolerance=0.02)
+    assert (comparison.method, comparison.diff, comparison.verdict) == ("tango", 0.0, expected)
+
+
+def test_bootstrap_of_a_constant_difference_is_a_point_and_no_evidence():
     interval = paired_bootstrap(np.zeros(30), np.full(30, 0.25), iterations=500)
     assert (interval.diff, interval.low, interval.high) == (0.25, 0.25, 0.25)
+    same = compare_paired(np.full(30, 0.5), np.full(30, 0.5), aggregate=np.mean, aggregate_name="mean",
+                          by_mean=True, higher_is_better=True, tolerance=0.02, iterations=200)
+    assert (same.method, same.verdict) == ("bootstrap", "inconclusive") and "zero-width" in same.note
 
 
 def test_bootstrap_matches_the_normal_approximation():
@@ -39,28 +110,81 @@ def test_bootstrap_matches_the_normal_approximation():
     assert interval.high == pytest.approx(0.5 + 1.96 * 0.05, abs=0.012)
 
 
-def test_bootstrap_is_seeded_and_oriented():
+def test_bootstrap_is_seeded_oriented_and_the_same_in_any_chunk_size():
     ref, cand = np.random.default_rng(0).random((2, 40))
     assert paired_bootstrap(ref, cand, seed=3) == paired_bootstrap(ref, cand, seed=3)
+    assert paired_bootstrap(ref, cand, seed=3) == paired_bootstrap(ref, cand, seed=3, max_cells=7)
+    assert paired_bootstrap(ref, cand, seed=3) != paired_bootstrap(ref, cand, seed=4)
     up = paired_bootstrap(ref, cand, seed=3)
     down = paired_bootstrap(ref, cand, seed=3, higher_is_better=False)
     assert down.diff == pytest.approx(-up.diff) and down.low == pytest.approx(-up.high)
+    assert paired_bootstrap(ref, cand, seed=3, higher_is_better=None) == up  # unknown direction: not flipped
 
 
-@pytest.mark.parametrize("low, high, expected", [
-    (-0.019, 0.019, "equivalent"),
-    (-0.015, -0.005, "equivalent"),  # significantly lower, but within tolerance: non-inferior
-    (0.0, 0.0, "equivalent"),
-    (-0.02, 0.01, "inconclusive"),  # touches the edge: not shown to be within it
-    (-0.01, 0.02, "inconclusive"),
-    (-0.05, 0.03, "inconclusive"),
-    (-0.03, -0.001, "worse"),
-    (-0.05, -0.021, "worse"),
-    (0.001, 0.05, "better"),
-    (0.021, 0.05, "better"),
+def test_resamples_hold_a_bounded_number_of_indices():
+    chunks = list(resamples(1000, 2500, seed=0, max_cells=100_000))
+    assert [c.shape for c in chunks] == [(100, 1000)] * 25
+    assert all(c.min() >= 0 and c.max() < 1000 for c in chunks)
+    assert [c.shape for c in resamples(50_000, 3, seed=0, max_cells=10)] == [(1, 50_000)] * 3  # one row at least
+
+
+def test_aggregate_bootstrap_is_the_mean_bootstrap_when_the_aggregation_is_the_mean():
+    ref, cand = np.random.default_rng(1).random((2, 25))
+    by_mean = paired_bootstrap(ref, cand, iterations=300, seed=5)
+    by_aggregate = paired_bootstrap_aggregate(list(ref), list(cand), lambda xs: sum(xs) / len(xs), iterations=300,
+                                              seed=5)
+    assert by_aggregate.diff == pytest.approx(by_mean.diff)
+    assert (by_aggregate.low, by_aggregate.high) == (pytest.approx(by_mean.low), pytest.approx(by_mean.high))
+
+
+def test_aggregate_of_tuples_is_compared_through_the_aggregation_lower_is_better():
+    def weighted_perplexity(items):  # lm-eval's: exp(-sum(loglikelihoods) / sum(words))
+        return math.exp(-sum(ll for ll, _ in items) / sum(w for _, w in items))
+
+    ref = [(-2.0, 4), (-3.0, 5), (-1.0, 2), (-4.0, 6), (-2.5, 3)]
+    cand = [(ll * 1.5, w) for ll, w in ref]
+    comparison = compare_paired(ref, cand, aggregate=weighted_perplexity, aggregate_name="weighted_perplexity",
+                                by_mean=False, higher_is_better=False, tolerance=0.02, iterations=400)
+    expected = weighted_perplexity(cand) - weighted_perplexity(ref)  # higher perplexity: worse
+    assert comparison.diff == pytest.approx(-expected) and comparison.ci_high < 0
+    assert (comparison.method, comparison.verdict) == ("bootstrap weighted_perplexity", "worse")
+
+
+def test_unknown_direction_is_never_oriented_and_a_fall_is_changed():
+    ref, cand = np.ones(20), np.array([1.0] * 12 + [0.0] * 8)  # 1.0 -> 0.6
+    comparison = compare_paired(ref, cand, aggregate=np.mean, aggregate_name="mean", by_mean=True,
+                                higher_is_better=None, tolerance=0.02)
+    assert comparison.diff == pytest.approx(-0.4) and comparison.verdict == "changed"
+    assert "direction unknown" in comparison.note
+    assert orient(Interval(0.1, 0.05, 0.2, 0.95), None) == Interval(0.1, 0.05, 0.2, 0.95)
+
+
+def test_a_metric_lm_eval_cannot_aggregate_is_not_compared():
+    comparison = compare_paired([1.0], [0.0], aggregate=None, aggregate_name="<function agg>", by_mean=False,
+                                higher_is_better=True, tolerance=0.02)
+    assert comparison.verdict == "inconclusive" and "not in lm-eval's registry" in comparison.note
+
+
+@pytest.mark.parametrize("low, high, higher_is_better, expected", [
+    (-0.019, 0.019, True, "equivalent"),
+    (-0.015, -0.005, True, "equivalent"),  # significantly lower, but within tolerance: non-inferior
+    (0.0, 0.0, True, "inconclusive"),  # zero width: no evidence of anything
+    (0.01, 0.01, None, "inconclusive"),
+    (-0.02, 0.01, True, "inconclusive"),  # touches the edge: not shown to be within it
+    (-0.01, 0.02, True, "inconclusive"),
+    (-0.05, 0.03, True, "inconclusive"),
+    (-0.03, -0.001, True, "worse"),
+    (-0.05, -0.021, True, "worse"),
+    (0.001, 0.05, True, "better"),
+    (0.021, 0.05, True, "better"),
+    (-0.05, -0.021, None, "changed"),
+    (0.021, 0.05, None, "changed"),
+    (-0.015, -0.005, None, "equivalent"),
+    (-0.05, 0.03, None, "inconclusive"),
 ])
-def test_verdict_at_the_edges_of_the_tolerance(low, high, expected):
-    assert verdict(Interval(diff=(low + high) / 2, low=low, high=high, confidence=0.95), 0.02) == expected
+def test_verdict_at_the_edges_of_the_tolerance(low, high, higher_is_better, expected):
+    interval = Interval(diff=(low + high) / 2, low=low, high=high, confidence=0.95)
+    assert verdict(interval, 0.02, higher_is_better) == expected
 
 
 def test_is_binary():
