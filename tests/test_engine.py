@@ -16,14 +16,14 @@ from evalkit.budget import PromptTooLong
 from evalkit.contracts import ScoreRequest
 from evalkit.harness import EvalkitLM
 from evalkit.results import read_samples
-from tests.conftest import run_dirs
+from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine
 
 
 def test_python_m_evalkit_end_to_end(tmp_path):
     out = tmp_path / "result"
-    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "gpu_memory_utilization=0.3"]
+    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "gpu_memory_utilization=0.3", EAGER]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| evalkit_arith" in done.stdout and "| evalkit_facts" in done.stdout

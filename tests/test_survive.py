@@ -21,13 +21,13 @@ import pytest
 from evalkit.config import compose_config
 from evalkit.results import read_samples
 from evalkit.run import Lent, evaluate
-from tests.conftest import run_dirs
+from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine
 
 
 def start(*args, **popen):
-    cmd = [sys.executable, "-m", "evalkit", *args]
+    cmd = [sys.executable, "-m", "evalkit", *args, EAGER]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -68,7 +68,7 @@ def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
     out = tmp_path / "result"
     done = subprocess.run([sys.executable, "-m", "evalkit", "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
                            "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.3",
-                           "oom_retry.utilization_floor=0.2"], capture_output=True, text=True, timeout=1500)
+                           "oom_retry.utilization_floor=0.2", EAGER], capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
     attempts = results(run_dir)["evalkit"]["attempts"]
@@ -110,7 +110,7 @@ def test_sigkill_mid_task_then_resume_recomputes_nothing_finished(tmp_path, engi
     finished = len(store.read_text().splitlines())
     assert 6 <= finished < 40 and not run_dirs(out / "smollm2-135m-instruct")
 
-    resumed = subprocess.run([sys.executable, "-m", "evalkit", *args], capture_output=True, text=True, timeout=1500)
+    resumed = subprocess.run([sys.executable, "-m", "evalkit", *args, EAGER], capture_output=True, text=True, timeout=1500)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
     resume = results(run_dir)["evalkit"]["resume"]
