@@ -15,6 +15,7 @@ from pathlib import Path
 
 from evalkit.budget import PromptTooLong
 from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
+from evalkit.lock import result_lock
 
 
 def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_overrides(overrides)
-        first, second = measure(compose_config(overrides), shared)
+        cfg = compose_config(overrides)
+        with result_lock(cfg.output_dir, cfg.model_name):
+            first, second = measure(cfg, shared)
     except (ConfigError, PromptTooLong) as error:
         print(f"evalkit.noise: error: {error}", file=sys.stderr)
         return 2

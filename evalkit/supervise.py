@@ -1,7 +1,7 @@
 """Runs that survive: each try of a run in a fresh process, memory back-off between tries, no leftovers.
 
-``python -m evalkit`` calls :func:`supervise`. It holds a lock on ``<output_dir>/<model_name>`` (a second
-run there is refused), then starts ``python -m evalkit.attempt`` in a new process group. When a try
+``python -m evalkit`` calls :func:`supervise`. It holds the lock of ``<output_dir>/<model_name>`` (a second
+run there is refused, evalkit/lock.py), then starts ``python -m evalkit.attempt`` in a new process group. When a try
 fails for lack of memory it is retried with smaller settings (:func:`next_settings`, ``oom_retry.*``);
 answers already computed are reused from the request store, so a retry redoes no finished work. Any
 other failure stops at once with its message. After every try the whole process group is killed, so no
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import fcntl
-import hashlib
 import json
 import os
 import re
@@ -30,6 +28,7 @@ from typing import Any, Callable
 
 from evalkit import preflight
 from evalkit.config import ConfigError, EvalConfig, OomRetry, memory_settings, validate
+from evalkit.lock import result_lock
 
 # Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
 # asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization
@@ -102,33 +101,6 @@ def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outc
     return outcome, attempts
 
 
-def lock_path(cfg: EvalConfig) -> Path:
-    target = (Path(cfg.output_dir) / cfg.model_name).resolve()
-    digest = hashlib.sha256(str(target).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"evalkit-{digest}.lock"
-
-
-class RunLock:
-    """An exclusive lock on one result folder; the kernel drops it if the holder dies."""
-
-    def __init__(self, cfg: EvalConfig) -> None:
-        self.target = Path(cfg.output_dir) / cfg.model_name
-        self.fd = os.open(lock_path(cfg), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
-            os.close(self.fd)
-            raise ConfigError(f"another evalkit run (pid {holder}) is writing to {self.target}; wait for it "
-                              "to finish, or pass output_dir= or model_name= for a separate folder") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
-
-    def release(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-
 class Attempt:
     """One try in ``python -m evalkit.attempt``, its own process group, its output echoed and its tail kept."""
 
@@ -192,7 +164,7 @@ def supervise(cfg: EvalConfig) -> Path:
     validate(cfg)  # the checks here, before any process starts; the try repeats them
     preflight.check_devices(cfg)
     preflight.check_model(cfg, preflight.resolve_model_path(cfg.vllm_path))
-    lock = RunLock(cfg)
+    lock = result_lock(cfg.output_dir, cfg.model_name).acquire()
     current: list[Attempt] = []
 
     def on_signal(signum, frame):

@@ -1,0 +1,116 @@
+"""One run per result folder, wherever it runs: the lock ``<output_dir>/<model_name>/.lock`` lives with the results.
+
+The lock is a file created atomically (``O_CREAT | O_EXCL``, which local file systems and NFS v3+ honour)
+holding its holder's host, pid and start time, so two machines that share the file system cannot write one
+folder at once, and a refusal names the holder. A holder that died without releasing (``kill -9``, a power
+cut) leaves its file behind: on the same host a dead pid is detected and the lock taken over; from another
+host it cannot be, and the message says which file to delete once that run is known to be gone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from evalkit.config import ConfigError
+
+LOCK_NAME = ".lock"
+TORN_AFTER = 30.0  # seconds: a lock file still unreadable this long after it was made was torn by a crash
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def read_holder(path: Path) -> dict[str, Any] | None:
+    """The holder written in a lock file, or None when the file is gone or unreadable."""
+    try:
+        holder = json.loads(path.read_text())
+        return holder if isinstance(holder, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def is_stale(path: Path, holder: dict[str, Any] | None) -> bool:
+    if holder is None:
+        try:
+            return time.time() - path.stat().st_mtime > TORN_AFTER
+        except FileNotFoundError:
+            return True
+    return holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid", -1)))
+
+
+class ResultLock:
+    """Held while a run (or an ``evalkit.noise`` pair) writes to one ``<output_dir>/<model_name>`` folder."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(),
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        self.held = False
+
+    def acquire(self) -> "ResultLock":
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"cannot create the result folder {self.folder} ({error.strerror}); "
+                              "pass output_dir= a writable folder") from None
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = read_holder(self.path)
+                if is_stale(self.path, holder):
+                    self._take_over(holder)
+                    continue
+                raise ConfigError(self._refusal(holder)) from None
+            except OSError as error:
+                raise ConfigError(f"cannot write to the result folder {self.folder} ({error.strerror}); "
+                                  "pass output_dir= a writable folder") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.me))
+                f.flush()
+                os.fsync(f.fileno())
+            self.held = True
+            return self
+        raise ConfigError(f"could not take the lock {self.path}; another evalkit run keeps taking it")
+
+    def _take_over(self, holder: dict[str, Any] | None) -> None:
+        """Remove a stale lock, unless another process on this host already replaced it."""
+        with open(self.folder / f"{LOCK_NAME}.takeover", "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            if read_holder(self.path) == holder:
+                self.path.unlink(missing_ok=True)
+
+    def _refusal(self, holder: dict[str, Any] | None) -> str:
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+               if holder else "a run whose lock file is being written")
+        return (f"another evalkit run ({who}) is writing to {self.folder}; wait for it to finish, or pass "
+                f"output_dir= or model_name= for a separate folder (if that run is gone, delete {self.path})")
+
+    def release(self) -> None:
+        if self.held and read_holder(self.path) == self.me:
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+    def __enter__(self) -> "ResultLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def result_lock(output_dir: str, model_name: str) -> ResultLock:
+    return ResultLock(Path(output_dir) / model_name)

@@ -1,0 +1,62 @@
+"""One run per result folder (evalkit/lock.py): the lock lives with the results. Run: pytest tests/test_lock.py"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from evalkit.config import ConfigError
+from evalkit.lock import LOCK_NAME, ResultLock
+
+HOLD = ("import sys, time; from evalkit.lock import ResultLock; ResultLock(sys.argv[1]).acquire(); "
+        "print('held', flush=True); time.sleep(600)")
+
+
+def test_a_second_process_is_refused_with_the_holder_named_and_a_dead_holder_is_taken_over(tmp_path):
+    folder = tmp_path / "result" / "model"
+    other_tmp = tmp_path / "elsewhere"
+    other_tmp.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(other_tmp)})  # a lock in TMPDIR would miss it
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"another evalkit run \(pid {holder.pid} on "
+                                              rf"{socket.gethostname()}, started .*\) is writing to {folder}"):
+            ResultLock(folder).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding it: the lock file stays behind
+        holder.wait()
+    assert json.loads((folder / LOCK_NAME).read_text())["pid"] == holder.pid
+    with ResultLock(folder) as lock:  # stale (dead pid on this host): taken over
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_lock_held_on_another_host_is_refused_with_the_file_to_delete(tmp_path):
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": "node-17", "pid": 1, "started": "2026-11-30T01:00:00"}))
+    with pytest.raises(ConfigError) as refused:
+        ResultLock(tmp_path).acquire()
+    message = str(refused.value)
+    assert "pid 1 on node-17" in message and f"delete {tmp_path / LOCK_NAME}" in message and "\n" not in message
+
+
+def test_a_torn_lock_file_is_taken_over_once_it_is_old(tmp_path):
+    lock_file = tmp_path / LOCK_NAME
+    lock_file.write_text('{"host": "')  # the holder died while writing it
+    with pytest.raises(ConfigError):
+        ResultLock(tmp_path).acquire()  # fresh: its writer may still be at it
+    os.utime(lock_file, (time.time() - 120, time.time() - 120))
+    ResultLock(tmp_path).acquire().release()
+
+
+def test_release_removes_only_its_own_lock_and_other_folders_are_free(tmp_path):
+    first = ResultLock(tmp_path / "a").acquire()
+    ResultLock(tmp_path / "b").acquire().release()
+    (tmp_path / "a" / LOCK_NAME).write_text(json.dumps({"host": "node-17", "pid": 1, "started": "x"}))
+    first.release()  # not ours any more: left alone
+    assert (tmp_path / "a" / LOCK_NAME).exists()
