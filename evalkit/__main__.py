@@ -20,12 +20,14 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def run_one(cfg: DictConfig) -> None:
-    from evalkit.supervise import RunFailed, supervise
+    from evalkit.supervise import RunFailed, RunStopped, supervise
 
     try:
         run_dir = supervise(OmegaConf.to_object(cfg))
     except ConfigError as error:
         fail(str(error))
+    except RunStopped as error:
+        fail(f"stopped: {error}", code=error.exit_code)
     except RunFailed as error:
         fail(str(error), code=1)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")

@@ -1,9 +1,15 @@
-"""``python -m evalkit.attempt SPEC OUTCOME``: one try of a run, started by evalkit/supervise.py.
+"""``python -m evalkit.attempt SPEC OUTCOME [DEATH_FD]``: one try of a run, started by evalkit/supervise.py.
 
 Reads the config and the earlier tries from SPEC (JSON), runs it, and writes an Outcome to OUTCOME
-(JSON, atomically). It leads its own process group, which holds the vLLM engine processes too: on
-SIGTERM, or when the supervisor dies, the whole group is killed at once (finished answers are safe in
-the request store).
+(JSON, atomically). It leads its own process group, which holds the vLLM engine processes too. A watchdog
+thread, not the main thread (which may sit in a long C call), kills the whole group at once when
+
+* the try gets SIGTERM or SIGINT from outside (a scheduler preempting the job, a user): the outcome says
+  "stopped" first, so the supervisor neither retries nor reads the kill as a lack of memory;
+* the supervisor dies, even by SIGKILL: the pipe DEATH_FD, whose only writer is the supervisor, reads
+  end-of-file (and PR_SET_PDEATHSIG sends SIGTERM as a second line of defence).
+
+Finished answers are safe in the request store either way.
 """
 
 from __future__ import annotations
@@ -11,8 +17,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -23,7 +31,7 @@ from evalkit.config import ConfigError, EvalConfig
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_group(signum, frame) -> None:
+def die_with_group(signum=None, frame=None) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
@@ -34,7 +42,7 @@ def die_with_parent() -> None:
     except (OSError, AttributeError):
         pass
     if os.getppid() == 1:  # the supervisor was already gone
-        die_with_group(None, None)
+        die_with_group()
 
 
 def write_outcome(path: Path, **outcome) -> None:
@@ -43,16 +51,43 @@ def write_outcome(path: Path, **outcome) -> None:
     os.replace(tmp, path)
 
 
-def main(spec_file: str, outcome_file: str) -> int:
-    signal.signal(signal.SIGTERM, die_with_group)
-    signal.signal(signal.SIGINT, die_with_group)
+def stop(signum: int, outcome: Path) -> None:
+    """Record that the try was stopped from outside (unless it already finished), then kill the group."""
+    if not outcome.exists():
+        write_outcome(outcome, status="stopped", signal=signal.Signals(signum).name,
+                      message=f"the try was stopped by {signal.Signals(signum).name} from outside")
+    die_with_group()
+
+
+def watchdog(signals: int, death: int | None, outcome: Path) -> None:
+    """Block until a signal arrives (its number written to the signals pipe by the C-level handler) or the
+    supervisor's pipe closes; then kill the group, this process and its engine included."""
+    ready, _, _ = select.select([signals] + ([death] if death is not None else []), [], [])
+    if signals in ready:
+        stop(os.read(signals, 1)[0], outcome)
+    die_with_group()
+
+
+def guard(outcome: Path, death: int | None) -> None:
+    """SIGTERM/SIGINT and the supervisor's death handled off the main thread (see the module docstring);
+    the main thread's own handler does the same when it gets there first (or when a library took the wakeup fd)."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)  # the C-level handler writes the signal number here at once
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop(signum, outcome))
+    threading.Thread(target=watchdog, args=(read, death, outcome), daemon=True, name="evalkit-watchdog").start()
+
+
+def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
+    outcome = Path(outcome_file)
     die_with_parent()
+    guard(outcome, int(death_fd) if death_fd else None)
     from evalkit.budget import PromptTooLong
     from evalkit.run import evaluate
 
     spec = json.loads(Path(spec_file).read_text())
     cfg: EvalConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), spec["config"]))
-    outcome = Path(outcome_file)
     try:
         run_dir = evaluate(cfg, attempts=spec["attempts"])
     except (ConfigError, PromptTooLong) as error:
@@ -71,4 +106,4 @@ def main(spec_file: str, outcome_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))

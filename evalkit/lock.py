@@ -60,8 +60,10 @@ class ResultLock:
         self.me = {"host": socket.gethostname(), "pid": os.getpid(),
                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         self.held = False
+        self.created: list[Path] = []  # folders made for the lock, deepest first: removed again if left empty
 
     def acquire(self) -> "ResultLock":
+        self.created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -104,6 +106,11 @@ class ResultLock:
         if self.held and read_holder(self.path) == self.me:
             self.path.unlink(missing_ok=True)
         self.held = False
+        for folder in self.created:  # a run that wrote nothing leaves nothing
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
     def __enter__(self) -> "ResultLock":
         return self.acquire()

@@ -40,7 +40,13 @@ def model_context_length(model_dir: str) -> tuple[int, str] | None:
     config_file = Path(model_dir) / "config.json"
     if not config_file.is_file():
         return None
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as error:
+        raise ConfigError(f"{config_file} is not valid JSON ({error}); the model folder is damaged: "
+                          "copy or download it again") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_file} is not a model config (a JSON object); copy or download the model again")
     config = config.get("text_config", config) if "max_position_embeddings" not in config else config
     found = [(int(config[k]), k) for k in LENGTH_KEYS if isinstance(config.get(k), int)]
     if not found:

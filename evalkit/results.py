@@ -25,7 +25,12 @@ from typing import Any, Iterable, TypedDict
 
 import pandas as pd
 
+from evalkit.config import ConfigError
 from evalkit.contracts import RequestRecord
+
+
+class OutputError(ConfigError):
+    """The run folder could not be written (disk full, read-only, no permission): one line, nothing half-written."""
 
 SUMMARY_COLUMNS = ["task", "metric", "filter", "value", "stderr", "n_samples", "num_fewshot", "version",
                    "finish_length", "clamped", "truncated", "prompt_tokens", "output_tokens"]
@@ -232,6 +237,11 @@ def write_run(
         frame.to_csv(tmp / "summary.csv", index=False)
         (tmp / "summary.md").write_text(frame.to_markdown(index=False, floatfmt=".4f") + "\n")
         return _publish(tmp, parent, run_id)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"could not write the run into {parent} ({error.strerror or error}); free space or pass "
+                          "output_dir= a writable folder, then rerun: the answers computed so far are kept in "
+                          "the request store") from error
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

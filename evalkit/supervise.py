@@ -43,12 +43,21 @@ class RunFailed(RuntimeError):
     """A run failed for a reason other than bad input; the message says why and what was tried."""
 
 
+class RunStopped(RunFailed):
+    """A try was stopped by a signal from outside (a scheduler, a user): not retried."""
+
+    def __init__(self, message: str, signal_name: str) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signal.Signals[signal_name])
+
+
 @dataclass
 class Outcome:
-    status: str  # ok | config | memory | error
+    status: str  # ok | config | memory | stopped | error
     message: str = ""
     run_dir: str | None = None
     memory_kind: str | None = None  # pressure | kv_cache, for status "memory"
+    signal: str | None = None  # SIGTERM | SIGINT, for status "stopped"
 
 
 def classify(text: str) -> str | None:
@@ -110,9 +119,14 @@ class Attempt:
         spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history}))
         self.outcome_file = self.work / "outcome.json"
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
-        self.process = subprocess.Popen([sys.executable, "-m", "evalkit.attempt", str(spec), str(self.outcome_file)],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        errors="replace", start_new_session=True)
+        # The try watches the read end: when this process dies, even by SIGKILL, the kernel closes the
+        # write end, the try reads end-of-file and kills its group (evalkit/attempt.py).
+        death_read, self.death_write = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "evalkit.attempt", str(spec), str(self.outcome_file), str(death_read)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            start_new_session=True, pass_fds=(death_read,))
+        os.close(death_read)
         self.reader = threading.Thread(target=self._echo, daemon=True)
         self.reader.start()
 
@@ -137,6 +151,7 @@ class Attempt:
     def wait(self) -> Outcome:
         code = self.process.wait()
         self.stop(signal.SIGKILL, grace=1.0)  # engine processes left in the group, if any
+        os.close(self.death_write)
         self.reader.join(timeout=5)
         log = "".join(self.tail)
         if self.outcome_file.is_file():
@@ -185,6 +200,9 @@ def supervise(cfg: EvalConfig) -> Path:
         lock.release()
     if outcome.status == "config":
         raise ConfigError(outcome.message)
+    if outcome.status == "stopped":
+        raise RunStopped(f"{outcome.message}; nothing was retried, finished answers are kept for a rerun",
+                         outcome.signal or "SIGTERM")
     if outcome.status != "ok":
         tries = "; ".join(f"{a['settings']}: {a['status']}" for a in attempts)
         raise RunFailed(f"{outcome.message} (tries: {tries})")

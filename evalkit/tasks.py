@@ -15,6 +15,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import yaml
+
 from evalkit.config import TASKS_DIR, ConfigError, closest
 
 DATA_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs")
@@ -57,6 +60,30 @@ def _overrides(entry: Any, full_config: dict[str, Any], user_data: dict[str, Any
     return overrides
 
 
+class _AnyTag(yaml.SafeLoader):
+    """Reads a task YAML with lm-eval's own tags (``!function``) taken as plain values."""
+
+
+_AnyTag.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def broken_yaml(name: str, dirs: list[str]) -> str | None:
+    """One line naming a task YAML that mentions ``name`` but does not parse (lm-eval's index skips it quietly)."""
+    for folder in dirs:
+        for path in sorted(Path(folder).rglob("*.yaml")):
+            text = path.read_text(errors="replace")
+            if name not in text:
+                continue
+            try:
+                yaml.load(text, Loader=_AnyTag)
+            except yaml.YAMLError as error:
+                where = getattr(error, "problem_mark", None)
+                line = f"line {where.line + 1}: " if where else ""
+                problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+                return f"task {name}: {path} is not valid YAML ({line}{problem}); fix the file"
+    return None
+
+
 def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str]) -> tuple[Any, list[Any]]:
     """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
 
@@ -65,6 +92,9 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
     known = manager.all_tasks
     for name in list(names) + list(task_data):
         if name not in manager.task_index:
+            broken = broken_yaml(name, [str(TASKS_DIR), *extra_dirs])
+            if broken:
+                raise ConfigError(broken)
             raise ConfigError(f"unknown task {name!r}{closest(name, known)}; {len(known)} tasks are known "
                               f"(lm-eval's and {TASKS_DIR.name}/)")
     loaded: list[Any] = []
@@ -82,6 +112,9 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
         except Exception as error:  # datasets raises many kinds; the user needs the task and the fix
             logging.getLogger(__name__).debug("loading %s failed", name, exc_info=True)
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            if isinstance(error, (jinja2.exceptions.UndefinedError, KeyError)):
+                raise ConfigError(f"task {name}: its template uses a field its data lacks ({first}) in "
+                                  f"{entry.yaml_path or name}; fix the template or the data") from error
             raise ConfigError(f"task {name}: its data could not be loaded ({first}); "
                               f"point task_data.{name} at local files") from error
     return manager, loaded

@@ -32,3 +32,69 @@ def test_bad_input_fails_before_the_engine_with_one_line(tmp_path, args, message
     # the only other line allowed: the embedded model being prepared on first use
     assert all(line.startswith("evalkit: preparing the embedded model") for line in lines[:-1]), lines
     assert not (tmp_path / "result").exists() or not any((tmp_path / "result").rglob("*"))
+
+
+def bad_task_dir(tmp_path, name, text):
+    folder = tmp_path / "bad_tasks"
+    folder.mkdir(exist_ok=True)
+    (folder / "data.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
+    (folder / f"{name}.yaml").write_text(text)
+    return folder
+
+
+FIELDS = """task: bad_fields
+dataset_path: json
+dataset_kwargs: {data_files: {test: data.jsonl}}
+test_split: test
+output_type: generate_until
+doc_to_text: "Q: {{query}}"
+doc_to_target: "{{answer}}"
+"""
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("bad_fields", FIELDS, "task bad_fields: its template uses a field its data lacks ('query' is undefined) in "),
+    ("bad_yaml", "task: bad_yaml\n  dataset_path: [json\n", "bad_yaml.yaml is not valid YAML (line 2: "),
+])
+def test_a_broken_task_is_named_in_one_line(tmp_path, name, text, message):
+    folder = bad_task_dir(tmp_path, name, text)
+    done = evalkit(tmp_path, f"tasks=[{name}]", f"tasks_dirs=[{folder}]")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("evalkit: error: ") and message in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "result").exists()
+
+
+def test_a_damaged_model_config_and_an_unwritable_output_folder_are_named(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096,')  # cut short
+    done = evalkit(tmp_path, "model=qwen2-7b", f"vllm_path={model}")
+    assert done.returncode == 2 and f"{model / 'config.json'} is not valid JSON" in done.stderr.splitlines()[-1]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cmd = [sys.executable, "-m", "evalkit", f"output_dir={blocker / 'result'}", "limit=1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "cannot create the result folder" in done.stderr.splitlines()[-1]
+    assert "pass output_dir= a writable folder" in done.stderr and "Traceback" not in done.stderr
+
+
+WRITE_UNDER_A_FULL_DISK = """
+import resource, signal, sys
+from evalkit import results
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+sample = {"doc_id": 0, "doc": {"text": "x" * 20000}, "arguments": [["q", " a"]], "resps": [], "filtered_resps": [],
+          "target": "a", "doc_hash": "d", "prompt_hash": "p", "target_hash": "t"}
+try:
+    results.write_run(output_dir=sys.argv[1], model_name="m", run_id="r", results={"results": {}, "samples": {"t": [sample]}},
+                      records={}, config_yaml="a: 1\\n", evalkit={"counts": {}})
+except results.OutputError as error:
+    print(error)
+"""
+
+
+def test_a_full_disk_while_writing_leaves_nothing_half_written(tmp_path):
+    done = subprocess.run([sys.executable, "-c", WRITE_UNDER_A_FULL_DISK, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.startswith(f"could not write the run into {tmp_path / 'm'} (File too large)"), done.stderr
+    assert list((tmp_path / "m").iterdir()) == []

@@ -3,7 +3,10 @@
 * a real vLLM memory failure at start (more CPU memory asked for than is free) is backed off and recorded;
 * SIGKILL of a run part-way through a task, then the same command again: finished requests are not
   recomputed, and the samples equal those of an uninterrupted run;
-* after SIGTERM or SIGINT, no process of the run's group (engine core, workers) is left.
+* after SIGTERM or SIGINT, no process of the run's group (engine core, workers) is left;
+* SIGKILL of the supervisor during engine start, generation and scoring: no engine process 10 s later (the
+  time it took is printed per phase);
+* SIGTERM to the try alone (a scheduler's preemption) stops the run as "stopped": no retry, no memory failure.
 Run: pytest -m engine -s tests/test_survive.py
 """
 
@@ -26,9 +29,11 @@ from tests.conftest import EAGER, run_dirs
 pytestmark = pytest.mark.engine
 
 
-def start(*args, **popen):
+def start(*args, log: Path | None = None):
+    """python -m evalkit with args; its output to log (a pipe nobody reads would fill and stall the run)."""
     cmd = [sys.executable, "-m", "evalkit", *args, EAGER]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    output = open(log, "w") if log else subprocess.PIPE
+    return subprocess.Popen(cmd, stdout=output, stderr=output, text=True)
 
 
 def attempt_session(supervisor: subprocess.Popen, timeout: float = 120) -> int:
@@ -60,6 +65,31 @@ def wait_until_gone(session: int, timeout: float = 30) -> list[psutil.Process]:
     return members(session)
 
 
+def seconds_until_gone(session: int, since: float, timeout: float = 10) -> float:
+    """Seconds from since until no process of the try's session (the try, EngineCore, workers) is left."""
+    deadline = since + timeout
+    while members(session):
+        assert time.time() < deadline, f"still alive {timeout} s after the kill: {members(session)}"
+        time.sleep(0.05)
+    return time.time() - since
+
+
+def engine_running(session: int) -> bool:
+    return any("VLLM" in p.name() or "EngineCore" in " ".join(p.cmdline()) for p in members(session))
+
+
+def stored_answers(out: Path) -> int:
+    files = list((out / "smollm2-135m-instruct" / ".requests").glob("*.jsonl"))
+    return len(files[0].read_text().splitlines()) if files else 0
+
+
+def wait_for(condition, run: subprocess.Popen, what: str, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert run.poll() is None and time.time() < deadline, f"the run ended before {what}"
+        time.sleep(0.05)
+
+
 def results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
@@ -81,7 +111,7 @@ def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signals_leave_no_engine_process(tmp_path, sig, code):
-    run = start("limit=3", f"output_dir={tmp_path / 'result'}", "gpu_memory_utilization=0.25")
+    run = start("limit=3", f"output_dir={tmp_path / 'result'}", "gpu_memory_utilization=0.25", log=tmp_path / "log")
     session = attempt_session(run)
     deadline = time.time() + 120
     while not any("VLLM" in p.name() or "EngineCore" in " ".join(p.cmdline()) for p in members(session)):
@@ -93,19 +123,56 @@ def test_signals_leave_no_engine_process(tmp_path, sig, code):
     assert not (tmp_path / "result" / "smollm2-135m-instruct").exists()  # no half-written run
 
 
+@pytest.mark.parametrize("phase", ["engine start", "scoring"])
+def test_sigkill_of_the_supervisor_leaves_no_engine_process_in_any_phase(tmp_path, phase):
+    out = tmp_path / "result"
+    run = start("tasks=[evalkit_facts]", "limit=40", "chunk_size=4", f"output_dir={out}", "gpu_memory_utilization=0.25",
+                log=tmp_path / "log")
+    session = attempt_session(run)
+    if phase == "engine start":
+        wait_for(lambda: engine_running(session), run, "the engine started")
+    else:
+        wait_for(lambda: stored_answers(out) >= 8, run, "scoring began")
+    run.kill()
+    killed = time.time()
+    run.wait()
+    print(f"\nSIGKILL of the supervisor during {phase}: every engine process gone after "
+          f"{seconds_until_gone(session, killed):.1f} s")
+
+
+def test_sigterm_to_the_try_stops_the_run_and_is_not_read_as_out_of_memory(tmp_path):
+    out = tmp_path / "result"
+    run = start("tasks=[evalkit_arith]", "limit=40", "chunk_size=2", f"output_dir={out}", "gpu_memory_utilization=0.25",
+                log=tmp_path / "log")
+    session = attempt_session(run)
+    wait_for(lambda: stored_answers(out) >= 4, run, "generation began")
+    os.kill(session, signal.SIGTERM)  # to the try alone, as a scheduler preempting it would
+    signalled = time.time()
+    code = run.wait(timeout=120)
+    err = (tmp_path / "log").read_text()
+    print(f"\nSIGTERM to the try during generation: every engine process gone after "
+          f"{seconds_until_gone(session, signalled):.1f} s")
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert "evalkit: error: stopped: the try was stopped by SIGTERM from outside" in err
+    assert "memory" not in err.split("evalkit: error:")[-1] and "succeeded on try" not in err
+    assert stored_answers(out) >= 4 and not run_dirs(out / "smollm2-135m-instruct")  # kept for a rerun
+
+
 def test_sigkill_mid_task_then_resume_recomputes_nothing_finished(tmp_path, engine):
     out = tmp_path / "result"
     args = ["tasks=[evalkit_arith]", "limit=40", "chunk_size=2", f"output_dir={out}", "gpu_memory_utilization=0.25"]
-    run = start(*args)
+    run = start(*args, log=tmp_path / "log")
     session = attempt_session(run)
     store_dir = out / "smollm2-135m-instruct" / ".requests"
     deadline = time.time() + 600
     while not (list(store_dir.glob("*.jsonl")) and len(next(store_dir.glob("*.jsonl")).read_text().splitlines()) >= 6):
         assert run.poll() is None and time.time() < deadline, "the run ended before it could be killed"
         time.sleep(0.05)
-    run.kill()  # SIGKILL to the supervisor: its try must follow it (PR_SET_PDEATHSIG)
+    run.kill()  # SIGKILL to the supervisor: its try must follow it (the watchdog on the supervisor's pipe)
+    killed = time.time()
     run.wait()
-    assert wait_until_gone(session) == []
+    print(f"\nSIGKILL of the supervisor during generation: every engine process gone after "
+          f"{seconds_until_gone(session, killed):.1f} s")
     (store,) = store_dir.glob("*.jsonl")
     finished = len(store.read_text().splitlines())
     assert 6 <= finished < 40 and not run_dirs(out / "smollm2-135m-instruct")
