@@ -145,7 +145,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
         fingerprint = store.fingerprint(model_dir, description)
         if cfg.resume:
             answers = store.RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
-            engine = store.ResumableEngine(engine, answers, cfg.chunk_size)
+            engine = store.ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg))
         lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
                        add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
                        sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
@@ -164,8 +164,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
         "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=fingerprint),
         "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,
                                           "seconds": timings["total"]}],
-        "resume": ({"store": str(engine.store.path), "reused": engine.reused, "computed": engine.computed}
-                   if cfg.resume else None),
+        "resume": engine.record() if cfg.resume else None,
     }
     return results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
                              results=outcome, records=lm.records,

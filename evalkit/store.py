@@ -39,11 +39,31 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_files(model_dir: str) -> dict[str, Any]:
-    """A content signature of a model folder (a hub id signs as itself)."""
+# evalkit's own modules that shape a request or read the engine's answer: an upgrade that changes any of them
+# may change answers, so their content is part of the fingerprint.
+ANSWER_CODE = ("contracts.py", "budget.py", "harness.py", "engine.py", "store.py")
+
+
+def code_signature() -> dict[str, str]:
+    here = Path(__file__).parent
+    return {name: file_sha256(here / name) for name in ANSWER_CODE}
+
+
+def hub_revision(model_id: str, revision: str | None = None, cache: str | Path | None = None) -> str | None:
+    """The commit a hub id resolved to, from the local hub cache that vLLM downloads into (None if absent)."""
+    if revision and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        return revision
+    if cache is None:
+        from huggingface_hub.constants import HF_HUB_CACHE as cache
+    ref = Path(cache) / f"models--{model_id.replace('/', '--')}" / "refs" / (revision or "main")
+    return ref.read_text().strip() if ref.is_file() else None
+
+
+def model_files(model_dir: str, revision: str | None = None) -> dict[str, Any]:
+    """A content signature of a model folder; a hub id signs as itself and the commit it resolved to."""
     root = Path(model_dir)
     if not root.is_dir():
-        return {"id": model_dir}
+        return {"id": model_dir, "revision": hub_revision(model_dir, revision)}
     files = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         stat = path.stat()
@@ -55,16 +75,19 @@ def model_files(model_dir: str) -> dict[str, Any]:
 
 
 def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
-    """Hash of what decides an answer: model files, output-changing settings, versions, hardware.
+    """Hash of what decides an answer: model files (or a hub model's commit), output-changing settings,
+    library versions, hardware, and evalkit's own request-building and answer-reading code.
 
-    description is Engine.describe(): engine_args, sampling, versions, hardware."""
+    description is Engine.describe(): engine_args, versions, hardware."""
     engine_args = description.get("engine_args", {})
     settings = {k: v for k, v in engine_args.items() if k not in SCHEDULING_ONLY and k not in ("model", "tokenizer")}
     tokenizer = engine_args.get("tokenizer")
-    return sha256({"model": model_files(model_dir),
-                   "tokenizer": model_files(tokenizer) if tokenizer and tokenizer != model_dir else None,
+    return sha256({"model": model_files(model_dir, engine_args.get("revision")),
+                   "tokenizer": (model_files(tokenizer, engine_args.get("tokenizer_revision"))
+                                 if tokenizer and tokenizer != model_dir else None),
                    "settings": settings, "sampling": description.get("sampling"),
-                   "versions": description.get("versions"), "hardware": description.get("hardware")})
+                   "versions": description.get("versions"), "hardware": description.get("hardware"),
+                   "code": code_signature()})
 
 
 class RequestStore:
@@ -73,6 +96,7 @@ class RequestStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.answers: dict[str, dict[str, Any]] = {}
+        self.origins: dict[str, Any] = {}  # key -> the memory settings of the try that computed the answer
         if self.path.is_file():
             with open(self.path, "rb+") as f:
                 whole = 0  # bytes up to the end of the last complete line
@@ -83,28 +107,33 @@ class RequestStore:
                     try:
                         entry = json.loads(line)
                         self.answers[entry["key"]] = entry["answer"]
+                        self.origins[entry["key"]] = entry.get("by")
                     except (json.JSONDecodeError, KeyError, TypeError):
                         continue
                 f.truncate(whole)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def add(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+    def add(self, items: list[tuple[str, dict[str, Any]]], by: Any = None) -> None:
+        """Append answers, each with the settings of the try that computed them (by)."""
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps({"key": k, "answer": a}) + "\n" for k, a in items))
+            f.write("".join(json.dumps({"key": k, "answer": a, "by": by}) + "\n" for k, a in items))
             f.flush()
             os.fsync(f.fileno())
         self.answers.update(items)
+        self.origins.update((k, by) for k, _ in items)
 
 
 class ResumableEngine:
     """An Engine that answers from the store where it can and sends the rest in chunks, saving each."""
 
-    def __init__(self, engine: Any, store: RequestStore, chunk_size: int) -> None:
+    def __init__(self, engine: Any, store: RequestStore, chunk_size: int, settings: Any = None) -> None:
         self._engine = engine
         self.store = store
         self.chunk_size = chunk_size
+        self.settings = settings  # this try's memory settings, recorded with each answer it computes
         self.reused = 0
         self.computed = 0
+        self._reused_from: Counter = Counter()  # settings (as JSON) of the tries whose answers were reused
         self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
 
     def __getattr__(self, name: str) -> Any:
@@ -127,12 +156,21 @@ class ResumableEngine:
                 first.setdefault(k, i)
         missing = list(first.values())
         self.reused += len(requests) - len(missing)
+        self._reused_from.update(json.dumps(self.store.origins.get(k), sort_keys=True)
+                                 for k in keys if k in self.store.answers)
         for start in range(0, len(missing), self.chunk_size):
             chunk = missing[start:start + self.chunk_size]
             answers = call([requests[i] for i in chunk])
-            self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)])
+            self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
             self.computed += len(chunk)
         return [load(self.store.answers[k]) for k in keys]
+
+    def record(self) -> dict[str, Any]:
+        """For results.json: the store, answers reused and computed, and the settings the reused ones came from."""
+        origins = [{"settings": json.loads(s), "answers": n} for s, n in sorted(self._reused_from.items())]
+        return {"store": str(self.store.path), "reused": self.reused, "computed": self.computed,
+                "reused_from": origins,
+                "other_settings": any(o["settings"] != self.settings for o in origins)}
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         return self._run(requests, self._engine.generate,

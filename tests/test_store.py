@@ -1,6 +1,7 @@
 """Crash-safe resume (evalkit/store.py) on the deterministic fake engine. Run: pytest tests/test_store.py"""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -99,7 +100,8 @@ def test_a_rerun_reuses_everything_and_writes_the_same_samples(tmp_path):
     second = fake_run(tmp_path, "out", FakeEngine(reply="would differ if asked"))
     assert first != second
     resume = [json.loads((run / "results.json").read_text())["evalkit"]["resume"] for run in (first, second)]
-    assert resume[0]["reused"] == 0 and resume[1] == {**resume[0], "reused": resume[0]["computed"], "computed": 0}
+    assert resume[0]["reused"] == 0 and resume[1]["reused"] == resume[0]["computed"] and resume[1]["computed"] == 0
+    assert resume[1]["store"] == resume[0]["store"] and not resume[1]["other_settings"]
     for task in ("evalkit_arith", "evalkit_facts"):
         lines = [read_samples(run, task) for run in (first, second)]
         assert lines[0] == lines[1]
@@ -113,3 +115,39 @@ def test_provenance_hashes_match_for_like_for_like_runs(tmp_path):
     other = json.loads((fake_run(tmp_path, "c", FakeEngine(), limit=5) / "results.json").read_text())
     assert other["evalkit"]["provenance"]["tasks"]["evalkit_arith"]["docs_sha256"] != \
         provenance[0]["tasks"]["evalkit_arith"]["docs_sha256"]
+
+
+def test_the_fingerprint_follows_evalkits_own_answer_code_and_a_hub_models_commit(tmp_path, monkeypatch):
+    from evalkit import store
+
+    assert store.code_signature()["harness.py"] == store.file_sha256(Path(store.__file__).parent / "harness.py")
+    (tmp_path / "config.json").write_text("{}")
+    module = tmp_path / "answers.py"  # stands for one of evalkit's modules, changed by an upgrade
+    module.write_text("def read(): return 1\n")
+    monkeypatch.setattr(store, "ANSWER_CODE", (*store.ANSWER_CODE, str(module)))
+    description = {"engine_args": {"model": str(tmp_path)}, "versions": {}, "hardware": {}}
+    before = fingerprint(str(tmp_path), description)
+    module.write_text("def read(): return 2\n")
+    assert fingerprint(str(tmp_path), description) != before
+
+    refs = tmp_path / "hub" / "models--org--model" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    assert store.hub_revision("org/model", cache=tmp_path / "hub") == "a" * 40
+    assert store.hub_revision("org/model", "b" * 40, cache=tmp_path / "hub") == "b" * 40  # pinned by the user
+    assert store.hub_revision("org/other", cache=tmp_path / "hub") is None
+
+
+def test_a_resumed_run_records_the_settings_its_reused_answers_came_from(tmp_path):
+    path = tmp_path / "store.jsonl"
+    first_try = {"gpu_memory_utilization": 0.9, "batch_size": None, "enforce_eager": False}
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2, settings=first_try).generate(requests(3))
+    second_try = {**first_try, "gpu_memory_utilization": 0.8}
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2, settings=second_try)
+    engine.generate(requests(5))
+    record = engine.record()
+    assert record["reused_from"] == [{"settings": first_try, "answers": 3}] and record["other_settings"]
+    again = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2, settings=second_try)
+    again.generate(requests(5)[3:])
+    assert again.record()["reused_from"] == [{"settings": second_try, "answers": 2}]
+    assert not again.record()["other_settings"]
