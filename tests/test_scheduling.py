@@ -1,0 +1,48 @@
+"""Settings left out of the resume fingerprint change scheduling and memory only, never answers: evidence on
+the real CPU engine (evalkit/store.py, SCHEDULING_ONLY; README "Runs that survive").
+
+A second engine with a smaller KV cache (gpu_memory_utilization), at most 4 sequences at once (max_num_seqs)
+and compiled (enforce_eager=false, as vLLM starts by default) answers the same documents as the session's
+(eager, vLLM's default max_num_seqs): identical generations, log-likelihoods equal to EXACT_TOL.
+Run: pytest -m engine -s tests/test_scheduling.py
+"""
+
+import pytest
+
+from evalkit.config import compose_config
+from evalkit.results import read_samples
+from evalkit.run import Lent, evaluate, start_vllm
+
+pytestmark = pytest.mark.engine
+LIMIT = 20
+EXACT_TOL = 1e-5  # nats per choice
+
+
+def samples(run_dir, tasks):
+    return {t: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, t)} for t in tasks}
+
+
+def test_memory_batching_and_compilation_do_not_change_answers(engine, embedded_model_dir, tmp_path):
+    base = [f"limit={LIMIT}", "resume=false"]
+    cfg = compose_config([*base, f"output_dir={tmp_path / 'a'}"])
+    reference = samples(evaluate(cfg, engine_factory=lambda c, d: Lent(engine)), cfg.tasks)
+    other_cfg = compose_config([*base, f"output_dir={tmp_path / 'b'}", "gpu_memory_utilization=0.15", "batch_size=4",
+                                "+engine_kwargs.enforce_eager=false"])
+    other = start_vllm(other_cfg, embedded_model_dir)
+    other.progress = False
+    try:
+        candidate = samples(evaluate(other_cfg, engine_factory=lambda c, d: Lent(other)), cfg.tasks)
+    finally:
+        other.close()
+    drift, differ = [], []
+    for task, docs in reference.items():
+        for key, ref in docs.items():
+            cand = candidate[task][key]
+            if ref["raw_output"] is not None:
+                differ += [key] if ref["raw_output"] != cand["raw_output"] else []
+            else:
+                drift += [abs(float(a[0][0]) - float(b[0][0])) for a, b in zip(ref["resps"], cand["resps"])]
+                assert [a[0][1] for a in ref["resps"]] == [b[0][1] for b in cand["resps"]]
+    print(f"\nutilization 0.25 -> 0.15, max_num_seqs default -> 4, eager -> compiled: {len(differ)} of "
+          f"{LIMIT} generations differ, log-likelihood drift max {max(drift):.1e} over {len(drift)} choices")
+    assert not differ and max(drift) <= EXACT_TOL
