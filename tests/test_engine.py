@@ -48,7 +48,7 @@ def ask(context, max_gen_toks=None):
 
 def prompt_of(engine, n_tokens):
     """A text that the engine's tokenizer makes exactly n_tokens long."""
-    ids = engine.encode(" apple" * n_tokens)
+    ids = engine.encode(" apple" * n_tokens, add_special_tokens=False)
     assert len(ids) == n_tokens
     return " apple" * n_tokens
 
@@ -76,10 +76,10 @@ def test_greedy_continuation_scores_as_greedy(engine):
     context = "Question: What is the capital of France?\nAnswer:"
     lm = EvalkitLM(engine, model_name="m", max_tokens=6)
     (text,) = lm.generate_until([ask(context, max_gen_toks=6)])
-    ids = engine.encode(context)
-    greedy = engine.encode(context + text)[len(ids):]
-    assert engine.encode(context + text)[:len(ids)] == ids
-    other = engine.encode(" banana banana")
+    ids = engine.encode(context, add_special_tokens=False)
+    greedy = engine.encode(context + text, add_special_tokens=False)[len(ids):]
+    assert engine.encode(context + text, add_special_tokens=False)[:len(ids)] == ids
+    other = engine.encode(" banana banana", add_special_tokens=False)
     top, off = engine.score([ScoreRequest(ids=tuple(ids + greedy), start=len(ids)),
                              ScoreRequest(ids=tuple(ids + other), start=len(ids))])
     assert top.is_greedy and not off.is_greedy

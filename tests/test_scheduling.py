@@ -3,7 +3,8 @@ the real CPU engine (evalkit/store.py, SCHEDULING_ONLY; README "Runs that surviv
 
 A second engine with a smaller KV cache (gpu_memory_utilization), at most 4 sequences at once (max_num_seqs)
 and compiled (enforce_eager=false, as vLLM starts by default) answers the same documents as the session's
-(eager, vLLM's default max_num_seqs): identical generations, log-likelihoods equal to EXACT_TOL.
+(eager, vLLM's default max_num_seqs): identical generations, chosen answers and scores; log-likelihoods within
+FLOAT_TOL (float32 sums in another order: measured 2.7e-05 nats at most).
 Run: pytest -m engine -s tests/test_scheduling.py
 """
 
@@ -15,7 +16,7 @@ from evalkit.run import Lent, evaluate, start_vllm
 
 pytestmark = pytest.mark.engine
 LIMIT = 20
-EXACT_TOL = 1e-5  # nats per choice
+FLOAT_TOL = 1e-4  # nats per choice
 
 
 def samples(run_dir, tasks):
@@ -42,7 +43,8 @@ def test_memory_batching_and_compilation_do_not_change_answers(engine, embedded_
                 differ += [key] if ref["raw_output"] != cand["raw_output"] else []
             else:
                 drift += [abs(float(a[0][0]) - float(b[0][0])) for a, b in zip(ref["resps"], cand["resps"])]
-                assert [a[0][1] for a in ref["resps"]] == [b[0][1] for b in cand["resps"]]
+                assert [a[0][1] for a in ref["resps"]] == [b[0][1] for b in cand["resps"]]  # is_greedy
+            assert {m: ref[m] for m in ref["metrics"]} == {m: cand[m] for m in cand["metrics"]}, (task, key)
     print(f"\nutilization 0.25 -> 0.15, max_num_seqs default -> 4, eager -> compiled: {len(differ)} of "
           f"{LIMIT} generations differ, log-likelihood drift max {max(drift):.1e} over {len(drift)} choices")
-    assert not differ and max(drift) <= EXACT_TOL
+    assert not differ and max(drift) <= FLOAT_TOL

@@ -75,7 +75,13 @@ def seconds_until_gone(session: int, since: float, timeout: float = 10) -> float
 
 
 def engine_running(session: int) -> bool:
-    return any("VLLM" in p.name() or "EngineCore" in " ".join(p.cmdline()) for p in members(session))
+    for proc in members(session):
+        try:
+            if "VLLM" in proc.name() or "EngineCore" in " ".join(proc.cmdline()):
+                return True
+        except psutil.NoSuchProcess:  # it exited between the listing and the look
+            continue
+    return False
 
 
 def stored_answers(out: Path) -> int:
@@ -114,7 +120,7 @@ def test_signals_leave_no_engine_process(tmp_path, sig, code):
     run = start("limit=3", f"output_dir={tmp_path / 'result'}", "gpu_memory_utilization=0.25", log=tmp_path / "log")
     session = attempt_session(run)
     deadline = time.time() + 120
-    while not any("VLLM" in p.name() or "EngineCore" in " ".join(p.cmdline()) for p in members(session)):
+    while not engine_running(session):
         assert time.time() < deadline, "the engine never started"
         time.sleep(0.2)
     run.send_signal(sig)
@@ -181,7 +187,9 @@ def test_sigkill_mid_task_then_resume_recomputes_nothing_finished(tmp_path, engi
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
     resume = results(run_dir)["evalkit"]["resume"]
-    assert (resume["reused"], resume["computed"]) == (finished, 40 - finished)
+    # reused: the finished answers, plus documents whose greedy request repeats an earlier one (shared)
+    assert resume["reused"] >= finished and resume["reused"] + resume["computed"] == 40
+    assert resume["computed"] <= 40 - finished
 
     cfg = compose_config([a for a in args if not a.startswith("output_dir")] + [f"output_dir={tmp_path / 'clean'}"])
     clean = evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine))
