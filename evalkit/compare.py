@@ -55,7 +55,7 @@ def load_run(path: str | Path) -> Run:
         raise CompareError(f"{path}: not an evalkit run (no results.json)")
     results = json.loads(results_file.read_text())
     samples = {}
-    for task, file in sample_files(folder).items():
+    for task, file in sample_files(folder, results).items():
         if file.is_file():
             lines = (json.loads(line) for line in file.read_text().splitlines() if line.strip())
             samples[task] = {(s["doc_id"], s.get("filter", "none")): s for s in lines}

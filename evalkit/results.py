@@ -192,15 +192,15 @@ def lm_eval_date_id() -> str:
     return datetime.now().isoformat().replace(":", "-")
 
 
-def sample_files(run_dir: Path) -> dict[str, Path]:
-    """task -> its samples file in a run folder, as results.json names them."""
-    data = json.loads((Path(run_dir) / "results.json").read_text())
-    names = (data.get("evalkit") or {}).get("files", {}).get("samples", {})
+def sample_files(run_dir: Path, results: dict[str, Any]) -> dict[str, Path]:
+    """task -> its samples file in a run folder, as the run's results.json (results) names them."""
+    names = (results.get("evalkit") or {}).get("files", {}).get("samples", {})
     return {task: Path(run_dir) / name for task, name in names.items()}
 
 
 def read_samples(run_dir: Path, task: str) -> list[dict[str, Any]]:
-    with open(sample_files(run_dir)[task], encoding="utf-8") as f:
+    results = json.loads((Path(run_dir) / "results.json").read_text())
+    with open(sample_files(run_dir, results)[task], encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

@@ -3,9 +3,10 @@
 Answers are appended to ``<output_dir>/<model_name>/.requests/<fingerprint>.jsonl`` as each chunk of
 requests finishes (flushed and fsync'ed); a kill at any instant loses at most the chunk in flight, and a
 torn last line is cut off on reading, so the next append starts on a line of its own. Identical requests
-share one answer when greedy and keep one each when sampled (:meth:`ResumableEngine._key`). The file name is a hash of everything that decides an answer
-(:func:`fingerprint`): the model's files, the settings that change outputs, and the library versions; each
-line is keyed by a hash of the exact request. Settings that only change scheduling or memory
+share one answer when greedy and keep one each when sampled (:meth:`ResumableEngine._key`). The file name
+is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
+change outputs, the library versions and evalkit's own answer code; each line is keyed by a hash of the
+exact request and records the settings of the try that computed it. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``batch_size``/``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``,
 ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
 """

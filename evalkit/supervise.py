@@ -1,12 +1,13 @@
 """Runs that survive: each try of a run in a fresh process, memory back-off between tries, no leftovers.
 
 ``python -m evalkit`` calls :func:`supervise`. It holds the lock of ``<output_dir>/<model_name>`` (a second
-run there is refused, evalkit/lock.py), then starts ``python -m evalkit.attempt`` in a new process group. When a try
-fails for lack of memory it is retried with smaller settings (:func:`next_settings`, ``oom_retry.*``);
-answers already computed are reused from the request store, so a retry redoes no finished work. Any
-other failure stops at once with its message. After every try the whole process group is killed, so no
+run there is refused, evalkit/lock.py), then starts ``python -m evalkit.attempt`` in a new process group.
+When a try fails for lack of memory it is retried with smaller settings (:func:`next_settings`,
+``oom_retry.*``); answers already computed are reused from the request store, so a retry redoes no
+finished work. A try stopped by a signal from outside is not retried (:class:`RunStopped`); any other
+failure stops at once with its message. After every try the whole process group is killed, so no
 ``VLLM::EngineCore`` or worker outlives it; Ctrl-C and SIGTERM stop the try the same way, and a try whose
-supervisor dies gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
+supervisor dies kills its own group when the pipe it watches closes (evalkit/attempt.py).
 """
 
 from __future__ import annotations
