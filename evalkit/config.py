@@ -70,6 +70,8 @@ class EvalConfig:
     batch_size: Optional[int] = None  # most sequences the engine runs at once (vLLM max_num_seqs); null: vLLM's default
     seed: int = 1234  # the engine's seed (sampling); lm-eval's own seeds are task_seeds and never follow it
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
+    tune: bool = True  # fill in engine settings the user left open for this machine (evalkit/tuning.py), printed
+    fast_scoring: bool = True  # log-likelihoods through the prefix cache and one request per context (engine.py)
 
     # --- generation ---
     max_tokens: int = 16384  # ceiling on new tokens per request; a task's own max_gen_toks may lower it

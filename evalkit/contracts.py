@@ -48,6 +48,15 @@ class Scored:
     is_greedy: bool  # every scored token was the engine's top-1 choice
 
 
+class Progress(Protocol):
+    """Where an engine reports finished requests (evalkit/progress.py prints them as one line per kind)."""
+
+    def advance(self, requests: int = 1, tokens: int = 0) -> None: ...
+
+    def engine_bar(self) -> Any:
+        """A factory vLLM's ``use_tqdm`` accepts, reporting to this progress instead of drawing a bar."""
+
+
 class Engine(Protocol):
     max_model_len: int
 
@@ -64,9 +73,9 @@ class Engine(Protocol):
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """The chat template applied to messages; without a generation prompt the last message is continued."""
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]: ...
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]: ...
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]: ...
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None) -> list[Scored]: ...
 
     def describe(self) -> dict[str, Any]:
         """Engine arguments actually used and library versions, for the results file."""

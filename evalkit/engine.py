@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+from collections import Counter
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest
+from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
 
 
 def package_version(*names: str) -> str | None:
@@ -68,6 +69,18 @@ def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | 
     return get_tokenizer(path, trust_remote_code=trust_remote_code, **extra)
 
 
+def read_prompt_logprobs(request: ScoreRequest, flat: Any) -> Scored:
+    """Sum and greediness of ids[start:] from vLLM's flat prompt log-probabilities (prompt_logprobs=1: each
+    position holds the token itself first, then the top-1)."""
+    total, greedy = 0.0, True
+    for position in range(max(request.start, 1), len(request.ids)):
+        first, end = flat.start_indices[position], flat.end_indices[position]
+        value = flat.logprobs[first]
+        total += value
+        greedy = greedy and value >= max(flat.logprobs[first:end])
+    return Scored(logprob=total, is_greedy=greedy)
+
+
 class VLLMEngine:
     """The :class:`evalkit.contracts.Engine` backed by a real vLLM engine."""
 
@@ -85,7 +98,8 @@ class VLLMEngine:
         trust_remote_code: bool,
         add_bos_token: bool | None,
         engine_kwargs: dict[str, Any],
-        progress: bool = True,
+        choices: Sequence[Any] = (),
+        fast_scoring: bool = True,
     ) -> None:
         from vllm import LLM
 
@@ -103,7 +117,11 @@ class VLLMEngine:
             self.args["max_num_seqs"] = max_num_seqs
         self.args.update(engine_kwargs)
         self.max_model_len = max_model_len
-        self.progress = progress
+        self.choices = list(choices)  # what evalkit.tuning filled in, for the record
+        self.fast_scoring = fast_scoring
+        # what the scoring paths did: single_token (scored from one context request), contexts (those requests),
+        # prompt_logprobs (scored from their own prompt), cache_hits (of those, read a cached prefix), resubmitted
+        self.scoring: Counter[str] = Counter()
         self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
                                         add_bos_token=add_bos_token)
         self.llm = LLM(**self.args)
@@ -135,7 +153,7 @@ class VLLMEngine:
             return self.tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **options)
 
     # --- inference ---
-    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
         from vllm import SamplingParams
 
         if not requests:
@@ -143,39 +161,95 @@ class VLLMEngine:
         params = [SamplingParams(**dict(r.sampling), max_tokens=r.max_tokens, stop=list(r.stop) or None)
                   for r in requests]
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=self.progress)
+        outputs = self.llm.generate(prompts, params, use_tqdm=progress.engine_bar() if progress else False)
         return [
             Generation(text=o.outputs[0].text, finish_reason=str(o.outputs[0].finish_reason),
                        output_tokens=len(o.outputs[0].token_ids), token_ids=tuple(o.outputs[0].token_ids))
             for o in outputs
         ]
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
-        """Log-probabilities of ids[start:] from vLLM's prompt logprobs (raw model logits, no sampling).
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+              single_token: bool | None = None, reuse_prefix: bool | None = None) -> list[Scored]:
+        """Log-probabilities of ids[start:] given ids[:start], from the model's raw logits (no sampling).
 
-        is_greedy as lm-eval's vllm backend reads it: each scored token must be the first entry of highest
-        log-probability in vLLM's {token: logprob} dict for its position (the token itself and the top-1),
-        so a tie counts as greedy when the token comes first in that dict, as it does there.
+        Three paths, each giving the same numbers (tests/test_engine.py):
+
+        * **single token** (a continuation of one token, the common multiple-choice case): the context is sent
+          once, with every choice's token in ``logprob_token_ids``; the next-token distribution gives them
+          all, and the greedy token beside them.
+        * **shared prefix**: prompt log-probabilities, reading vLLM's prefix cache, so the choices of one
+          question (kept adjacent, as lm-eval orders them) prefill their common context once. Positions
+          read from the cache have no log-probabilities: a result is kept only when the cache stopped
+          before the continuation (``num_cached_tokens``), and resubmitted without the cache otherwise.
+        * **plain**: prompt log-probabilities of the whole sequence, no cache (``fast_scoring=false``).
+
+        is_greedy as lm-eval's vllm backend reads it: each scored token must have the highest log-probability
+        at its position, a tie counting as greedy (the token comes first in vLLM's logprob dict there).
         """
+        if not requests:
+            return []
+        fast = self.fast_scoring
+        single_token = fast if single_token is None else single_token
+        reuse_prefix = fast if reuse_prefix is None else reuse_prefix
+        single = [i for i, r in enumerate(requests) if single_token and len(r.ids) - r.start == 1 and r.start >= 1]
+        chosen = set(single)
+        rest = [i for i in range(len(requests)) if i not in chosen]
+        scored: list[Scored | None] = [None] * len(requests)
+        for i, result in zip(single, self._score_next_token([requests[i] for i in single])):
+            scored[i] = result
+        for i, result in zip(rest, self._score_prompts([requests[i] for i in rest], reuse_prefix)):
+            scored[i] = result
+        if progress:
+            progress.advance(len(requests), sum(len(r.ids) for r in requests))
+        return scored  # type: ignore[return-value]
+
+    def _score_next_token(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        from vllm import SamplingParams
+
+        contexts: dict[tuple[int, ...], set[int]] = {}
+        for r in requests:
+            contexts.setdefault(r.ids[:r.start], set()).add(r.ids[r.start])
+        order = list(contexts)
+        params = [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, flat_logprobs=True,
+                                 logprob_token_ids=sorted(contexts[c])) for c in order]
+        outputs = self.llm.generate([{"prompt_token_ids": list(c)} for c in order], params, use_tqdm=False)
+        self.scoring.update(single_token=len(requests), contexts=len(order))
+        next_token: dict[tuple[int, ...], dict[int, float]] = {}
+        for context, out in zip(order, outputs):
+            flat = out.outputs[0].logprobs
+            span = range(flat.start_indices[0], flat.end_indices[0])
+            next_token[context] = {flat.token_ids[k]: flat.logprobs[k] for k in span}
+        scored = []
+        for r in requests:
+            entries = next_token[r.ids[:r.start]]
+            value = entries[r.ids[r.start]]
+            scored.append(Scored(logprob=value, is_greedy=value >= max(entries.values())))
+        return scored
+
+    def _score_prompts(self, requests: Sequence[ScoreRequest], reuse_prefix: bool) -> list[Scored]:
         from vllm import SamplingParams
 
         if not requests:
             return []
-        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False)
+
+        def params(read_cache: bool):
+            return SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False,
+                                  flat_logprobs=True, skip_reading_prefix_cache=not read_cache)
+
         prompts = [{"prompt_token_ids": list(r.ids)} for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=self.progress)
-        scored = []
-        for r, out in zip(requests, outputs):
-            total, greedy = 0.0, True
-            for position in range(max(r.start, 1), len(r.ids)):
-                entries = {token: entry.logprob for token, entry in out.prompt_logprobs[position].items()}
-                total += entries[r.ids[position]]
-                greedy = greedy and max(entries, key=entries.__getitem__) == r.ids[position]
-            scored.append(Scored(logprob=total, is_greedy=greedy))
-        return scored
+        outputs = self.llm.generate(prompts, params(reuse_prefix), use_tqdm=False)
+        # rows up to num_cached_tokens were read from the cache and carry no log-probabilities
+        again = [i for i, (r, out) in enumerate(zip(requests, outputs)) if (out.num_cached_tokens or 0) >= max(r.start, 1)]
+        if again:
+            for i, out in zip(again, self.llm.generate([prompts[i] for i in again], params(False), use_tqdm=False)):
+                outputs[i] = out
+        self.scoring.update(prompt_logprobs=len(requests), resubmitted=len(again),
+                            cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
+        return [read_prompt_logprobs(r, out.prompt_logprobs) for r, out in zip(requests, outputs)]
 
     def describe(self) -> dict[str, Any]:
-        return {"engine_args": dict(self.args), "versions": library_versions(), "hardware": hardware()}
+        return {"engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
+                "fast_scoring": self.fast_scoring, "versions": library_versions(), "hardware": hardware()}
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

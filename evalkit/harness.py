@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import random
+import time
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -25,6 +26,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalkit.budget import plan_generation, plan_score
 from evalkit.contracts import Engine, GenRequest, RequestRecord, ScoreRequest
+from evalkit.progress import Progress
 
 
 def strip_thinking(text: str, end_marker: str) -> str:
@@ -96,6 +98,7 @@ class EvalkitLM(TemplateLM):
         # (task, doc_id) -> records of that document's requests, in request order
         self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
         self._pending: list[Any] = []
+        self.engine_seconds: dict[str, float] = {}  # wall time of the engine calls, per request kind
 
     @functools.cached_property
     def _bos_text(self) -> str:
@@ -131,14 +134,17 @@ class EvalkitLM(TemplateLM):
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.engine.chat_prompt(chat_history, add_generation_prompt)
 
-    def _submit(self, call: Callable[[list], list], items: list) -> list:
-        """call(items), in an order shuffled by order_seed when set: batches then hold other neighbours,
-        which is how the run-to-run noise of the engine is measured (evalkit.noise)."""
-        if self.order_seed is None:
-            return call(items)
+    def _submit(self, call: Callable[..., list], items: list, label: str) -> list:
+        """call(items), with one progress line for them, in an order shuffled by order_seed when set: batches
+        then hold other neighbours, which is how the run-to-run noise of the engine is measured (evalkit.noise)."""
+        progress = Progress(label, total=len(items))
         order = list(range(len(items)))
-        random.Random(self.order_seed).shuffle(order)
-        answers = call([items[i] for i in order])
+        if self.order_seed is not None:
+            random.Random(self.order_seed).shuffle(order)
+        started = time.perf_counter()
+        answers = call([items[i] for i in order], progress)
+        self.engine_seconds[label] = round(self.engine_seconds.get(label, 0.0) + time.perf_counter() - started, 3)
+        progress.close()
         result: list = [None] * len(items)
         for position, answer in zip(order, answers):
             result[position] = answer
@@ -166,7 +172,7 @@ class EvalkitLM(TemplateLM):
                 self._record(self._pending[i], RequestRecord(
                     kind="loglikelihood", prompt_tokens=len(ids), truncated_tokens=drop,
                     extra={"continuation_tokens": len(continuation_enc)}))
-        return [(s.logprob, s.is_greedy) for s in self._submit(self.engine.score, scores)]
+        return [(s.logprob, s.is_greedy) for s in self._submit(self.engine.score, scores, "loglikelihood")]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Perplexity-style scoring: the whole text (with the tokenizer's default special tokens, so a BOS
@@ -185,7 +191,7 @@ class EvalkitLM(TemplateLM):
             self._record(instance, RequestRecord(kind="loglikelihood_rolling", prompt_tokens=len(tokens),
                                                  extra={"windows": owners.count(n)}))
         totals = [0.0] * len(requests)
-        for n, scored in zip(owners, self._submit(self.engine.score, windows)):
+        for n, scored in zip(owners, self._submit(self.engine.score, windows, "loglikelihood_rolling")):
             totals[n] += scored.logprob
         return totals
 
@@ -215,7 +221,7 @@ class EvalkitLM(TemplateLM):
             stops.append(until)
         answers = []
         for instance, record, until, generation in zip(requests, records, stops,
-                                                       self._submit(self.engine.generate, batch)):
+                                                       self._submit(self.engine.generate, batch, "generate_until")):
             record.raw_output = generation.text
             record.finish_reason = generation.finish_reason
             record.output_tokens = generation.output_tokens

@@ -65,7 +65,7 @@ class EvalkitSection(TypedDict):
     config: dict[str, Any]  # the resolved config, as given
     engine: dict[str, Any]  # engine_args actually passed to vllm.LLM, versions, hardware
     prompting: Prompting  # special tokens, chat template settings, seeds, sampling overrides
-    timings: dict[str, float]  # seconds per stage
+    timings: dict[str, Any]  # seconds per stage, and engine_calls: seconds in the engine per request kind
     counts: dict[str, TaskCounts]  # per task
     provenance: dict[str, Any]  # content hashes: config, model fingerprint, each task's documents and prompts
     resume: dict[str, Any] | None  # request store file, answers reused from it and computed now
@@ -271,3 +271,22 @@ def write_beside(run_dir: Path, files: dict[str, str]) -> list[Path]:
         os.replace(tmp, final)
         written.append(final)
     return written
+
+
+def attach_log(run_dir: Path, log_path: Path, name: str = "engine.log") -> Path:
+    """Move a run's log (every try's output, written while it ran) into its run folder as engine.log.
+
+    Never replaces a file: the hard link fails when the name is taken; where the file system has no hard
+    links, the name is checked first (the run's lock keeps others out) and the log renamed in."""
+    final = Path(run_dir) / name
+    try:
+        os.link(log_path, final)
+    except FileExistsError:
+        raise
+    except OSError:
+        if final.exists():
+            raise FileExistsError(f"{final} already exists") from None
+        os.rename(log_path, final)
+        return final
+    os.unlink(log_path)
+    return final

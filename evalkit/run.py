@@ -7,7 +7,9 @@ length, the devices) is checked before the engine starts, because starting it ta
 from __future__ import annotations
 
 import logging
+import os
 import random
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from evalkit import preflight, results, store
+from evalkit import preflight, results, store, tuning
 from evalkit.config import EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.harness import EvalkitLM
@@ -43,13 +45,24 @@ class EngineStartError(RuntimeError):
 
 
 def start_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
+    """The vLLM engine for cfg, with the settings evalkit.tuning fills in for this machine (printed once)."""
     from evalkit.engine import VLLMEngine
 
+    choices = tuning.choose(
+        machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
+        max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype)) if cfg.tune else []
+    engine_kwargs, env = tuning.apply(choices, cfg.engine_kwargs)
+    for choice in choices:
+        print(choice.line(), file=sys.stderr, flush=True)
+    os.environ.update(env)  # vLLM reads these when it starts its processes
     return VLLMEngine(
         model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
         gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
         max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-        add_bos_token=cfg.add_bos_token, engine_kwargs=dict(cfg.engine_kwargs),
+        add_bos_token=cfg.add_bos_token, engine_kwargs=engine_kwargs, choices=choices,
+        fast_scoring=cfg.fast_scoring,
     )
 
 
@@ -156,7 +169,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, che
     finally:
         engine.close()
 
-    timings = {**watch.laps, "total": round(sum(watch.laps.values()), 3)}
+    timings = {**watch.laps, "total": round(sum(watch.laps.values()), 3), "engine_calls": dict(lm.engine_seconds)}
     section: results.EvalkitSection = {
         "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
         "engine": {**description, "model_dir": model_dir}, "prompting": prompting(cfg, lm), "timings": timings,

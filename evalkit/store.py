@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest
+from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
 
 SCHEDULING_ONLY = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
                    "swap_space", "cpu_offload_gb", "disable_log_stats"}
@@ -149,7 +149,8 @@ class ResumableEngine:
             key = sha256({"request": key, "draw": self._draws[key]})
         return key
 
-    def _run(self, requests: Sequence[Any], call: Callable[[list], list], load: Callable[[dict], Any]) -> list:
+    def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
+             progress: Progress | None) -> list:
         keys = [self._key(r) for r in requests]
         first: dict[str, int] = {}  # each missing answer once, however often it is asked
         for i, k in enumerate(keys):
@@ -157,11 +158,13 @@ class ResumableEngine:
                 first.setdefault(k, i)
         missing = list(first.values())
         self.reused += len(requests) - len(missing)
+        if progress and len(missing) < len(requests):
+            progress.advance(len(requests) - len(missing))
         self._reused_from.update(json.dumps(self.store.origins.get(k), sort_keys=True)
                                  for k in keys if k in self.store.answers)
         for start in range(0, len(missing), self.chunk_size):
             chunk = missing[start:start + self.chunk_size]
-            answers = call([requests[i] for i in chunk])
+            answers = call([requests[i] for i in chunk], progress)
             self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
             self.computed += len(chunk)
         return [load(self.store.answers[k]) for k in keys]
@@ -173,12 +176,12 @@ class ResumableEngine:
                 "reused_from": origins,
                 "other_settings": any(o["settings"] != self.settings for o in origins)}
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
         return self._run(requests, self._engine.generate,
-                         lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}))
+                         lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}), progress)
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
-        return self._run(requests, self._engine.score, lambda a: Scored(**a))
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None) -> list[Scored]:
+        return self._run(requests, self._engine.score, lambda a: Scored(**a), progress)
 
     def close(self) -> None:
         self._engine.close()

@@ -8,6 +8,13 @@ finished work. A try stopped by a signal from outside is not retried (:class:`Ru
 failure stops at once with its message. After every try the whole process group is killed, so no
 ``VLLM::EngineCore`` or worker outlives it; Ctrl-C and SIGTERM stop the try the same way, and a try whose
 supervisor dies kills its own group when the pipe it watches closes (evalkit/attempt.py).
+
+Output: every line a try prints (vLLM's log, lm-eval's, tracebacks, evalkit's) goes to one log per run,
+``<output_dir>/<model_name>/.logs/<start time>-<pid>.log``, written as it comes, with a line
+``=== try N ...`` before each try's output. The terminal (stderr) shows only evalkit's own lines, those
+starting with ``evalkit:`` (:class:`Terminal`). When the run succeeds its log becomes ``engine.log`` in the
+run folder, holding every try; when it fails the cause and the log's last lines are shown and the log stays
+where it is; bad input (a ConfigError from the try) and a stopped run leave no log, as they leave nothing else.
 """
 
 from __future__ import annotations
@@ -25,11 +32,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from evalkit import preflight
 from evalkit.config import ConfigError, EvalConfig, OomRetry, memory_settings, validate
 from evalkit.lock import result_lock
+from evalkit.progress import Terminal
 
 # Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
 # asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization
@@ -111,10 +119,88 @@ def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outc
     return outcome, attempts
 
 
-class Attempt:
-    """One try in ``python -m evalkit.attempt``, its own process group, its output echoed and its tail kept."""
+FAILING_LINES = 20  # of the log, shown when a run fails
 
-    def __init__(self, cfg: EvalConfig, history: list) -> None:
+
+class RunLog:
+    """One run's log: every line of every try, a header line before each try (see the module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            folder.mkdir(exist_ok=True)
+            self.path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+            self.file: TextIO | None = open(self.path, "x", encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"cannot write the run's log into {folder} ({error.strerror}); "
+                              "free space or pass output_dir= a writable folder") from None
+        self.error: str | None = None  # why writing stopped part-way, if it did
+
+    def header(self, number: int, settings: dict[str, Any]) -> None:
+        self.write(f"=== try {number} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} with {settings} ===\n")
+
+    def write(self, line: str) -> None:
+        """Append a line, flushed (a run killed part-way keeps its log); a full disk stops the log, not the run."""
+        if self.file is None:
+            return
+        try:
+            self.file.write(line if line.endswith("\n") else line + "\n")
+            self.file.flush()
+        except OSError as error:
+            self.error = error.strerror or str(error)
+            self.close()
+        except ValueError:  # closed meanwhile, by a wait that gave up on its reader thread
+            pass
+
+    def close(self) -> None:
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+            self.file = None
+
+    def finish(self, outcome: "Outcome | None") -> Path | None:
+        """Close the log and put it where the outcome wants it: into the run folder as engine.log (ok), left
+        in place (a failure: its path is returned), or removed (bad input, a stop, the supervisor stopped)."""
+        self.close()
+        kept: Path | None = self.path
+        if outcome is None or outcome.status in ("config", "stopped"):
+            self.path.unlink(missing_ok=True)
+            kept = None
+        elif outcome.status == "ok":
+            from evalkit.results import attach_log  # here: results imports pandas, slow for every start
+
+            try:
+                kept = attach_log(Path(outcome.run_dir), self.path)
+            except OSError as error:
+                print(f"evalkit: the log stays at {self.path}: it could not move into the run folder "
+                      f"({error.strerror or error})", file=sys.stderr)
+        if self.error and kept:
+            print(f"evalkit: the log {kept} stopped part-way ({self.error})", file=sys.stderr)
+        try:
+            self.path.parent.rmdir()  # .logs, when no failed run's log is left in it
+        except OSError:
+            pass
+        return kept
+
+
+def show_failure(tail: list[str], log_path: Path | None) -> None:
+    """The lines that say why a try failed, on the terminal: the engine's error line, the log's last lines."""
+    cause = root_cause("".join(tail))
+    if cause:
+        print(f"evalkit: engine error: {cause}", file=sys.stderr)
+    if tail:
+        print(f"evalkit: last {min(len(tail), FAILING_LINES)} lines of the log:", file=sys.stderr)
+        sys.stderr.write("".join("    " + line.rstrip("\n") + "\n" for line in tail[-FAILING_LINES:]))
+    if log_path:
+        print(f"evalkit: full log: {log_path}", file=sys.stderr)
+
+
+class Attempt:
+    """One try in ``python -m evalkit.attempt``, its own process group; each line of its output goes to
+    on_line (from a reader thread) and its tail is kept."""
+
+    def __init__(self, cfg: EvalConfig, history: list, *, on_line: Callable[[str], None]) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="evalkit-attempt-"))
         spec = self.work / "spec.json"
         spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history}))
@@ -128,13 +214,13 @@ class Attempt:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             start_new_session=True, pass_fds=(death_read,))
         os.close(death_read)
-        self.reader = threading.Thread(target=self._echo, daemon=True)
+        self.reader = threading.Thread(target=self._read, args=(on_line,), daemon=True)
         self.reader.start()
 
-    def _echo(self) -> None:
-        # vLLM logs to stdout; all of the try's output goes to stderr, leaving stdout to the score table
+    def _read(self, on_line: Callable[[str], None]) -> None:
+        # vLLM logs to stdout; none of the try's output reaches stdout, which is left to the score table
         for line in self.process.stdout:
-            sys.stderr.write(line)
+            on_line(line)
             self.tail.append(line)
 
     def stop(self, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
@@ -181,6 +267,11 @@ def supervise(cfg: EvalConfig) -> Path:
     preflight.check_devices(cfg)
     preflight.check_model(cfg, preflight.resolve_model_path(cfg.vllm_path))
     lock = result_lock(cfg.output_dir, cfg.model_name).acquire()
+    try:
+        log = RunLog(Path(cfg.output_dir) / cfg.model_name / ".logs")
+    except ConfigError:
+        lock.release()
+        raise
     current: list[Attempt] = []
 
     def on_signal(signum, frame):
@@ -189,15 +280,14 @@ def supervise(cfg: EvalConfig) -> Path:
         raise SystemExit(128 + signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    outcome: Outcome | None = None
     try:
-        def attempt(settings: EvalConfig, history: list) -> Outcome:
-            current[:] = [Attempt(settings, history)]
-            return current[0].wait()
-
-        outcome, attempts = run_with_retries(cfg, attempt)
+        terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
+        outcome, attempts = run_with_retries(cfg, attempt_in_process(log, terminal, current))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        log_path = log.finish(outcome)  # before the lock goes: an empty folder is removed with it
         lock.release()
     if outcome.status == "config":
         raise ConfigError(outcome.message)
@@ -205,9 +295,37 @@ def supervise(cfg: EvalConfig) -> Path:
         raise RunStopped(f"{outcome.message}; nothing was retried, finished answers are kept for a rerun",
                          outcome.signal or "SIGTERM")
     if outcome.status != "ok":
+        show_failure(list(current[-1].tail), log_path)
         tries = "; ".join(f"{a['settings']}: {a['status']}" for a in attempts)
         raise RunFailed(f"{outcome.message} (tries: {tries})")
     if len(attempts) > 1:
         print(f"evalkit: succeeded on try {len(attempts)} with {attempts[-1]['settings']}; "
               f"pin these settings to skip the failed tries", file=sys.stderr)
     return Path(outcome.run_dir)
+
+
+def attempt_in_process(log: RunLog, terminal: Terminal,
+                       current: list[Attempt]) -> Callable[[EvalConfig, list], Outcome]:
+    """The attempt function for run_with_retries: each try in a fresh process, its output to the log and
+    the terminal, the try under way in current (for the signal handler)."""
+
+    def on_line(line: str) -> None:
+        log.write(line)
+        try:
+            terminal.show(line)
+        except (OSError, ValueError):  # the terminal went away: the try goes on, the log keeps every line
+            pass
+
+    def attempt(settings: EvalConfig, history: list) -> Outcome:
+        number = len(history) + 1
+        log.header(number, memory_settings(settings))
+        if number > 1:
+            print(f"evalkit: try {number} with {memory_settings(settings)}", file=sys.stderr)
+        current[:] = [Attempt(settings, history, on_line=on_line)]
+        outcome = current[0].wait()
+        terminal.end()
+        if outcome.status == "memory":
+            print(f"evalkit: try {number} ran out of memory: {outcome.message}", file=sys.stderr)
+        return outcome
+
+    return attempt

@@ -7,7 +7,10 @@ in seconds. Two ways to keep data local (air-gapped clusters are the common case
   ``dataset_kwargs`` and keeps its prompts and metrics, e.g.
   ``+task_data.gsm8k={dataset_path:json,dataset_kwargs:{data_files:{test:/data/gsm8k/test.jsonl}}}``.
 * relative ``data_files`` in a task YAML are read relative to that YAML's folder.
+
+Only the folders the names need are indexed (evalkit/task_index.py).
 """
+
 
 from __future__ import annotations
 
@@ -19,18 +22,9 @@ import jinja2
 import yaml
 
 from evalkit.config import TASKS_DIR, ConfigError, closest
+from evalkit.task_index import known_names, task_manager_for
 
 DATA_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs")
-
-
-def task_manager(extra_dirs: list[str]):
-    from lm_eval.tasks import TaskManager
-
-    dirs = [str(TASKS_DIR)] + [str(Path(d).resolve()) for d in extra_dirs]
-    for d in dirs:
-        if not Path(d).is_dir():
-            raise ConfigError(f"tasks_dirs: {d} is not a folder")
-    return TaskManager(include_path=dirs)
 
 
 def _resolve_data_files(data_files: Any, base: Path) -> Any:
@@ -88,13 +82,13 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
     """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
 
     ConfigError if a name is unknown or its data cannot be read."""
-    manager = task_manager(extra_dirs)
-    known = manager.all_tasks
+    manager = task_manager_for(list(names) + list(task_data), extra_dirs)
     for name in list(names) + list(task_data):
         if name not in manager.task_index:
             broken = broken_yaml(name, [str(TASKS_DIR), *extra_dirs])
             if broken:
                 raise ConfigError(broken)
+            known = known_names(manager)
             raise ConfigError(f"unknown task {name!r}{closest(name, known)}; {len(known)} tasks are known "
                               f"(lm-eval's and {TASKS_DIR.name}/)")
     loaded: list[Any] = []

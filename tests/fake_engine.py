@@ -48,7 +48,7 @@ class FakeEngine:
         a, op, b = asked[-1]
         return f" {int(a) + int(b) if op == '+' else int(a) - int(b)}\nQuestion: more"
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
+    def generate(self, requests: Sequence[GenRequest], progress=None) -> list[Generation]:
         self.generated.extend(requests)
         out = []
         for r in requests:
@@ -64,7 +64,7 @@ class FakeEngine:
                                   token_ids=tuple(self.encode(text))))
         return out
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+    def score(self, requests: Sequence[ScoreRequest], progress=None) -> list[Scored]:
         """Log-probability -0.1 per scored token, -0.05 for vowels: short, vowel-rich answers win."""
         self.scored.extend(requests)
         out = []

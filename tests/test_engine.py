@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from evalkit.budget import PromptTooLong
-from evalkit.contracts import ScoreRequest
+from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.harness import EvalkitLM
 from evalkit.results import read_samples
 from tests.conftest import EAGER, run_dirs
@@ -42,7 +42,7 @@ def test_python_m_evalkit_end_to_end(tmp_path):
 
 
 def ask(context, max_gen_toks=None):
-    kwargs = {"until": []} | ({"max_gen_toks": max_gen_toks} if max_gen_toks else {})
+    kwargs = {"until": [], "do_sample": False} | ({"max_gen_toks": max_gen_toks} if max_gen_toks else {})
     return SimpleNamespace(task_name="t", doc_id=0, args=(context, kwargs))
 
 
@@ -84,3 +84,50 @@ def test_greedy_continuation_scores_as_greedy(engine):
                              ScoreRequest(ids=tuple(ids + other), start=len(ids))])
     assert top.is_greedy and not off.is_greedy
     assert top.logprob > off.logprob
+
+
+def few_shot_questions(engine, n: int = 6) -> list[ScoreRequest]:
+    """Multiple-choice requests as lm-eval builds them: a long few-shot context (past vLLM's CPU block of 128
+    tokens, so the choices can share cached blocks) followed by continuations of one and of several tokens,
+    among them the model's own greedy ones."""
+    shots = "".join(f"Question: What is {a} + {a + 3}?\nAnswer: {2 * a + 3}\n\n" for a in range(1, 16))
+    requests = []
+    for q in range(n):
+        context = engine.encode(f"{shots}Question: What is {q} + 7?\nAnswer:", True)
+        (greedy,) = engine.generate([GenRequest(prompt_ids=tuple(context), max_tokens=3,
+                                                sampling=(("temperature", 0.0),))])
+        continuations = [list(greedy.token_ids[:1]), list(greedy.token_ids)]
+        for choice in (" seven", " eight", f" {q + 7} apples", " seven hundred and twelve"):
+            full = engine.encode(f"{shots}Question: What is {q} + 7?\nAnswer:{choice}", True)
+            assert full[:len(context)] == context
+            continuations.append(full[len(context):])
+        requests += [ScoreRequest(ids=tuple(context + c), start=len(context)) for c in continuations]
+    return requests
+
+
+def drift(a, b) -> float:
+    return max(abs(x.logprob - y.logprob) for x, y in zip(a, b))
+
+
+def test_fast_scoring_paths_give_the_plain_numbers(engine):
+    """Each path on and off: the same is_greedy, and log-likelihoods that differ by no more than the plain
+    path differs from itself when only the batch changes (float32 sums of 30 layers are not associative;
+    measured: 1.6e-05 for the requests reversed, 3.5e-05 sent one by one; at least 1e-5 is allowed)."""
+    requests = few_shot_questions(engine)
+    lengths = {len(r.ids) - r.start for r in requests}
+    assert 1 in lengths and max(lengths) > 1 and len(requests[0].ids) > 160
+    plain = engine.score(requests, single_token=False, reuse_prefix=False)
+    reversed_plain = engine.score(requests[::-1], single_token=False, reuse_prefix=False)[::-1]
+    alone = [engine.score([r], single_token=False, reuse_prefix=False)[0] for r in requests]
+    noise = max(1e-5, drift(plain, reversed_plain), drift(plain, alone))
+    engine.scoring.clear()
+    single = engine.score(requests, single_token=True, reuse_prefix=False)
+    assert engine.scoring["single_token"] > 0 and engine.scoring["contexts"] < engine.scoring["single_token"]
+    engine.scoring.clear()
+    cached = engine.score(requests, single_token=False, reuse_prefix=True)
+    assert engine.scoring["cache_hits"] > 0, engine.scoring
+    both = engine.score(requests)  # the default: fast_scoring
+    for result in (single, cached, both):
+        assert [s.is_greedy for s in result] == [s.is_greedy for s in plain]
+        assert drift(result, plain) <= noise, (drift(result, plain), noise)
+    assert any(s.is_greedy for s in plain) and not all(s.is_greedy for s in plain)

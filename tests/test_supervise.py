@@ -1,14 +1,17 @@
-"""OOM back-off policy, failure classification and the run lock (evalkit/supervise.py), with fault injection.
+"""OOM back-off policy, failure classification and the run lock (evalkit/supervise.py), with fault injection;
+where a try's output goes (the run's log, the terminal), with stand-in tries in child processes.
 
 Run: pytest tests/test_supervise.py
 """
 
 import dataclasses
+import sys
 
 import pytest
 
 from evalkit.config import ConfigError, EvalConfig, OomRetry
-from evalkit.supervise import Outcome, classify, next_settings, root_cause, run_with_retries
+from evalkit.results import attach_log
+from evalkit.supervise import Outcome, RunFailed, RunStopped, classify, next_settings, root_cause, run_with_retries, supervise
 
 VLLM_ERRORS = {
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": "pressure",
@@ -122,3 +125,106 @@ def test_root_cause_is_read_off_the_engine_log():
     assert root_cause("x\nKeyError: 'foo'\nRuntimeError: Engine core initialization failed.") == \
         "RuntimeError: Engine core initialization failed."
     assert root_cause("all fine") is None
+
+
+# --- the try's output: every line to the run's log, evalkit's own lines to the terminal ---
+# The supervisor starts `sys.executable -m evalkit.attempt SPEC OUTCOME FD`; here sys.executable is a stand-in
+# that runs FAKE_TRY instead: vLLM-like lines, evalkit's progress lines, then each try's planned ending.
+FAKE_TRY = r'''
+import json, os, sys
+spec_file, outcome_file = sys.argv[-3:-1]
+spec = json.loads(open(spec_file).read())
+cfg, plan = spec["config"], PLAN[len(spec["attempts"])]
+say = lambda line, stream=sys.stdout: print(line, file=stream, flush=True)
+say("INFO 05-01 12:00:00 [llm.py:340] Supported tasks: ['generate']")
+say("(EngineCore pid=77) INFO 05-01 12:00:01 [core.py:90] Initializing a V1 LLM engine")
+for done in range(1, 5):
+    say(f"evalkit: progress loglikelihood {done}/4 requests, 100 tok/s, ETA 0:0{4 - done}", sys.stderr)
+say("evalkit: done loglikelihood 4/4 requests in 0.1 s, 100 tok/s", sys.stderr)
+ends = {
+    "oom": ["(EngineCore pid=77) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            "RuntimeError: Engine core initialization failed. See root cause above."],
+    "error": ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+              "ValueError: Unsupported architecture FooForCausalLM"],
+}
+for line in ends.get(plan, []):
+    say(line)
+outcome = ({"status": "error", "message": ends[plan][-1]} if plan in ends
+           else {"status": plan, "message": "unknown task 'x'"})
+if plan == "ok":
+    outcome["run_dir"] = os.path.join(cfg["output_dir"], cfg["model_name"], "run1")
+    os.makedirs(outcome["run_dir"])
+open(outcome_file, "w").write(json.dumps(outcome))
+'''
+
+
+@pytest.fixture
+def fake_tries(tmp_path, monkeypatch):
+    """fake_tries("oom", "ok") makes the next supervise() see those tries; returns the config to run."""
+    from evalkit import supervise as module
+
+    for check in ("check_devices", "check_model"):
+        monkeypatch.setattr(module.preflight, check, lambda *args: None)
+    monkeypatch.setattr(module.preflight, "resolve_model_path", lambda path: path)
+
+    def plan(*tries):
+        script = tmp_path / "fake_try.py"
+        script.write_text(f"PLAN = {list(tries)!r}\n{FAKE_TRY}")
+        python = tmp_path / "python"
+        python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+        python.chmod(0o755)
+        monkeypatch.setattr(sys, "executable", str(python))
+        return cfg(output_dir=str(tmp_path / "result"))
+
+    return plan
+
+
+def test_terminal_shows_evalkit_lines_and_the_run_folder_gets_every_try_in_engine_log(fake_tries, capsys, tmp_path):
+    run_dir = supervise(fake_tries("oom", "ok"))
+    assert run_dir == tmp_path / "result" / "m" / "run1"
+    shown = capsys.readouterr().err.splitlines()
+    assert all(line.startswith("evalkit: ") for line in shown), shown
+    assert [line for line in shown if "progress" in line] == [  # not a TTY: one per label per 30 s
+        "evalkit: progress loglikelihood 1/4 requests, 100 tok/s, ETA 0:03"]
+    assert shown.count("evalkit: done loglikelihood 4/4 requests in 0.1 s, 100 tok/s") == 2
+    assert shown[2].startswith("evalkit: try 1 ran out of memory: OutOfMemoryError: CUDA out of memory. Tried")
+    assert shown[3].startswith("evalkit: try 2 with {'gpu_memory_utilization': 0.8")
+    assert shown[-1].startswith("evalkit: succeeded on try 2")
+    log = (run_dir / "engine.log").read_text().splitlines()
+    assert [line.split(" at ")[0] for line in log if line.startswith("=== try")] == ["=== try 1", "=== try 2"]
+    assert len(log) == 2 + 7 + 2 + 7 and "Initializing a V1 LLM engine" in log[2]
+    assert "CUDA out of memory" in log[8] and log[-1] == "evalkit: done loglikelihood 4/4 requests in 0.1 s, 100 tok/s"
+    assert not (tmp_path / "result" / "m" / ".logs").exists()
+
+
+def test_a_failed_run_shows_its_failing_lines_and_keeps_its_log(fake_tries, capsys, tmp_path):
+    with pytest.raises(RunFailed, match="Unsupported architecture FooForCausalLM"):
+        supervise(fake_tries("error"))
+    shown = capsys.readouterr().err.splitlines()
+    start = shown.index("evalkit: engine error: ValueError: Unsupported architecture FooForCausalLM")
+    assert shown[start + 1] == "evalkit: last 10 lines of the log:"  # all of this try's lines, indented
+    assert shown[start + 2].startswith("    INFO 05-01 12:00:00") and shown[start + 3].startswith("    (EngineCore")
+    assert shown[-2] == "    ValueError: Unsupported architecture FooForCausalLM"
+    (log,) = (tmp_path / "result" / "m" / ".logs").iterdir()
+    assert shown[-1] == f"evalkit: full log: {log}"
+    text = log.read_text()
+    assert text.startswith("=== try 1 at ") and "Initializing a V1 LLM engine" in text and "Traceback" in text
+
+
+@pytest.mark.parametrize("ending, error", [("config", ConfigError), ("stopped", RunStopped)])
+def test_bad_input_or_a_stop_leaves_no_log(fake_tries, capsys, tmp_path, ending, error):
+    with pytest.raises(error):
+        supervise(fake_tries(ending))
+    assert "full log" not in capsys.readouterr().err
+    assert not (tmp_path / "result").exists()  # nothing written, the folders made for the lock removed
+
+
+def test_attach_log_moves_the_log_and_never_replaces_a_file(tmp_path):
+    log, run_dir = tmp_path / "x.log", tmp_path / "run"
+    run_dir.mkdir()
+    log.write_text("a\n")
+    assert attach_log(run_dir, log) == run_dir / "engine.log" and not log.exists()
+    log.write_text("b\n")
+    with pytest.raises(FileExistsError):
+        attach_log(run_dir, log)
+    assert (run_dir / "engine.log").read_text() == "a\n" and log.exists()

@@ -1,0 +1,161 @@
+"""evalkit's own progress output: one line per request kind, at most one every few seconds, and a final line.
+
+The try prints, to stderr, lines a person reads on the terminal (the supervisor shows lines starting with
+``evalkit:`` and sends everything else to the run's log, evalkit/supervise.py)::
+
+    evalkit: progress loglikelihood 120/160 requests, 1,830 tok/s, ETA 0:04
+    evalkit: done loglikelihood 160/160 requests in 12.3 s, 1,830 tok/s
+
+Tokens are prompt plus generated tokens as sent to the engine (a cached prompt prefix counts too); the rate
+and the ETA are averages since the :class:`Progress` was made. :meth:`Progress.engine_bar` stands in for
+vLLM's tqdm bar, so vLLM prints no bar of its own and its finished requests reach :meth:`Progress.advance`.
+One Progress is used from one thread. :class:`Terminal` is the other end, in the supervisor: it shows
+these lines (and evalkit's other ``evalkit:`` lines) without flooding a terminal or a CI log.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+PROGRESS_LINE = re.compile(r"evalkit: progress (\S+) ")  # as Progress.advance prints it; group 1: the label
+# The speeds vLLM 0.32 writes into its bar's postfix (vllm/entrypoints/common/offline.py, _run_engine).
+SPEEDS = re.compile(r"input: ([\d.]+) toks/s, output: ([\d.]+) toks/s")
+
+
+def clock_text(seconds: float) -> str:
+    """m:ss, or h:mm:ss from an hour on."""
+    hours, rest = divmod(int(round(seconds)), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Progress:
+    """Progress of one request kind (``label``) over ``total`` requests, printed to ``stream``."""
+
+    def __init__(self, label: str, total: int, *, stream: TextIO | None = None, interval: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.total = label, total
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval, self.clock = interval, clock
+        self.started = self.printed = clock()
+        self.done = self.tokens = 0
+        self.closed = False
+
+    def advance(self, requests: int = 1, tokens: int = 0) -> None:
+        """Count finished requests and their tokens; print a progress line if `interval` s passed since the last."""
+        self.done += requests
+        self.tokens += tokens
+        now = self.clock()
+        if self.closed or now - self.printed < self.interval:
+            return
+        self.printed = now
+        elapsed = now - self.started
+        eta = clock_text((self.total - self.done) * elapsed / self.done) if self.done else "?"
+        self._print(f"progress {self.label} {self.done}/{self.total} requests{self._speed(elapsed)}, ETA {eta}")
+
+    def close(self) -> None:
+        """Print the final line (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        elapsed = self.clock() - self.started
+        took = f"{elapsed:.1f} s" if elapsed < 60 else clock_text(elapsed)
+        self._print(f"done {self.label} {self.done}/{self.total} requests in {took}{self._speed(elapsed)}")
+
+    def engine_bar(self) -> Callable[..., Any]:
+        """A callable to pass as ``vllm.LLM.generate(..., use_tqdm=...)``: vLLM calls it once per generate
+        call to render prompts (it gets them back, untouched and unreported) and once to count finished
+        requests (it gets an :class:`EngineBar` feeding this Progress)."""
+
+        def bar(iterable: Any = None, **tqdm_kwargs: Any) -> Any:
+            return iterable if iterable is not None else EngineBar(self)
+
+        return bar
+
+    def _speed(self, elapsed: float) -> str:
+        return f", {self.tokens / elapsed:,.0f} tok/s" if self.tokens and elapsed > 0 else ""
+
+    def _print(self, text: str) -> None:
+        self.stream.write(f"evalkit: {text}\n")
+        self.stream.flush()
+
+
+class EngineBar:
+    """The part of a tqdm bar vLLM 0.32's ``_run_engine`` uses: ``format_dict["elapsed"]``, ``postfix``,
+    ``update(n)``, ``n``, ``refresh()``, ``close()``. It prints nothing.
+
+    vLLM reports tokens only as speeds in the postfix ("est. speed input: X toks/s, output: Y toks/s", its
+    running totals divided by the elapsed time it read from ``format_dict``). The elapsed time handed out
+    is held until the next ``update``, so (X + Y) times it gives the running total back (to vLLM's two
+    decimals); each update passes on the growth of that total. Without a postfix, requests count alone.
+    """
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.started = progress.clock()
+        self.n = 0
+        self.postfix: Any = ""
+        self.elapsed: float | None = None  # as last read by vLLM, until the next update
+        self.tokens = 0
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        if self.elapsed is None:
+            self.elapsed = max(self.progress.clock() - self.started, 1e-6)  # vLLM divides by it
+        return {"elapsed": self.elapsed, "n": self.n}
+
+    def update(self, n: int = 1) -> None:
+        speeds = SPEEDS.search(str(self.postfix or ""))
+        total = self.tokens
+        if speeds and self.elapsed is not None:
+            total = max(total, round((float(speeds[1]) + float(speeds[2])) * self.elapsed))
+        self.n += n
+        self.progress.advance(n, total - self.tokens)
+        self.tokens, self.elapsed = total, None
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Terminal:
+    """What a person sees of a try's output: evalkit's own lines only. On a TTY each ``evalkit: progress``
+    line overwrites the one before ('\\r'); elsewhere (a file, a CI log) at most one progress line per label
+    every `every` seconds. Every other evalkit line (``evalkit: done ...``, errors) is shown in full."""
+
+    def __init__(self, stream: TextIO, *, tty: bool, every: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream, self.tty, self.every, self.clock = stream, tty, every, clock
+        self.shown: dict[str, float] = {}  # label -> when its last progress line was shown (not a TTY)
+        self.open = 0  # width of the progress line the cursor is on (TTY), 0 when none
+
+    def show(self, line: str) -> None:
+        if not line.startswith("evalkit:"):
+            return
+        text = line.rstrip("\r\n")
+        progress = PROGRESS_LINE.match(text)
+        if progress and self.tty:
+            self.stream.write("\r" + text.ljust(self.open))  # padded over a longer line before it
+            self.open = len(text)
+        elif progress:
+            now, last = self.clock(), self.shown.get(progress[1])
+            if last is not None and now - last < self.every:
+                return
+            self.shown[progress[1]] = now
+            self.stream.write(text + "\n")
+        else:
+            self.end()
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        """Move past a progress line the cursor is on, so the next line starts on a line of its own."""
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = 0

