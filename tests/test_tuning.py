@@ -18,7 +18,15 @@ def chosen(machine=SMALL_CPU, engine_kwargs=None, env=None, tp=1, kv=EMBEDDED_KV
 
 def test_cpu_gets_eager_all_cores_and_a_sized_kv_cache():
     assert chosen() == {"engine_kwargs.enforce_eager": True, "env.VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                        "env.VLLM_ENABLE_V1_MULTIPROCESSING": 0,
                         "engine_kwargs.kv_cache_memory_bytes": 32768 * EMBEDDED_KV}
+
+
+def test_the_engine_runs_in_process_only_with_one_rank():
+    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(tp=2)
+    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(engine_kwargs={"pipeline_parallel_size": 2})
+    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(engine_kwargs={"distributed_executor_backend": "mp"})
+    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
 
 
 def test_gpu_gets_nothing():
