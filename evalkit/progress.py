@@ -10,15 +10,20 @@ Tokens are prompt plus generated tokens as sent to the engine (a cached prompt p
 and the ETA are averages since the :class:`Progress` was made. :meth:`Progress.engine_bar` stands in for
 vLLM's tqdm bar, so vLLM prints no bar of its own and its finished requests reach :meth:`Progress.advance`.
 One Progress is used from one thread. :class:`Terminal` is the other end, in the supervisor: it shows
-these lines (and evalkit's other ``evalkit:`` lines) without flooding a terminal or a CI log.
+these lines (and evalkit's other ``evalkit:`` lines) without flooding a terminal or a CI log, and
+:class:`RunLog` keeps every line of a run (vLLM's log included) for its ``engine.log``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, TextIO
+
+from evalkit.config import ConfigError
 
 PROGRESS_LINE = re.compile(r"evalkit: progress (\S+) ")  # as Progress.advance prints it; group 1: the label
 # The speeds vLLM 0.32 writes into its bar's postfix (vllm/entrypoints/common/offline.py, _run_engine).
@@ -159,3 +164,79 @@ class Terminal:
             self.stream.write("\n")
             self.stream.flush()
             self.open = 0
+
+
+FAILING_LINES = 20  # of the log, shown when a run fails
+
+
+class RunLog:
+    """One run's log: every line of every try, a header line before each try (see the module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            folder.mkdir(exist_ok=True)
+            self.path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+            self.file: TextIO | None = open(self.path, "x", encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"cannot write the run's log into {folder} ({error.strerror}); "
+                              "free space or pass output_dir= a writable folder") from None
+        self.error: str | None = None  # why writing stopped part-way, if it did
+
+    def header(self, number: int, settings: dict[str, Any]) -> None:
+        self.write(f"=== try {number} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} with {settings} ===\n")
+
+    def write(self, line: str) -> None:
+        """Append a line, flushed (a run killed part-way keeps its log); a full disk stops the log, not the run."""
+        if self.file is None:
+            return
+        try:
+            self.file.write(line if line.endswith("\n") else line + "\n")
+            self.file.flush()
+        except OSError as error:
+            self.error = error.strerror or str(error)
+            self.close()
+        except ValueError:  # closed meanwhile, by a wait that gave up on its reader thread
+            pass
+
+    def close(self) -> None:
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+            self.file = None
+
+    def finish(self, status: str | None, run_dir: str | None = None) -> Path | None:
+        """Close the log and put it where the outcome wants it: into the run folder as engine.log (ok), left
+        in place (a failure: its path is returned), or removed (bad input, a stop, the supervisor stopped)."""
+        self.close()
+        kept: Path | None = self.path
+        if status is None or status in ("config", "stopped"):
+            self.path.unlink(missing_ok=True)
+            kept = None
+        elif status == "ok":
+            from evalkit.results import attach_log  # here: results imports pandas, slow for every start
+
+            try:
+                kept = attach_log(Path(run_dir), self.path)
+            except OSError as error:
+                print(f"evalkit: the log stays at {self.path}: it could not move into the run folder "
+                      f"({error.strerror or error})", file=sys.stderr)
+        if self.error and kept:
+            print(f"evalkit: the log {kept} stopped part-way ({self.error})", file=sys.stderr)
+        try:
+            self.path.parent.rmdir()  # .logs, when no failed run's log is left in it
+        except OSError:
+            pass
+        return kept
+
+
+def show_failure(cause: str | None, tail: list[str], log_path: Path | None) -> None:
+    """The lines that say why a try failed, on the terminal: the engine's error line, the log's last lines."""
+    if cause:
+        print(f"evalkit: engine error: {cause}", file=sys.stderr)
+    if tail:
+        print(f"evalkit: last {min(len(tail), FAILING_LINES)} lines of the log:", file=sys.stderr)
+        sys.stderr.write("".join("    " + line.rstrip("\n") + "\n" for line in tail[-FAILING_LINES:]))
+    if log_path:
+        print(f"evalkit: full log: {log_path}", file=sys.stderr)

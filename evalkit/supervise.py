@@ -32,12 +32,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
 from evalkit import preflight
 from evalkit.config import ConfigError, EvalConfig, OomRetry, memory_settings, validate
 from evalkit.lock import result_lock
-from evalkit.progress import Terminal
+from evalkit.progress import RunLog, Terminal, show_failure
 
 # Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
 # asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization
@@ -117,83 +117,6 @@ def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outc
             return outcome, attempts
         current = next_settings(current, outcome.memory_kind or "pressure", cfg.oom_retry)
     return outcome, attempts
-
-
-FAILING_LINES = 20  # of the log, shown when a run fails
-
-
-class RunLog:
-    """One run's log: every line of every try, a header line before each try (see the module docstring)."""
-
-    def __init__(self, folder: Path) -> None:
-        try:
-            folder.mkdir(exist_ok=True)
-            self.path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-            self.file: TextIO | None = open(self.path, "x", encoding="utf-8")
-        except OSError as error:
-            raise ConfigError(f"cannot write the run's log into {folder} ({error.strerror}); "
-                              "free space or pass output_dir= a writable folder") from None
-        self.error: str | None = None  # why writing stopped part-way, if it did
-
-    def header(self, number: int, settings: dict[str, Any]) -> None:
-        self.write(f"=== try {number} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} with {settings} ===\n")
-
-    def write(self, line: str) -> None:
-        """Append a line, flushed (a run killed part-way keeps its log); a full disk stops the log, not the run."""
-        if self.file is None:
-            return
-        try:
-            self.file.write(line if line.endswith("\n") else line + "\n")
-            self.file.flush()
-        except OSError as error:
-            self.error = error.strerror or str(error)
-            self.close()
-        except ValueError:  # closed meanwhile, by a wait that gave up on its reader thread
-            pass
-
-    def close(self) -> None:
-        if self.file is not None:
-            try:
-                self.file.close()
-            except OSError:
-                pass
-            self.file = None
-
-    def finish(self, outcome: "Outcome | None") -> Path | None:
-        """Close the log and put it where the outcome wants it: into the run folder as engine.log (ok), left
-        in place (a failure: its path is returned), or removed (bad input, a stop, the supervisor stopped)."""
-        self.close()
-        kept: Path | None = self.path
-        if outcome is None or outcome.status in ("config", "stopped"):
-            self.path.unlink(missing_ok=True)
-            kept = None
-        elif outcome.status == "ok":
-            from evalkit.results import attach_log  # here: results imports pandas, slow for every start
-
-            try:
-                kept = attach_log(Path(outcome.run_dir), self.path)
-            except OSError as error:
-                print(f"evalkit: the log stays at {self.path}: it could not move into the run folder "
-                      f"({error.strerror or error})", file=sys.stderr)
-        if self.error and kept:
-            print(f"evalkit: the log {kept} stopped part-way ({self.error})", file=sys.stderr)
-        try:
-            self.path.parent.rmdir()  # .logs, when no failed run's log is left in it
-        except OSError:
-            pass
-        return kept
-
-
-def show_failure(tail: list[str], log_path: Path | None) -> None:
-    """The lines that say why a try failed, on the terminal: the engine's error line, the log's last lines."""
-    cause = root_cause("".join(tail))
-    if cause:
-        print(f"evalkit: engine error: {cause}", file=sys.stderr)
-    if tail:
-        print(f"evalkit: last {min(len(tail), FAILING_LINES)} lines of the log:", file=sys.stderr)
-        sys.stderr.write("".join("    " + line.rstrip("\n") + "\n" for line in tail[-FAILING_LINES:]))
-    if log_path:
-        print(f"evalkit: full log: {log_path}", file=sys.stderr)
 
 
 class Attempt:
@@ -287,7 +210,8 @@ def supervise(cfg: EvalConfig) -> Path:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        log_path = log.finish(outcome)  # before the lock goes: an empty folder is removed with it
+        # before the lock goes: an empty folder is removed with it
+        log_path = log.finish(outcome.status if outcome else None, outcome.run_dir if outcome else None)
         lock.release()
     if outcome.status == "config":
         raise ConfigError(outcome.message)
@@ -295,7 +219,7 @@ def supervise(cfg: EvalConfig) -> Path:
         raise RunStopped(f"{outcome.message}; nothing was retried, finished answers are kept for a rerun",
                          outcome.signal or "SIGTERM")
     if outcome.status != "ok":
-        show_failure(list(current[-1].tail), log_path)
+        show_failure(root_cause("".join(current[-1].tail)), list(current[-1].tail), log_path)
         tries = "; ".join(f"{a['settings']}: {a['status']}" for a in attempts)
         raise RunFailed(f"{outcome.message} (tries: {tries})")
     if len(attempts) > 1:
