@@ -56,14 +56,14 @@ def start_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
     engine_kwargs, env = tuning.apply(choices, cfg.engine_kwargs)
     for choice in choices:
         print(choice.line(), file=sys.stderr, flush=True)
-    os.environ.update(env)  # vLLM reads these when it starts its processes
-    return VLLMEngine(
-        model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
-        gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
-        max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-        add_bos_token=cfg.add_bos_token, engine_kwargs=engine_kwargs, choices=choices,
-        fast_scoring=cfg.fast_scoring,
-    )
+    with tuning.environment(env):
+        return VLLMEngine(
+            model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+            gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
+            max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+            add_bos_token=cfg.add_bos_token, engine_kwargs=engine_kwargs, choices=choices,
+            fast_scoring=cfg.fast_scoring,
+        )
 
 
 def _limit(limit: float | None) -> int | float | None:

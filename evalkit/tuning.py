@@ -24,11 +24,12 @@ On GPUs evalkit chooses nothing: vLLM's defaults (a compiled engine, whose cache
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
 KV_MIN_TOKENS = 32768  # and never less than this many tokens: short prompts batch wide
@@ -126,6 +127,22 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
                                   f"KV cache for {tokens} tokens ({wanted / 2**30:.1f} GiB) instead of "
                                   f"{gpu_memory_utilization:g} of the RAM, which takes long to set up"))
     return choices
+
+
+@contextlib.contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """env set while the engine starts (vLLM reads it then, and its processes inherit it), then put back, so
+    that processes this one starts later (a run's subprocess in a test, another engine) choose for themselves."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def apply(choices: list[Choice], engine_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -70,3 +70,15 @@ def test_apply_splits_engine_arguments_from_environment():
     kwargs, env = apply([Choice("engine_kwargs.enforce_eager", True, ""), Choice("env.X", 3, "")], {"seed": 1})
     assert kwargs == {"seed": 1, "enforce_eager": True} and env == {"X": "3"}
     assert Choice("env.X", "0-1", "why").line() == "evalkit: chose env.X=0-1 (why)"
+
+
+def test_the_environment_is_set_while_the_engine_starts_then_put_back(monkeypatch):
+    from evalkit.tuning import environment
+
+    monkeypatch.setenv("EVALKIT_TEST_KEPT", "mine")
+    monkeypatch.delenv("EVALKIT_TEST_NEW", raising=False)
+    with environment({"EVALKIT_TEST_KEPT": "chosen", "EVALKIT_TEST_NEW": "0"}):
+        import os
+
+        assert os.environ["EVALKIT_TEST_KEPT"] == "chosen" and os.environ["EVALKIT_TEST_NEW"] == "0"
+    assert os.environ["EVALKIT_TEST_KEPT"] == "mine" and "EVALKIT_TEST_NEW" not in os.environ
