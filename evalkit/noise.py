@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def shared(cfg, model_dir):
         if not engines:
-            engines.append(start_vllm(cfg, model_dir))
+            engines.append(start_vllm(cfg, model_dir, sole_engine=True))  # the only engine of this process
         return Lent(engines[0])
 
     try:

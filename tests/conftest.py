@@ -30,7 +30,6 @@ def engine(embedded_model_dir):
 
     cfg = compose_config(["gpu_memory_utilization=0.25", EAGER])
     real = start_vllm(cfg, embedded_model_dir)
-    real.progress = False
     yield real
     real.close()
 

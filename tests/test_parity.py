@@ -83,12 +83,23 @@ def lm_eval_vllm(engine, model_dir, recorder):
                            max_gen_toks=MAX_TOKENS, seed=1234)
 
 
+def config(model_dir, out, overrides):
+    return compose_config([f"vllm_path={model_dir}", f"output_dir={out}", f"limit={LIMIT}",
+                           f"max_tokens={MAX_TOKENS}", f"tasks_dirs=[{PARITY_TASKS}]", *overrides])
+
+
+def samples_of(run_dir, tasks) -> dict:
+    return {task: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, task)} for task in tasks}
+
+
 def both_sides(engine, model_dir, out, overrides):
-    """(evalkit's samples, lm-eval's samples, evalkit's requests, lm-eval's requests, evalkit's run folder)."""
+    """(evalkit's samples, lm-eval's samples, evalkit's requests, lm-eval's requests, evalkit's run folder).
+
+    evalkit scores the plain way here (fast_scoring=false), so that it sends vLLM the very requests lm-eval's
+    backend sends; the default, fast scoring, is compared by outputs and scores ("fast")."""
     from lm_eval import simple_evaluate
 
-    cfg = compose_config([f"vllm_path={model_dir}", f"output_dir={out}", f"limit={LIMIT}",
-                          f"max_tokens={MAX_TOKENS}", f"tasks_dirs=[{PARITY_TASKS}]", *overrides])
+    cfg = config(model_dir, out, [*overrides, "fast_scoring=false"])
     recorder = Recorder(engine.llm)
     engine.llm = recorder
     try:
@@ -104,9 +115,8 @@ def both_sides(engine, model_dir, out, overrides):
         theirs_sent = recorder.take()
     finally:
         engine.llm = recorder.llm
-    ours = {task: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, task)} for task in cfg.tasks}
     theirs = {task: {(s["doc_id"], s["filter"]): s for s in samples} for task, samples in theirs["samples"].items()}
-    return ours, theirs, ours_sent, theirs_sent, run_dir
+    return samples_of(run_dir, cfg.tasks), theirs, ours_sent, theirs_sent, run_dir
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +144,12 @@ def sides(engine, embedded_model_dir, bos_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("result")
     found = {"shipped": both_sides(engine, embedded_model_dir, out / "shipped", [f"tasks=[{','.join(PLAIN)}]"]),
              "chat": both_sides(engine, embedded_model_dir, out / "chat", ["tasks=[parity_chat]", *CHAT])}
+    fast = evaluate(config(embedded_model_dir, out / "fast", [f"tasks=[{','.join(PLAIN)}]"]),
+                    engine_factory=lambda c, d: Lent(engine))  # evalkit's defaults: fast scoring
+    found["fast"] = (samples_of(fast, PLAIN), *found["shipped"][1:4], fast)
     cfg = compose_config([f"vllm_path={bos_model_dir}", "gpu_memory_utilization=0.2",
                           "+engine_kwargs.enforce_eager=true"])
     bos_engine = start_vllm(cfg, bos_model_dir)
-    bos_engine.progress = False
     try:
         found["bos"] = both_sides(bos_engine, bos_model_dir, out / "bos", [f"tasks=[{','.join(PLAIN)}]"])
     finally:
@@ -163,13 +175,13 @@ def test_bos_is_added_exactly_where_the_tokenizer_adds_it(sides):
     assert all(ids[0] == BOS and ids[1] != BOS for ids in chat)  # the template's own <|im_start|>, not a second one
 
 
-@pytest.mark.parametrize("setting", ["shipped", "bos", "chat"])
+@pytest.mark.parametrize("setting", ["shipped", "bos", "chat", "fast"])
 def test_the_same_outputs_and_scores(sides, setting):
     ours, theirs, _, _, _ = sides[setting]
     diffs = []
     for task in ours:
         if task == "parity_sampling":
-            continue  # sampled: compared by what was sent, above
+            continue  # sampled: compared by what was sent, above (and draws depend on the engine's history)
         assert set(ours[task]) == set(theirs[task])
         for key, mine in ours[task].items():
             ref = theirs[task][key]
@@ -225,7 +237,7 @@ GEN_AGREEMENT = 0.9
 def hf_both(sides, embedded_model_dir):
     from lm_eval import simple_evaluate
 
-    ours = sides["shipped"][0]
+    ours = sides["fast"][0]  # evalkit's defaults
     tasks_wanted = ["evalkit_arith", "evalkit_facts"]
     seed_as_lm_eval(compose_config([]).task_seeds)
     manager, tasks = load_tasks(tasks_wanted, task_data={}, extra_dirs=[])

@@ -10,9 +10,9 @@ GPU_NODE = Machine(device="cuda", cores=tuple(range(64)), ram_bytes=512 * GIB)
 EMBEDDED_KV = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: 30 layers, 3 KV heads of 64
 
 
-def chosen(machine=SMALL_CPU, engine_kwargs=None, env=None, tp=1, kv=EMBEDDED_KV, max_model_len=4096):
+def chosen(machine=SMALL_CPU, engine_kwargs=None, env=None, tp=1, kv=EMBEDDED_KV, max_model_len=4096, sole=True):
     choices = choose(machine=machine, engine_kwargs=engine_kwargs or {}, env=env or {}, max_model_len=max_model_len,
-                     tensor_parallel_size=tp, gpu_memory_utilization=0.9, kv_token_bytes=kv)
+                     tensor_parallel_size=tp, gpu_memory_utilization=0.9, kv_token_bytes=kv, sole_engine=sole)
     return {c.setting: c.value for c in choices}
 
 
@@ -22,7 +22,8 @@ def test_cpu_gets_eager_all_cores_and_a_sized_kv_cache():
                         "engine_kwargs.kv_cache_memory_bytes": 32768 * EMBEDDED_KV}
 
 
-def test_the_engine_runs_in_process_only_with_one_rank():
+def test_the_engine_runs_in_process_only_with_one_rank_as_the_sole_engine_of_its_process():
+    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(sole=False)
     assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(tp=2)
     assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(engine_kwargs={"pipeline_parallel_size": 2})
     assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(engine_kwargs={"distributed_executor_backend": "mp"})
