@@ -75,7 +75,10 @@ class Engine(Protocol):
 
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]: ...
 
-    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None) -> list[Scored]: ...
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+              fast: bool = True) -> list[Scored]:
+        """Log-probabilities of each request's continuation; fast lets the engine take its cheaper paths (the
+        same numbers, within its own batch-to-batch noise), or not (``fast_scoring=false``)."""
 
     def describe(self) -> dict[str, Any]:
         """Engine arguments actually used and library versions, for the results file."""

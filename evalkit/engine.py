@@ -99,7 +99,6 @@ class VLLMEngine:
         add_bos_token: bool | None,
         engine_kwargs: dict[str, Any],
         choices: Sequence[Any] = (),
-        fast_scoring: bool = True,
     ) -> None:
         from vllm import LLM
 
@@ -118,7 +117,6 @@ class VLLMEngine:
         self.args.update(engine_kwargs)
         self.max_model_len = max_model_len
         self.choices = list(choices)  # what evalkit.tuning filled in, for the record
-        self.fast_scoring = fast_scoring
         # what the scoring paths did: single_token (scored from one context request), contexts (those requests),
         # prompt_logprobs (scored from their own prompt), cache_hits (of those, read a cached prefix), resubmitted
         self.scoring: Counter[str] = Counter()
@@ -168,7 +166,7 @@ class VLLMEngine:
             for o in outputs
         ]
 
-    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *, fast: bool = True,
               single_token: bool | None = None, reuse_prefix: bool | None = None) -> list[Scored]:
         """Log-probabilities of ids[start:] given ids[:start], from the model's raw logits (no sampling).
 
@@ -181,14 +179,15 @@ class VLLMEngine:
           question (kept adjacent, as lm-eval orders them) prefill their common context once. Positions
           read from the cache have no log-probabilities: a result is kept only when the cache stopped
           before the continuation (``num_cached_tokens``), and resubmitted without the cache otherwise.
-        * **plain**: prompt log-probabilities of the whole sequence, no cache (``fast_scoring=false``).
+        * **plain**: prompt log-probabilities of the whole sequence, no cache (``fast=False``).
+
+        single_token and reuse_prefix choose the first two paths one by one (for tests); by default both follow fast.
 
         is_greedy as lm-eval's vllm backend reads it: each scored token must have the highest log-probability
         at its position, a tie counting as greedy (the token comes first in vLLM's logprob dict there).
         """
         if not requests:
             return []
-        fast = self.fast_scoring
         single_token = fast if single_token is None else single_token
         reuse_prefix = fast if reuse_prefix is None else reuse_prefix
         single = [i for i, r in enumerate(requests) if single_token and len(r.ids) - r.start == 1 and r.start >= 1]
@@ -249,7 +248,7 @@ class VLLMEngine:
 
     def describe(self) -> dict[str, Any]:
         return {"engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
-                "fast_scoring": self.fast_scoring, "versions": library_versions(), "hardware": hardware()}
+                "versions": library_versions(), "hardware": hardware()}
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

@@ -82,6 +82,7 @@ class EvalkitLM(TemplateLM):
         strip_thinking: bool = False,
         thinking_end: str = "</think>",
         order_seed: int | None = None,
+        fast_scoring: bool = True,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -95,6 +96,7 @@ class EvalkitLM(TemplateLM):
         self.strip_thinking = strip_thinking
         self.thinking_end = thinking_end
         self.order_seed = order_seed
+        self.fast_scoring = fast_scoring  # passed to every engine.score call
         # (task, doc_id) -> records of that document's requests, in request order
         self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
         self._pending: list[Any] = []
@@ -150,6 +152,9 @@ class EvalkitLM(TemplateLM):
             result[position] = answer
         return result
 
+    def _score(self, requests: list[ScoreRequest], progress: Progress) -> list:
+        return self.engine.score(requests, progress, fast=self.fast_scoring)
+
     def _record(self, instance: Any, record: RequestRecord) -> None:
         self.records[(instance.task_name, instance.doc_id)].append(record)
 
@@ -172,7 +177,7 @@ class EvalkitLM(TemplateLM):
                 self._record(self._pending[i], RequestRecord(
                     kind="loglikelihood", prompt_tokens=len(ids), truncated_tokens=drop,
                     extra={"continuation_tokens": len(continuation_enc)}))
-        return [(s.logprob, s.is_greedy) for s in self._submit(self.engine.score, scores, "loglikelihood")]
+        return [(s.logprob, s.is_greedy) for s in self._submit(self._score, scores, "loglikelihood")]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Perplexity-style scoring: the whole text (with the tokenizer's default special tokens, so a BOS
@@ -191,7 +196,7 @@ class EvalkitLM(TemplateLM):
             self._record(instance, RequestRecord(kind="loglikelihood_rolling", prompt_tokens=len(tokens),
                                                  extra={"windows": owners.count(n)}))
         totals = [0.0] * len(requests)
-        for n, scored in zip(owners, self._submit(self.engine.score, windows, "loglikelihood_rolling")):
+        for n, scored in zip(owners, self._submit(self._score, windows, "loglikelihood_rolling")):
             totals[n] += scored.logprob
         return totals
 

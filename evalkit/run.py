@@ -64,7 +64,6 @@ def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) ->
             gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
             max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
             add_bos_token=cfg.add_bos_token, engine_kwargs=engine_kwargs, choices=choices,
-            fast_scoring=cfg.fast_scoring,
         )
 
 
@@ -170,7 +169,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_sole_vllm
                        add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
                        sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
                        strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
-                       order_seed=cfg.order_seed)
+                       order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring)
         outcome = score_with_lm_eval(cfg, lm, manager, tasks)
         watch.lap("evaluate")
     finally:

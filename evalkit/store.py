@@ -13,6 +13,7 @@ exact request and records the settings of the try that computed it. Settings tha
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -180,8 +181,9 @@ class ResumableEngine:
         return self._run(requests, self._engine.generate,
                          lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}), progress)
 
-    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None) -> list[Scored]:
-        return self._run(requests, self._engine.score, lambda a: Scored(**a), progress)
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+              fast: bool = True) -> list[Scored]:
+        return self._run(requests, functools.partial(self._engine.score, fast=fast), lambda a: Scored(**a), progress)
 
     def close(self) -> None:
         self._engine.close()

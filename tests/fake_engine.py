@@ -64,7 +64,7 @@ class FakeEngine:
                                   token_ids=tuple(self.encode(text))))
         return out
 
-    def score(self, requests: Sequence[ScoreRequest], progress=None) -> list[Scored]:
+    def score(self, requests: Sequence[ScoreRequest], progress=None, *, fast: bool = True) -> list[Scored]:
         """Log-probability -0.1 per scored token, -0.05 for vowels: short, vowel-rich answers win."""
         self.scored.extend(requests)
         out = []

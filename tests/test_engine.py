@@ -54,7 +54,7 @@ def test_python_m_evalkit_end_to_end(tmp_path):
     # every automatic choice and fast scoring off (eager kept: a compiled start takes minutes here)
     _, plain_dir = cli_run(tmp_path / "plain", "tune=false", "fast_scoring=false", EAGER, "gpu_memory_utilization=0.3")
     plain_ek = json.loads((plain_dir / "results.json").read_text())["evalkit"]
-    assert plain_ek["engine"]["choices"] == [] and not plain_ek["engine"]["fast_scoring"]
+    assert plain_ek["engine"]["choices"] == [] and not plain_ek["config"]["fast_scoring"]
     assert [s["resps"] for s in read_samples(plain_dir, "evalkit_arith")] == [s["resps"] for s in samples]
     tuned, plain = read_samples(run_dir, "evalkit_facts"), read_samples(plain_dir, "evalkit_facts")
     pairs = [(a[0], b[0]) for x, y in zip(tuned, plain) for a, b in zip(x["resps"], y["resps"])]
@@ -147,7 +147,7 @@ def test_fast_scoring_paths_give_the_plain_numbers(engine):
     engine.scoring.clear()
     cached = engine.score(requests, single_token=False, reuse_prefix=True)
     assert engine.scoring["cache_hits"] > 0, engine.scoring
-    both = engine.score(requests)  # the default: fast_scoring
+    both = engine.score(requests)  # the default: fast
     for result in (single, cached, both):
         assert [s.is_greedy for s in result] == [s.is_greedy for s in plain]
         assert drift(result, plain) <= noise, (drift(result, plain), noise)
