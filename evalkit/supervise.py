@@ -206,7 +206,7 @@ def supervise(cfg: EvalConfig) -> Path:
     outcome: Outcome | None = None
     try:
         terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
-        outcome, attempts = run_with_retries(cfg, attempt_in_process(log, terminal, current))
+        outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -228,7 +228,7 @@ def supervise(cfg: EvalConfig) -> Path:
     return Path(outcome.run_dir)
 
 
-def attempt_in_process(log: RunLog, terminal: Terminal,
+def attempt_in_fresh_process(log: RunLog, terminal: Terminal,
                        current: list[Attempt]) -> Callable[[EvalConfig, list], Outcome]:
     """The attempt function for run_with_retries: each try in a fresh process, its output to the log and
     the terminal, the try under way in current (for the signal handler)."""
