@@ -7,8 +7,8 @@ share one answer when greedy and keep one each when sampled (:meth:`ResumableEng
 is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
 change outputs, the library versions and evalkit's own answer code; each line is keyed by a hash of the
 exact request and records the settings of the try that computed it. Settings that only change scheduling or memory
-(``gpu_memory_utilization``, ``batch_size``/``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``,
-``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
+(``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
+``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
 
 SCHEDULING_ONLY = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-                   "swap_space", "cpu_offload_gb", "disable_log_stats"}
+                   "swap_space", "cpu_offload_gb", "disable_log_stats", "kv_cache_memory_bytes"}
 SMALL_FILE = 16 << 20  # model files up to this size are hashed by content; larger ones by size and mtime
 
 
