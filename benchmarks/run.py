@@ -2,7 +2,7 @@
 
 Same model (the embedded SmolLM2-135M, float32, max_model_len 4096), same tasks, same documents:
 
-* **evalkit**: ``evalkit.run.evaluate`` in process, one run per task on one engine (eager), its engine
+* **evalkit**: ``evalkit.run.evaluate.evaluate`` in process, one run per task on one engine (eager), its engine
   wrapped by a recorder that keeps every request list and times every call;
 * **raw vLLM floor**: those recorded requests sent by ``llm.generate`` to the same ``vllm.LLM``: generation
   requests with their SamplingParams, scoring requests the naive way (full prompts, ``prompt_logprobs=1``);
@@ -75,7 +75,7 @@ def kind_seconds(timings: dict[str, Any], kind: str) -> float | None:
 def evalkit_result(run_dir: Path, task: str, recorder: RecordingEngine) -> tuple[TaskResult, list[Any], list[Any]]:
     """evalkit's answers and seconds for one task's run, and the requests its engine was sent (all one kind)
     with the engine's replies."""
-    from evalkit.results import read_samples
+    from evalkit.run.results import read_samples
 
     results = json.loads((run_dir / "results.json").read_text())
     lls, gens = answers(read_samples(run_dir, task))
@@ -92,7 +92,7 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
                  out: Path) -> tuple[dict[str, dict[str, TaskResult]], dict[str, Any]]:
     """evalkit and the raw floor on one engine: per task {"evalkit": ..., "floor": ...}, and run facts."""
     from evalkit.config import compose_config
-    from evalkit.run import Lent, evaluate, start_vllm
+    from evalkit.run.evaluate import Lent, evaluate, start_vllm
 
     base = [f"vllm_path={model_dir}", f"output_dir={out}", *IN_PROCESS, *overrides,
             *([f"limit={limit}"] if limit else [])]
@@ -138,8 +138,8 @@ def lm_eval_side(name: str, model: Any, tasks: list[str], limit: int | None,
     from _lm_eval_side import evaluate_task
 
     from evalkit.config import compose_config
-    from evalkit.run import seed_as_lm_eval
-    from evalkit.tasks import load_tasks
+    from evalkit.run.evaluate import seed_as_lm_eval
+    from evalkit.harness.tasks import load_tasks
 
     wall = 0.0
     for task in tasks:
@@ -178,8 +178,8 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-    from evalkit.engine import library_versions
-    from evalkit.preflight import resolve_model_path
+    from evalkit.engine.vllm_engine import library_versions
+    from evalkit.engine.preflight import resolve_model_path
 
     tasks = [t for t in args.tasks.split(",") if t]
     model_dir = resolve_model_path(EMBEDDED)

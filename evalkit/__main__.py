@@ -20,7 +20,7 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def run_one(cfg: DictConfig) -> None:
-    from evalkit.supervise import RunFailed, RunStopped, supervise
+    from evalkit.run.supervise import RunFailed, RunStopped, supervise
 
     try:
         run_dir = supervise(OmegaConf.to_object(cfg))

@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class OomRetry:
-    """Automatic back-off when the engine runs out of memory (evalkit/supervise.py), one fresh process per try."""
+    """Automatic back-off when the engine runs out of memory (evalkit/run/supervise.py), one fresh process per try."""
 
     enabled: bool = True
     utilization_step: float = 0.1  # lower gpu_memory_utilization by this much per try...
@@ -70,7 +70,7 @@ class EvalConfig:
     batch_size: Optional[int] = None  # most sequences the engine runs at once (vLLM max_num_seqs); null: vLLM's default
     seed: int = 1234  # the engine's seed (sampling); lm-eval's own seeds are task_seeds and never follow it
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
-    tune: bool = True  # fill in engine settings the user left open for this machine (evalkit/tuning.py), printed
+    tune: bool = True  # fill in engine settings the user left open for this machine (evalkit/engine/tuning.py), printed
     fast_scoring: bool = True  # log-likelihoods through the prefix cache and one request per context (engine.py)
 
     # --- generation ---
@@ -96,7 +96,7 @@ class EvalConfig:
     # --- output ---
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
     log_samples: bool = True
-    resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/store.py)
+    resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/engine/store.py)
     chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
     oom_retry: OomRetry = field(default_factory=OomRetry)
 

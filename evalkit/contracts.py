@@ -49,7 +49,7 @@ class Scored:
 
 
 class Progress(Protocol):
-    """Where an engine reports finished requests (evalkit/progress.py prints them as one line per kind)."""
+    """Where an engine reports finished requests (evalkit/run/progress.py prints them as one line per kind)."""
 
     def advance(self, requests: int = 1, tokens: int = 0) -> None: ...
 

@@ -1,8 +1,8 @@
-"""The length budget (evalkit/budget.py). Run: pytest tests/test_budget.py"""
+"""The length budget (evalkit/harness/budget.py). Run: pytest tests/test_budget.py"""
 
 import pytest
 
-from evalkit.budget import PromptTooLong, plan_generation, plan_score
+from evalkit.harness.budget import PromptTooLong, plan_generation, plan_score
 
 
 def plan(prompt, requested, max_len=4096, min_gen=1, overflow="fail"):

@@ -80,7 +80,7 @@ def test_a_damaged_model_config_and_an_unwritable_output_folder_are_named(tmp_pa
 
 WRITE_UNDER_A_FULL_DISK = """
 import resource, signal, sys
-from evalkit import results
+from evalkit.run import results
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 sample = {"doc_id": 0, "doc": {"text": "x" * 20000}, "arguments": [["q", " a"]], "resps": [], "filtered_resps": [],

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from evalkit import compare
+from evalkit.compare import paired as compare
 from evalkit.config import EvalConfig
-from evalkit.run import evaluate
+from evalkit.run.evaluate import evaluate
 from tests.fake_engine import FakeEngine
 
 
@@ -121,11 +121,11 @@ def test_not_a_run(tmp_path):
 
 
 def test_noise_command_rejects_bad_input_in_one_line(capsys):
-    from evalkit import noise
+    from evalkit.compare import noise
 
     assert noise.main(["max_tokenz=3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("evalkit.noise: error: unknown config key 'max_tokenz' (did you mean max_tokens")
+    assert err.startswith("evalkit.compare.noise: error: unknown config key 'max_tokenz' (did you mean max_tokens")
     assert err.count("\n") == 1
 
 

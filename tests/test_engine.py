@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from evalkit.budget import PromptTooLong
+from evalkit.harness.budget import PromptTooLong
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.harness import EvalkitLM
-from evalkit.results import read_samples
+from evalkit.harness.lm import EvalkitLM
+from evalkit.run.results import read_samples
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine

@@ -1,11 +1,11 @@
-"""The lm-eval adapter (evalkit/harness.py) on the deterministic fake engine. Run: pytest tests/test_harness.py"""
+"""The lm-eval adapter (evalkit/harness/lm.py) on the deterministic fake engine. Run: pytest tests/test_harness.py"""
 
 from types import SimpleNamespace
 
 import pytest
 
-from evalkit.budget import PromptTooLong
-from evalkit.harness import EvalkitLM, strip_thinking
+from evalkit.harness.budget import PromptTooLong
+from evalkit.harness.lm import EvalkitLM, strip_thinking
 from tests.fake_engine import BOS, FakeEngine
 
 

@@ -1,4 +1,4 @@
-"""One run per result folder (evalkit/lock.py): the lock lives with the results. Run: pytest tests/test_lock.py"""
+"""One run per result folder (evalkit/run/lock.py): the lock lives with the results. Run: pytest tests/test_lock.py"""
 
 import json
 import os
@@ -11,9 +11,9 @@ import time
 import pytest
 
 from evalkit.config import ConfigError
-from evalkit.lock import LOCK_NAME, ResultLock
+from evalkit.run.lock import LOCK_NAME, ResultLock
 
-HOLD = ("import sys, time; from evalkit.lock import ResultLock; ResultLock(sys.argv[1]).acquire(); "
+HOLD = ("import sys, time; from evalkit.run.lock import ResultLock; ResultLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); time.sleep(600)")
 
 

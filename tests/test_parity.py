@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.results import read_samples
-from evalkit.run import Lent, evaluate, seed_as_lm_eval
-from evalkit.tasks import load_tasks
+from evalkit.run.results import read_samples
+from evalkit.run.evaluate import Lent, evaluate, seed_as_lm_eval
+from evalkit.harness.tasks import load_tasks
 
 pytestmark = pytest.mark.engine
 
@@ -139,7 +139,7 @@ def bos_model_dir(embedded_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sides(engine, embedded_model_dir, bos_model_dir, tmp_path_factory):
-    from evalkit.run import start_vllm
+    from evalkit.run.evaluate import start_vllm
 
     out = tmp_path_factory.mktemp("result")
     found = {"shipped": both_sides(engine, embedded_model_dir, out / "shipped", [f"tasks=[{','.join(PLAIN)}]"]),

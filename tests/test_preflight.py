@@ -1,12 +1,12 @@
-"""Checks before the engine starts (evalkit/preflight.py, evalkit/tasks.py). Run: pytest tests/test_preflight.py"""
+"""Checks before the engine starts (evalkit/engine/preflight.py, evalkit/harness/tasks.py). Run: pytest tests/test_preflight.py"""
 
 import json
 
 import pytest
 
 from evalkit.config import ConfigError, EvalConfig
-from evalkit.preflight import check_devices, check_model, model_context_length, resolve_model_path
-from evalkit.tasks import load_tasks
+from evalkit.engine.preflight import check_devices, check_model, model_context_length, resolve_model_path
+from evalkit.harness.tasks import load_tasks
 
 
 def model_dir(tmp_path, **config):

@@ -1,4 +1,4 @@
-"""Progress lines (evalkit/progress.py) with a fake clock; its stand-in for vLLM's tqdm bar driven the way
+"""Progress lines (evalkit/run/progress.py) with a fake clock; its stand-in for vLLM's tqdm bar driven the way
 vLLM 0.32 drives it (vllm/entrypoints/common/offline.py), plus a check that vLLM still drives it that way;
 the supervisor's Terminal, which shows those lines on a TTY and elsewhere.
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from evalkit.progress import EngineBar, Progress, Terminal, clock_text
+from evalkit.run.progress import EngineBar, Progress, Terminal, clock_text
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""A whole run on the fake engine through lm-eval, and the files it writes (evalkit/run.py, evalkit/results.py).
+"""A whole run on the fake engine through lm-eval, and the files it writes (evalkit/run/evaluate.py, evalkit/run/results.py).
 
 The fake engine answers arithmetic correctly, so the scores are known. Run: pytest tests/test_results.py
 """
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from evalkit import results
+from evalkit.run import results
 from evalkit.config import EvalConfig
-from evalkit.results import read_samples
-from evalkit.run import evaluate
+from evalkit.run.results import read_samples
+from evalkit.run.evaluate import evaluate
 from tests.fake_engine import FakeEngine
 
 

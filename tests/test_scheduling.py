@@ -1,7 +1,7 @@
 """Settings left out of the resume fingerprint change scheduling and memory only, never answers: evidence on
-the real CPU engine (evalkit/store.py, SCHEDULING_ONLY; README "Runs that survive").
+the real CPU engine (evalkit/engine/store.py, SCHEDULING_ONLY; README "Runs that survive").
 
-A second engine with a smaller KV cache (gpu_memory_utilization, and kv_cache_memory_bytes, which evalkit.tuning
+A second engine with a smaller KV cache (gpu_memory_utilization, and kv_cache_memory_bytes, which evalkit.engine.tuning
 otherwise sizes alike for both), at most 4 sequences at once (max_num_seqs)
 and compiled (enforce_eager=false, as vLLM starts by default) answers the same documents as the session's
 (eager, vLLM's default max_num_seqs): identical generations, chosen answers and scores; log-likelihoods within
@@ -12,8 +12,8 @@ Run: pytest -m engine -s tests/test_scheduling.py
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.results import read_samples
-from evalkit.run import Lent, evaluate, start_vllm
+from evalkit.run.results import read_samples
+from evalkit.run.evaluate import Lent, evaluate, start_vllm
 
 pytestmark = pytest.mark.engine
 LIMIT = 20

@@ -1,11 +1,11 @@
-"""Paired statistics against published and hand-computed answers (evalkit/stats.py). Run: pytest tests/test_stats.py"""
+"""Paired statistics against published and hand-computed answers (evalkit/compare/stats.py). Run: pytest tests/test_stats.py"""
 
 import math
 
 import numpy as np
 import pytest
 
-from evalkit.stats import (Interval, compare_paired, documents_needed, is_binary, mcnemar_exact, orient,
+from evalkit.compare.stats import (Interval, compare_paired, documents_needed, is_binary, mcnemar_exact, orient,
                            paired_bootstrap, paired_bootstrap_aggregate, resamples, tango_interval, verdict, z_value)
 
 Z2 = z_value(0.95) ** 2

@@ -1,4 +1,4 @@
-"""Crash-safe resume (evalkit/store.py) on the deterministic fake engine. Run: pytest tests/test_store.py"""
+"""Crash-safe resume (evalkit/engine/store.py) on the deterministic fake engine. Run: pytest tests/test_store.py"""
 
 import json
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.results import read_samples
-from evalkit.store import RequestStore, ResumableEngine, fingerprint
+from evalkit.run.results import read_samples
+from evalkit.engine.store import RequestStore, ResumableEngine, fingerprint
 from tests.fake_engine import FakeEngine
 from tests.test_compare import fake_run
 
@@ -118,9 +118,9 @@ def test_provenance_hashes_match_for_like_for_like_runs(tmp_path):
 
 
 def test_the_fingerprint_follows_evalkits_own_answer_code_and_a_hub_models_commit(tmp_path, monkeypatch):
-    from evalkit import store
+    from evalkit.engine import store
 
-    assert store.code_signature()["harness.py"] == store.file_sha256(Path(store.__file__).parent / "harness.py")
+    assert store.code_signature()["harness/lm.py"] == store.file_sha256(Path(store.__file__).parent.parent / "harness" / "lm.py")
     (tmp_path / "config.json").write_text("{}")
     module = tmp_path / "answers.py"  # stands for one of evalkit's modules, changed by an upgrade
     module.write_text("def read(): return 1\n")

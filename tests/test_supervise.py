@@ -1,4 +1,4 @@
-"""OOM back-off policy, failure classification and the run lock (evalkit/supervise.py), with fault injection;
+"""OOM back-off policy, failure classification and the run lock (evalkit/run/supervise.py), with fault injection;
 where a try's output goes (the run's log, the terminal), with stand-in tries in child processes.
 
 Run: pytest tests/test_supervise.py
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from evalkit.config import ConfigError, EvalConfig, OomRetry
-from evalkit.results import attach_log
-from evalkit.supervise import Outcome, RunFailed, RunStopped, classify, next_settings, root_cause, run_with_retries, supervise
+from evalkit.run.results import attach_log
+from evalkit.run.supervise import Outcome, RunFailed, RunStopped, classify, next_settings, root_cause, run_with_retries, supervise
 
 VLLM_ERRORS = {
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": "pressure",
@@ -128,7 +128,7 @@ def test_root_cause_is_read_off_the_engine_log():
 
 
 # --- the try's output: every line to the run's log, evalkit's own lines to the terminal ---
-# The supervisor starts `sys.executable -m evalkit.attempt SPEC OUTCOME FD`; here sys.executable is a stand-in
+# The supervisor starts `sys.executable -m evalkit.run.attempt SPEC OUTCOME FD`; here sys.executable is a stand-in
 # that runs FAKE_TRY instead: vLLM-like lines, evalkit's progress lines, then each try's planned ending.
 FAKE_TRY = r'''
 import json, os, sys
@@ -161,7 +161,7 @@ open(outcome_file, "w").write(json.dumps(outcome))
 @pytest.fixture
 def fake_tries(tmp_path, monkeypatch):
     """fake_tries("oom", "ok") makes the next supervise() see those tries; returns the config to run."""
-    from evalkit import supervise as module
+    from evalkit.run import supervise as module
 
     for check in ("check_devices", "check_model"):
         monkeypatch.setattr(module.preflight, check, lambda *args: None)

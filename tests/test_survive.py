@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.results import read_samples
-from evalkit.run import Lent, evaluate
+from evalkit.run.results import read_samples
+from evalkit.run.evaluate import Lent, evaluate
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine
@@ -46,7 +46,7 @@ def attempt_session(supervisor: subprocess.Popen, timeout: float = 120) -> int:
     deadline = time.time() + timeout
     while time.time() < deadline:
         for child in psutil.Process(supervisor.pid).children():
-            if "evalkit.attempt" in " ".join(child.cmdline()):
+            if "evalkit.run.attempt" in " ".join(child.cmdline()):
                 return child.pid
         time.sleep(0.1)
     raise AssertionError("the try never started")

@@ -1,5 +1,5 @@
-"""Tasks are built after lm-eval's own seeds are set (evalkit/run.py, tasks.py); task indexes hold only what the
-requested names need (evalkit/task_index.py). Run: pytest tests/test_tasks.py (walks lm-eval's full index once, ~20 s)"""
+"""Tasks are built after lm-eval's own seeds are set (evalkit/run/evaluate.py, tasks.py); task indexes hold only what the
+requested names need (evalkit/harness/task_index.py). Run: pytest tests/test_tasks.py (walks lm-eval's full index once, ~20 s)"""
 
 import json
 import logging
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from evalkit import task_index, tasks
+from evalkit.harness import task_index
+from evalkit.harness import tasks
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds
-from evalkit.results import read_samples
+from evalkit.run.results import read_samples
 from tests.test_compare import fake_run
 from tests.fake_engine import FakeEngine
 
@@ -31,7 +32,7 @@ def test_a_task_that_shuffles_its_documents_gets_the_same_order_whatever_the_eng
 
 def test_tasks_are_built_after_lm_evals_seeds_are_set(tmp_path):
     """process_docs runs when a task is built (before the engine starts), as in simple_evaluate: seeded."""
-    from evalkit.run import Stopwatch, prepare
+    from evalkit.run.evaluate import Stopwatch, prepare
 
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 4096}')
     cfg = EvalConfig(model_name="fake", vllm_path=str(tmp_path), tasks=["shuffled_facts"], tasks_dirs=[SHUFFLED])
@@ -193,6 +194,6 @@ def test_a_small_index_that_differs_falls_back_to_the_full_one(tmp_path, monkeyp
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path))
     task_index.save_builtin_map({**records, "gsm8k": {**records["gsm8k"], "folders": ["arc"]}})  # a stale map
     monkeypatch.setattr(task_index, "task_manager", lambda extra_dirs: "the full index")
-    with caplog.at_level(logging.DEBUG, logger="evalkit.task_index"):
+    with caplog.at_level(logging.DEBUG, logger="evalkit.harness.task_index"):
         assert task_index.task_manager_for(["gsm8k"]) == "the full index"
     assert "gsm8k is missing" in caplog.text

@@ -1,8 +1,8 @@
-"""evalkit.tuning: what evalkit fills in for a machine, on fake machines (no engine). Run: pytest tests/test_tuning.py"""
+"""evalkit.engine.tuning: what evalkit fills in for a machine, on fake machines (no engine). Run: pytest tests/test_tuning.py"""
 
 import json
 
-from evalkit.tuning import Choice, Machine, apply, choose, core_ranges, kv_bytes_per_token, thread_binding
+from evalkit.engine.tuning import Choice, Machine, apply, choose, core_ranges, kv_bytes_per_token, thread_binding
 
 GIB = 2**30
 SMALL_CPU = Machine(device="cpu", cores=(0, 1), ram_bytes=24 * GIB)
@@ -76,7 +76,7 @@ def test_apply_splits_engine_arguments_from_environment():
 
 
 def test_the_environment_is_set_while_the_engine_starts_then_put_back(monkeypatch):
-    from evalkit.tuning import environment
+    from evalkit.engine.tuning import environment
 
     monkeypatch.setenv("EVALKIT_TEST_KEPT", "mine")
     monkeypatch.delenv("EVALKIT_TEST_NEW", raising=False)

@@ -1,4 +1,4 @@
-"""``python -m evalkit.attempt SPEC OUTCOME [DEATH_FD]``: one try of a run, started by evalkit/supervise.py.
+"""``python -m evalkit.run.attempt SPEC OUTCOME [DEATH_FD]``: one try of a run, started by evalkit/run/supervise.py.
 
 Reads the config and the earlier tries from SPEC (JSON), runs it, and writes an Outcome to OUTCOME
 (JSON, atomically). It leads its own process group, which holds the vLLM engine processes too. A watchdog
@@ -83,8 +83,8 @@ def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
     outcome = Path(outcome_file)
     die_with_parent()
     guard(outcome, int(death_fd) if death_fd else None)
-    from evalkit.budget import PromptTooLong
-    from evalkit.run import evaluate
+    from evalkit.harness.budget import PromptTooLong
+    from evalkit.run.evaluate import evaluate
 
     spec = json.loads(Path(spec_file).read_text())
     cfg: EvalConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), spec["config"]))

@@ -17,11 +17,14 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from evalkit import preflight, results, store, tuning
+from evalkit.engine import preflight
+from evalkit.run import results
+from evalkit.engine import store
+from evalkit.engine import tuning
 from evalkit.config import EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
-from evalkit.harness import EvalkitLM
-from evalkit.tasks import load_tasks
+from evalkit.harness.lm import EvalkitLM
+from evalkit.harness.tasks import load_tasks
 
 log = logging.getLogger("evalkit")
 EngineFactory = Callable[[EvalConfig, str], Engine]
@@ -45,10 +48,10 @@ class EngineStartError(RuntimeError):
 
 
 def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) -> Engine:
-    """The vLLM engine for cfg, with the settings evalkit.tuning fills in for this machine (printed once).
+    """The vLLM engine for cfg, with the settings evalkit.engine.tuning fills in for this machine (printed once).
 
     sole_engine: no other engine will live in this process (a run's try), so vLLM may run inside it."""
-    from evalkit.engine import VLLMEngine
+    from evalkit.engine.vllm_engine import VLLMEngine
 
     choices = tuning.choose(
         machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
@@ -141,7 +144,7 @@ def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
 
 
 def start_sole_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
-    """The engine of a process that holds no other (a run's try, evalkit.noise)."""
+    """The engine of a process that holds no other (a run's try, evalkit.compare.noise)."""
     return start_vllm(cfg, model_dir, sole_engine=True)
 
 

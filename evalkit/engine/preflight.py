@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from evalkit import embedded
+from evalkit.engine import embedded
 from evalkit.config import ConfigError, EvalConfig
 
 # config.json keys vLLM reads for a model's context length; it takes the smallest present.
@@ -78,7 +78,7 @@ def check_model(cfg: EvalConfig, model_dir: str) -> None:
 
 
 def check_devices(cfg: EvalConfig) -> None:
-    from evalkit.engine import accelerators  # torch lives behind the engine module
+    from evalkit.engine.vllm_engine import accelerators  # torch lives behind the engine module
 
     kind, count = accelerators()
     if cfg.tensor_parallel_size > count:

@@ -43,12 +43,12 @@ def file_sha256(path: Path) -> str:
 
 # evalkit's own modules that shape a request or read the engine's answer: an upgrade that changes any of them
 # may change answers, so their content is part of the fingerprint.
-ANSWER_CODE = ("contracts.py", "budget.py", "harness.py", "engine.py", "store.py")
+ANSWER_CODE = ("contracts.py", "harness/budget.py", "harness/lm.py", "engine/vllm_engine.py", "engine/store.py")
 
 
 def code_signature() -> dict[str, str]:
-    here = Path(__file__).parent
-    return {name: file_sha256(here / name) for name in ANSWER_CODE}
+    package = Path(__file__).resolve().parent.parent
+    return {name: file_sha256(package / name) for name in ANSWER_CODE}
 
 
 def hub_revision(model_id: str, revision: str | None = None, cache: str | Path | None = None) -> str | None:

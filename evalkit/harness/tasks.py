@@ -8,7 +8,7 @@ in seconds. Two ways to keep data local (air-gapped clusters are the common case
   ``+task_data.gsm8k={dataset_path:json,dataset_kwargs:{data_files:{test:/data/gsm8k/test.jsonl}}}``.
 * relative ``data_files`` in a task YAML are read relative to that YAML's folder.
 
-Only the folders the names need are indexed (evalkit/task_index.py).
+Only the folders the names need are indexed (evalkit/harness/task_index.py).
 """
 
 
@@ -22,7 +22,7 @@ import jinja2
 import yaml
 
 from evalkit.config import TASKS_DIR, ConfigError, closest
-from evalkit.task_index import known_names, task_manager_for
+from evalkit.harness.task_index import known_names, task_manager_for
 
 DATA_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs")
 

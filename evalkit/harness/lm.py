@@ -24,9 +24,9 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from evalkit.budget import plan_generation, plan_score
+from evalkit.harness.budget import plan_generation, plan_score
 from evalkit.contracts import Engine, GenRequest, RequestRecord, ScoreRequest
-from evalkit.progress import Progress
+from evalkit.run.progress import Progress
 
 
 def strip_thinking(text: str, end_marker: str) -> str:
@@ -138,7 +138,7 @@ class EvalkitLM(TemplateLM):
 
     def _submit(self, call: Callable[..., list], items: list, label: str) -> list:
         """call(items), with one progress line for them, in an order shuffled by order_seed when set: batches
-        then hold other neighbours, which is how the run-to-run noise of the engine is measured (evalkit.noise)."""
+        then hold other neighbours, which is how the run-to-run noise of the engine is measured (evalkit.compare.noise)."""
         progress = Progress(label, total=len(items))
         order = list(range(len(items)))
         if self.order_seed is not None:

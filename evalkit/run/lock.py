@@ -52,7 +52,7 @@ def is_stale(path: Path, holder: dict[str, Any] | None) -> bool:
 
 
 class ResultLock:
-    """Held while a run (or an ``evalkit.noise`` pair) writes to one ``<output_dir>/<model_name>`` folder."""
+    """Held while a run (or an ``evalkit.compare.noise`` pair) writes to one ``<output_dir>/<model_name>`` folder."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from evalkit import stats
-from evalkit.compare import TaskDetail
+from evalkit.compare import stats
+from evalkit.compare.paired import TaskDetail
 
 MAX_LISTED = 10  # documents listed per category in the text report
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.config import TASKS_DIR, ConfigError
-from evalkit.embedded import cache_dir
+from evalkit.engine.embedded import cache_dir
 MAP_FORMAT = 1  # bump when the cached map's records change shape
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from evalkit import stats
+from evalkit.compare import stats
 
 AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
 
@@ -46,7 +46,7 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     """A run folder written by ``python -m evalkit``, or its results.json."""
-    from evalkit.results import sample_files
+    from evalkit.run.results import sample_files
 
     folder = Path(path)
     folder = folder.parent if folder.name == "results.json" else folder
@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from evalkit import report, results
+    from evalkit.compare import report
+    from evalkit.run import results
 
     parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("reference", help="reference run folder (or its results.json)")
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=10_000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--noise", nargs=2, metavar=("RUN_A", "RUN_B"),
-                        help="two runs of one config (python -m evalkit.noise) to show the engine's own variation")
+                        help="two runs of one config (python -m evalkit.compare.noise) to show the engine's own variation")
     args = parser.parse_args(argv)
     try:
         reference = load_run(args.reference)

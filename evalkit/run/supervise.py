@@ -1,13 +1,13 @@
 """Runs that survive: each try of a run in a fresh process, memory back-off between tries, no leftovers.
 
 ``python -m evalkit`` calls :func:`supervise`. It holds the lock of ``<output_dir>/<model_name>`` (a second
-run there is refused, evalkit/lock.py), then starts ``python -m evalkit.attempt`` in a new process group.
+run there is refused, evalkit/run/lock.py), then starts ``python -m evalkit.run.attempt`` in a new process group.
 When a try fails for lack of memory it is retried with smaller settings (:func:`next_settings`,
 ``oom_retry.*``); answers already computed are reused from the request store, so a retry redoes no
 finished work. A try stopped by a signal from outside is not retried (:class:`RunStopped`); any other
 failure stops at once with its message. After every try the whole process group is killed, so no
 ``VLLM::EngineCore`` or worker outlives it; Ctrl-C and SIGTERM stop the try the same way, and a try whose
-supervisor dies kills its own group when the pipe it watches closes (evalkit/attempt.py).
+supervisor dies kills its own group when the pipe it watches closes (evalkit/run/attempt.py).
 
 Output: every line a try prints (vLLM's log, lm-eval's, tracebacks, evalkit's) goes to one log per run,
 ``<output_dir>/<model_name>/.logs/<start time>-<pid>.log``, written as it comes, with a line
@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit import preflight
+from evalkit.engine import preflight
 from evalkit.config import ConfigError, EvalConfig, OomRetry, memory_settings, validate
-from evalkit.lock import result_lock
-from evalkit.progress import RunLog, Terminal, show_failure
+from evalkit.run.lock import result_lock
+from evalkit.run.progress import RunLog, Terminal, show_failure
 
 # Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
 # asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization
@@ -120,7 +120,7 @@ def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outc
 
 
 class Attempt:
-    """One try in ``python -m evalkit.attempt``, its own process group; each line of its output goes to
+    """One try in ``python -m evalkit.run.attempt``, its own process group; each line of its output goes to
     on_line (from a reader thread) and its tail is kept."""
 
     def __init__(self, cfg: EvalConfig, history: list, *, on_line: Callable[[str], None]) -> None:
@@ -130,10 +130,10 @@ class Attempt:
         self.outcome_file = self.work / "outcome.json"
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         # The try watches the read end: when this process dies, even by SIGKILL, the kernel closes the
-        # write end, the try reads end-of-file and kills its group (evalkit/attempt.py).
+        # write end, the try reads end-of-file and kills its group (evalkit/run/attempt.py).
         death_read, self.death_write = os.pipe()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "evalkit.attempt", str(spec), str(self.outcome_file), str(death_read)],
+            [sys.executable, "-m", "evalkit.run.attempt", str(spec), str(self.outcome_file), str(death_read)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             start_new_session=True, pass_fds=(death_read,))
         os.close(death_read)

@@ -1,4 +1,4 @@
-"""``python -m evalkit.noise [key=value ...]``: the engine's own run-to-run variation, as a comparison.
+"""``python -m evalkit.compare.noise [key=value ...]``: the engine's own run-to-run variation, as a comparison.
 
 Runs one config twice on one engine, the second time submitting the requests in a shuffled order
 (``order_seed``), so every batch holds other neighbours; then compares the two runs like
@@ -13,14 +13,14 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from evalkit.budget import PromptTooLong
+from evalkit.harness.budget import PromptTooLong
 from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
-from evalkit.lock import result_lock
+from evalkit.run.lock import result_lock
 
 
 def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
     """Run cfg twice on the engine engine_factory gives, the second time in a shuffled order."""
-    from evalkit.run import evaluate
+    from evalkit.run.evaluate import evaluate
 
     cfg = dataclasses.replace(cfg, resume=False)  # the second run must compute, not reuse the first's answers
     first = evaluate(cfg, engine_factory=engine_factory)
@@ -29,8 +29,8 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evalkit import compare
-    from evalkit.run import Lent, start_vllm
+    from evalkit.compare import paired as compare
+    from evalkit.run.evaluate import Lent, start_vllm
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     engines = []
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         with result_lock(cfg.output_dir, cfg.model_name):
             first, second = measure(cfg, shared)
     except (ConfigError, PromptTooLong) as error:
-        print(f"evalkit.noise: error: {error}", file=sys.stderr)
+        print(f"evalkit.compare.noise: error: {error}", file=sys.stderr)
         return 2
     finally:
         for engine in engines:

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from evalkit.config import ConfigError
-from evalkit.store import file_sha256
+from evalkit.engine.store import file_sha256
 
 SCHEME = "embedded://"
 

@@ -116,7 +116,7 @@ class VLLMEngine:
             self.args["max_num_seqs"] = max_num_seqs
         self.args.update(engine_kwargs)
         self.max_model_len = max_model_len
-        self.choices = list(choices)  # what evalkit.tuning filled in, for the record
+        self.choices = list(choices)  # what evalkit.engine.tuning filled in, for the record
         # what the scoring paths did: single_token (scored from one context request), contexts (those requests),
         # prompt_logprobs (scored from their own prompt), cache_hits (of those, read a cached prefix), resubmitted
         self.scoring: Counter[str] = Counter()

@@ -1,7 +1,7 @@
 """evalkit's own progress output: one line per request kind, at most one every few seconds, and a final line.
 
 The try prints, to stderr, lines a person reads on the terminal (the supervisor shows lines starting with
-``evalkit:`` and sends everything else to the run's log, evalkit/supervise.py)::
+``evalkit:`` and sends everything else to the run's log, evalkit/run/supervise.py)::
 
     evalkit: progress loglikelihood 120/160 requests, 1,830 tok/s, ETA 0:04
     evalkit: done loglikelihood 160/160 requests in 12.3 s, 1,830 tok/s
@@ -215,7 +215,7 @@ class RunLog:
             self.path.unlink(missing_ok=True)
             kept = None
         elif status == "ok":
-            from evalkit.results import attach_log  # here: results imports pandas, slow for every start
+            from evalkit.run.results import attach_log  # here: results imports pandas, slow for every start
 
             try:
                 kept = attach_log(Path(run_dir), self.path)

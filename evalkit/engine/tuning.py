@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from evalkit.preflight import model_config
+from evalkit.engine.preflight import model_config
 
 KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
 KV_MIN_TOKENS = 32768  # and never less than this many tokens: short prompts batch wide
@@ -58,7 +58,7 @@ class Choice:
 
 
 def this_machine() -> Machine:
-    from evalkit.engine import accelerators
+    from evalkit.engine.vllm_engine import accelerators
 
     device, _ = accelerators()
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
