@@ -51,6 +51,16 @@ class TaskSeeds:
 
 
 @dataclass
+class Cluster:
+    """Where data-parallel actors run (evalkit/engine/dataparallel.py) and, with distributed_executor_backend=ray,
+    vLLM's own workers of a model larger than one node."""
+
+    address: Optional[str] = None  # null: start Ray on this machine; "auto": join the running cluster; "ray://host:port"
+    num_cpus: Optional[int] = None  # a local start only: cores Ray may use (null: all)
+    num_gpus: Optional[int] = None  # a local start only: GPUs Ray may use (null: those it finds)
+
+
+@dataclass
 class EvalConfig:
     # --- the model (a preset from conf/model/ fills these) ---
     model_name: str = MISSING  # names the folder under result/
@@ -67,6 +77,10 @@ class EvalConfig:
     max_model_len: int = 4096  # context window the engine is started with
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # vLLM's pipeline stages; with tensor_parallel_size, the devices of one engine
+    data_parallel_size: int = 1  # engines, each a Ray actor on tensor x pipeline devices, sharing the requests
+    distributed_executor_backend: Optional[str] = None  # vLLM's: null (its choice), "mp", or "ray" (across nodes)
+    cluster: Cluster = field(default_factory=Cluster)  # the Ray cluster data_parallel_size>1 or "ray" runs on
     batch_size: Optional[int] = None  # most sequences the engine runs at once (vLLM max_num_seqs); null: vLLM's default
     seed: int = 1234  # the engine's seed (sampling); lm-eval's own seeds are task_seeds and never follow it
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
@@ -99,6 +113,16 @@ class EvalConfig:
     resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/engine/store.py)
     chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
     oom_retry: OomRetry = field(default_factory=OomRetry)
+
+
+def devices_per_engine(cfg: EvalConfig) -> int:
+    """Accelerators one vLLM engine of cfg takes: tensor x pipeline parallel."""
+    return cfg.tensor_parallel_size * cfg.pipeline_parallel_size
+
+
+def devices_needed(cfg: EvalConfig) -> int:
+    """Accelerators a run of cfg takes at once: one engine's, times the data-parallel engines."""
+    return devices_per_engine(cfg) * cfg.data_parallel_size
 
 
 def memory_settings(cfg: EvalConfig) -> dict[str, Any]:
@@ -174,10 +198,18 @@ def validate(cfg: EvalConfig) -> None:
     if cfg.overflow not in OVERFLOW_POLICIES:
         raise ConfigError(f"overflow={cfg.overflow!r} is not one of {', '.join(OVERFLOW_POLICIES)}")
     for name, value in (("max_model_len", cfg.max_model_len), ("max_tokens", cfg.max_tokens),
-                        ("tensor_parallel_size", cfg.tensor_parallel_size), ("min_gen_tokens", cfg.min_gen_tokens),
+                        ("tensor_parallel_size", cfg.tensor_parallel_size),
+                        ("pipeline_parallel_size", cfg.pipeline_parallel_size),
+                        ("data_parallel_size", cfg.data_parallel_size), ("min_gen_tokens", cfg.min_gen_tokens),
                         ("chunk_size", cfg.chunk_size)):
         if value < 1:
             raise ConfigError(f"{name}={value} must be at least 1")
+    if cfg.distributed_executor_backend not in (None, "mp", "ray", "uni"):
+        raise ConfigError(f"distributed_executor_backend={cfg.distributed_executor_backend!r} is not one of mp, ray, uni "
+                          "(or null for vLLM's choice)")
+    for name in ("data_parallel_size", "pipeline_parallel_size", "distributed_executor_backend"):
+        if name in cfg.engine_kwargs:
+            raise ConfigError(f"engine_kwargs.{name} is evalkit's own key: pass {name}=... instead")
     if cfg.temperature is not None and cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature} must be 0 or more (or null to keep each task's own)")
     if cfg.batch_size is not None and cfg.batch_size < 1:

@@ -18,7 +18,7 @@ def evalkit(tmp_path, *args):
     (["model=qwen2-7b", "vllm_path=/nonexistent"], "vllm_path=/nonexistent does not exist"),
     (["model=qwen9"], "unknown model preset 'qwen9'"),
     (["max_tokenz=5"], "unknown config key 'max_tokenz' (did you mean max_tokens"),
-    (["tensor_parallel_size=4096"], "tensor_parallel_size=4096 but this machine has"),
+    (["tensor_parallel_size=4096"], "tensor_parallel_size=4096 needs 4096 devices but this machine has"),
     (["max_model_len=100000"], "max_model_len=100000 exceeds what smollm2-135m-instruct supports (8192"),
     (["tasks=[evalkit_arith,gsm8kk]"], "unknown task 'gsm8kk' (did you mean gsm8k"),
     (["model=qwen2-7b", "vllm_path=''"], "vllm_path is not set"),

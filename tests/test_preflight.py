@@ -42,7 +42,7 @@ def test_max_model_len_above_the_model_fails(tmp_path):
 
 
 def test_more_tensor_parallel_ranks_than_devices():
-    with pytest.raises(ConfigError, match="tensor_parallel_size=4096 but this machine has"):
+    with pytest.raises(ConfigError, match="tensor_parallel_size=4096 needs 4096 devices but this machine has"):
         check_devices(EvalConfig(model_name="m", vllm_path="x", tensor_parallel_size=4096))
 
 

@@ -10,9 +10,11 @@ GPU_NODE = Machine(device="cuda", cores=tuple(range(64)), ram_bytes=512 * GIB)
 EMBEDDED_KV = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: 30 layers, 3 KV heads of 64
 
 
-def chosen(machine=SMALL_CPU, engine_kwargs=None, env=None, tp=1, kv=EMBEDDED_KV, max_model_len=4096, sole=True):
+def chosen(machine=SMALL_CPU, engine_kwargs=None, env=None, tp=1, pp=1, executor=None, kv=EMBEDDED_KV, max_model_len=4096,
+           sole=True):
     choices = choose(machine=machine, engine_kwargs=engine_kwargs or {}, env=env or {}, max_model_len=max_model_len,
-                     tensor_parallel_size=tp, gpu_memory_utilization=0.9, kv_token_bytes=kv, sole_engine=sole)
+                     tensor_parallel_size=tp, pipeline_parallel_size=pp, executor_backend=executor,
+                     gpu_memory_utilization=0.9, kv_token_bytes=kv, sole_engine=sole)
     return {c.setting: c.value for c in choices}
 
 
@@ -25,8 +27,8 @@ def test_cpu_gets_eager_all_cores_and_a_sized_kv_cache():
 def test_the_engine_runs_in_process_only_with_one_rank_as_the_sole_engine_of_its_process():
     assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(sole=False)
     assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(tp=2)
-    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(engine_kwargs={"pipeline_parallel_size": 2})
-    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(engine_kwargs={"distributed_executor_backend": "mp"})
+    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(pp=2)
+    assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(executor="mp")
     assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
 
 
@@ -55,7 +57,7 @@ def test_threads_are_split_between_tensor_parallel_ranks():
     assert thread_binding((0,), 2) is None
     assert chosen(Machine("cpu", tuple(range(16)), 64 * GIB), tp=4)["env.VLLM_CPU_OMP_THREADS_BIND"] == \
         "0-3|4-7|8-11|12-15"
-    assert chosen(Machine("cpu", tuple(range(16)), 64 * GIB), tp=2, engine_kwargs={"pipeline_parallel_size": 2})[
+    assert chosen(Machine("cpu", tuple(range(16)), 64 * GIB), tp=2, pp=2)[
         "env.VLLM_CPU_OMP_THREADS_BIND"] == "0-3|4-7|8-11|12-15"
     assert core_ranges((3,)) == "3"
 

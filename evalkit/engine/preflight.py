@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.engine import embedded
-from evalkit.config import ConfigError, EvalConfig
+from evalkit.config import ConfigError, EvalConfig, devices_needed
 
 # config.json keys vLLM reads for a model's context length; it takes the smallest present.
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
@@ -80,8 +80,14 @@ def check_model(cfg: EvalConfig, model_dir: str) -> None:
 def check_devices(cfg: EvalConfig) -> None:
     from evalkit.engine.vllm_engine import accelerators  # torch lives behind the engine module
 
+    if cfg.cluster.address is not None or cfg.distributed_executor_backend == "ray":
+        return  # the devices are the cluster's; Ray places the engines and refuses what does not fit
     kind, count = accelerators()
-    if cfg.tensor_parallel_size > count:
+    needed = devices_needed(cfg)  # on CPU, cores: each rank of each engine binds at least one
+    if needed > count:
         what = f"{count} GPU(s)" if kind == "cuda" else f"no GPU and {count} CPU core(s)"
-        raise ConfigError(f"tensor_parallel_size={cfg.tensor_parallel_size} but this machine has {what}; "
-                          f"pass tensor_parallel_size={count} or less")
+        asked = " x ".join(f"{name}={value}" for name, value in (
+            ("tensor_parallel_size", cfg.tensor_parallel_size), ("pipeline_parallel_size", cfg.pipeline_parallel_size),
+            ("data_parallel_size", cfg.data_parallel_size)) if value > 1)
+        raise ConfigError(f"{asked} needs {needed} devices but this machine has {what}; ask for {count} or fewer, "
+                          "or run on a Ray cluster (cluster.address=auto)")

