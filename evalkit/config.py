@@ -207,6 +207,9 @@ def validate(cfg: EvalConfig) -> None:
     if cfg.distributed_executor_backend not in (None, "mp", "ray", "uni"):
         raise ConfigError(f"distributed_executor_backend={cfg.distributed_executor_backend!r} is not one of mp, ray, uni "
                           "(or null for vLLM's choice)")
+    if cfg.data_parallel_size > 1 and cfg.distributed_executor_backend == "ray":
+        raise ConfigError("data_parallel_size>1 puts each engine in its own Ray actor, whose ranks cannot use vLLM's "
+                          "Ray executor again: leave distributed_executor_backend unset (or mp)")
     for name in ("data_parallel_size", "pipeline_parallel_size", "distributed_executor_backend"):
         if name in cfg.engine_kwargs:
             raise ConfigError(f"engine_kwargs.{name} is evalkit's own key: pass {name}=... instead")

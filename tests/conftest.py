@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +34,21 @@ def engine(embedded_model_dir):
     real = start_vllm(cfg, embedded_model_dir)
     yield real
     real.close()
+
+
+def cli_run(out, *args, env=None) -> tuple[subprocess.CompletedProcess, object]:
+    """`python -m evalkit limit=12 resume=false ...` into out; the completed process and its run folder."""
+    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "resume=false", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
+    return done, run_dir
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """The README's main command on 12 documents per task, as a user runs it (settings chosen, fast scoring)."""
+    return cli_run(tmp_path_factory.mktemp("default") / "result")
 
 
 def run_dirs(folder) -> list:

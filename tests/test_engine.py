@@ -6,8 +6,6 @@ Run: pytest -m engine tests/test_engine.py
 """
 
 import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -16,21 +14,13 @@ from evalkit.harness.budget import PromptTooLong
 from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.harness.lm import EvalkitLM
 from evalkit.run.results import read_samples
-from tests.conftest import EAGER, run_dirs
+from tests.conftest import EAGER, cli_run
 
 pytestmark = pytest.mark.engine
 
 
-def cli_run(out, *args) -> tuple[subprocess.CompletedProcess, object]:
-    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "resume=false", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
-    return done, run_dir
-
-
-def test_python_m_evalkit_end_to_end(tmp_path):
-    done, run_dir = cli_run(tmp_path / "result")
+def test_python_m_evalkit_end_to_end(tmp_path, default_run):
+    done, run_dir = default_run
     assert "| evalkit_arith" in done.stdout and "| evalkit_facts" in done.stdout
     assert f"written to {run_dir}" in done.stdout
     shown = done.stderr.splitlines()  # evalkit's own lines only: choices and progress, no vLLM log

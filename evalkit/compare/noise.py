@@ -30,14 +30,14 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     from evalkit.compare import paired as compare
-    from evalkit.run.evaluate import Lent, start_vllm
+    from evalkit.run.evaluate import Lent, start_engines
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     engines = []
 
     def shared(cfg, model_dir):
         if not engines:
-            engines.append(start_vllm(cfg, model_dir, sole_engine=True))  # the only engine of this process
+            engines.append(start_engines(cfg, model_dir))  # the only engine of this process (or its Ray actors)
         return Lent(engines[0])
 
     try:

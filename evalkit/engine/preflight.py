@@ -5,6 +5,7 @@ Each failure is a :class:`~evalkit.config.ConfigError`: one line with what is wr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -80,6 +81,9 @@ def check_model(cfg: EvalConfig, model_dir: str) -> None:
 def check_devices(cfg: EvalConfig) -> None:
     from evalkit.engine.vllm_engine import accelerators  # torch lives behind the engine module
 
+    if (cfg.data_parallel_size > 1 or cfg.distributed_executor_backend == "ray") and not importlib.util.find_spec("ray"):
+        raise ConfigError("data_parallel_size>1 and distributed_executor_backend=ray run on Ray, which is not "
+                          "installed: pip install 'evalkit[ray]'")
     if cfg.cluster.address is not None or cfg.distributed_executor_backend == "ray":
         return  # the devices are the cluster's; Ray places the engines and refuses what does not fit
     kind, count = accelerators()

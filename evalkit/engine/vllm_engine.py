@@ -81,7 +81,39 @@ def read_prompt_logprobs(request: ScoreRequest, flat: Any) -> Scored:
     return Scored(logprob=total, is_greedy=greedy)
 
 
-class VLLMEngine:
+class TokenizerSide:
+    """The tokenizer half of the Engine contract, on ``self.tokenizer`` (one vLLM engine's, or the one a
+    data-parallel pool keeps beside its engines)."""
+
+    tokenizer: Any
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.tokenizer.eos_token_id
+
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """As lm-eval's vllm backend: the last message is continued when no generation prompt is added (a
+        task's ``gen_prefix``), and a template that rejects the system role is retried without it."""
+        import jinja2
+
+        options = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
+                   "continue_final_message": not add_generation_prompt, "enable_thinking": None}
+        try:
+            return self.tokenizer.apply_chat_template(messages, **options)
+        except jinja2.exceptions.TemplateError:
+            return self.tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **options)
+
+
+class VLLMEngine(TokenizerSide):
     """The :class:`evalkit.contracts.Engine` backed by a real vLLM engine."""
 
     def __init__(
@@ -123,32 +155,6 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
                                         add_bos_token=add_bos_token)
         self.llm = LLM(**self.args)
-
-    # --- tokenizer (lm-eval's prompts are text; these turn them into the ids the engine is sent) ---
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids))
-
-    def prefix_token_id(self) -> int:
-        bos = self.tokenizer.bos_token_id
-        return bos if bos is not None else self.tokenizer.eos_token_id
-
-    def eos_token_id(self) -> int:
-        return self.tokenizer.eos_token_id
-
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        """As lm-eval's vllm backend: the last message is continued when no generation prompt is added (a
-        task's ``gen_prefix``), and a template that rejects the system role is retried without it."""
-        import jinja2
-
-        options = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
-                   "continue_final_message": not add_generation_prompt, "enable_thinking": None}
-        try:
-            return self.tokenizer.apply_chat_template(messages, **options)
-        except jinja2.exceptions.TemplateError:
-            return self.tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **options)
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:

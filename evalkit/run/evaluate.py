@@ -21,7 +21,7 @@ from evalkit.engine import preflight
 from evalkit.run import results
 from evalkit.engine import store
 from evalkit.engine import tuning
-from evalkit.config import EvalConfig, TaskSeeds, memory_settings, validate
+from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.harness.lm import EvalkitLM
 from evalkit.harness.tasks import load_tasks
@@ -60,6 +60,8 @@ def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) ->
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine) if cfg.tune else []
     engine_kwargs, env = tuning.apply(choices, {**parallel_kwargs(cfg), **cfg.engine_kwargs})
+    if cfg.distributed_executor_backend == "ray" and cfg.cluster.address:
+        env["RAY_ADDRESS"] = cfg.cluster.address  # where vLLM's Ray executor connects
     for choice in choices:
         print(choice.line(), file=sys.stderr, flush=True)
     with tuning.environment(env):
@@ -154,12 +156,17 @@ def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
             "temperature_override": cfg.temperature, "sampling_kwargs": dict(cfg.sampling_kwargs)}
 
 
-def start_sole_vllm(cfg: EvalConfig, model_dir: str) -> Engine:
-    """The engine of a process that holds no other (a run's try, evalkit.compare.noise)."""
+def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
+    """The engine of a run's try: one vLLM engine in this process, the only one it holds, or
+    data_parallel_size of them in Ray actors (evalkit/run/dataparallel.py)."""
+    if cfg.data_parallel_size > 1:
+        from evalkit.run.dataparallel import DataParallelEngine
+
+        return DataParallelEngine(cfg, model_dir)
     return start_vllm(cfg, model_dir, sole_engine=True)
 
 
-def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_sole_vllm, check_devices: bool = True,
+def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, check_devices: bool = True,
              attempts: list[dict[str, Any]] | None = None) -> Path:
     """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
 
@@ -169,6 +176,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_sole_vllm
     run_id = results.new_run_id()
     try:
         engine = engine_factory(cfg, model_dir)
+    except ConfigError:
+        raise
     except Exception as error:
         raise EngineStartError(f"the vLLM engine did not start ({type(error).__name__}: {error}); "
                                "its own log above names the cause") from error

