@@ -2,16 +2,31 @@
 
 Examples: ``python -m evalkit`` (embedded model and tasks), ``python -m evalkit model=qwen2-7b
 tensor_parallel_size=4 tasks=[gsm8k]``, a sweep: ``python -m evalkit -m max_model_len=2048,4096``.
+
+In a sweep every point is recorded in its sweep folder (evalkit/sweep/points.py); a point whose config an
+earlier run already has is skipped, and a point that fails is recorded with its error while the sweep goes on
+to the next one (a stop by Ctrl-C or SIGTERM still ends the sweep). The report and the exit status come at
+the end of the sweep (evalkit/sweep/callback.py).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
+import time
+import traceback
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from evalkit.config import CONF_DIR, ConfigError, check_overrides, register_configs
+from evalkit.config import CONF_DIR, ConfigError, EvalConfig, check_overrides, register_configs
+
+
+# a point running beside another whose answers it shares (one store) waits for it, then reuses them
+POINT_LOCK_WAIT = 24 * 3600.0
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -20,6 +35,14 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def run_one(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        hydra_cfg = HydraConfig.get()
+        run_point(OmegaConf.to_object(cfg), num=hydra_cfg.job.num, overrides=list(hydra_cfg.overrides.task),
+                  folder=Path(hydra_cfg.runtime.output_dir))
+        return
     from evalkit.run.supervise import RunFailed, RunStopped, supervise
 
     try:
@@ -31,6 +54,56 @@ def run_one(cfg: DictConfig) -> None:
     except RunFailed as error:
         fail(str(error), code=1)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
+
+
+def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) -> None:
+    """One point of a sweep: recorded "running", then skipped (an earlier run has its config), ok or failed.
+
+    A failure is recorded and returns, so the sweep goes on; a stop (RunStopped, Ctrl-C) is recorded and ends it."""
+    from evalkit.run.supervise import RunFailed, RunStopped, supervise
+    from evalkit.sweep.points import PointRecord, completed_run, now_iso, write_point
+
+    record = PointRecord(num=num, overrides=overrides, status="running", run_dir=None, error=None,
+                         wall_seconds=None, devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                         host=socket.gethostname(), started=now_iso())
+    write_point(folder, record)
+    started = time.perf_counter()
+
+    def finish(status: str, run_dir: Path | None = None, error: str | None = None) -> None:
+        folder_name = str(Path(run_dir).resolve()) if run_dir else None  # readable from any working directory
+        write_point(folder, replace(record, status=status, run_dir=folder_name, error=error,
+                                    wall_seconds=round(time.perf_counter() - started, 1)))
+
+    try:
+        done = completed_run(cfg.output_dir, cfg.model_name, asdict(cfg))
+        if done is not None:
+            done = done.resolve()
+            finish("skipped", done)
+            print(f"evalkit: point {num} was done in {done}; skipped", file=sys.stderr)
+            return
+        run_dir = supervise(cfg, wait_for_lock=POINT_LOCK_WAIT)
+    except RunStopped as error:
+        finish("failed", error=f"stopped: {error}")
+        fail(f"stopped: {error}", code=error.exit_code)
+    except (ConfigError, RunFailed) as error:
+        finish("failed", error=one_line(str(error)))
+        print(f"evalkit: error: point {num} failed: {one_line(str(error))}", file=sys.stderr)
+        return
+    except Exception as error:  # a bug, not bad input: its traceback, and the sweep goes on
+        traceback.print_exc()
+        finish("failed", error=one_line(f"{type(error).__name__}: {error}"))
+        print(f"evalkit: error: point {num} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return
+    except BaseException as error:  # Ctrl-C or SIGTERM in this process: the sweep ends here
+        what = f"exit code {error.code}" if isinstance(error, SystemExit) else type(error).__name__
+        finish("failed", error=f"stopped ({what})")
+        raise
+    finish("ok", run_dir)
+    print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def main() -> None:

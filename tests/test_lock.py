@@ -60,3 +60,36 @@ def test_release_removes_only_its_own_lock_and_other_folders_are_free(tmp_path):
     (tmp_path / "a" / LOCK_NAME).write_text(json.dumps({"host": "node-17", "pid": 1, "started": "x"}))
     first.release()  # not ours any more: left alone
     assert (tmp_path / "a" / LOCK_NAME).exists()
+
+
+def test_runs_that_could_share_a_store_share_a_lock_and_others_of_the_model_do_not():
+    from evalkit.config import compose_config
+    from evalkit.engine.store import answers_key
+
+    base = answers_key(compose_config([]))
+    for scheduling in (["gpu_memory_utilization=0.3"], ["batch_size=4"], ["data_parallel_size=2"],
+                       ["tasks=[evalkit_facts]", "limit=3"], ["+engine_kwargs.enforce_eager=true"]):
+        assert answers_key(compose_config(scheduling)) == base, scheduling
+    for answers in (["dtype=bfloat16"], ["max_model_len=2048"], ["seed=1"], ["+engine_kwargs.quantization=fp8"]):
+        assert answers_key(compose_config(answers)) != base, answers
+
+
+def test_a_sweeps_point_waits_for_the_run_holding_its_answers_then_takes_the_lock(tmp_path):
+    from evalkit.run.lock import LockHeld, result_lock
+
+    folder = tmp_path / "model"
+    other = result_lock(str(tmp_path), "model", "bbbbbbbbbbbb").acquire()  # other answers: no conflict
+    release_after = "import sys, time; from evalkit.run.lock import ResultLock; l = ResultLock(sys.argv[1], '.lock-aaaaaaaaaaaa').acquire(); " \
+                    "print('held', flush=True); time.sleep(3); l.release()"
+    holder = subprocess.Popen([sys.executable, "-c", release_after, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeld):
+            result_lock(str(tmp_path), "model", "aaaaaaaaaaaa").acquire()
+        started = time.monotonic()
+        lock = result_lock(str(tmp_path), "model", "aaaaaaaaaaaa").acquire(wait=60, poll=0.2)
+        assert lock.held and 0.5 < time.monotonic() - started < 30
+        lock.release()
+    finally:
+        holder.kill()
+        other.release()

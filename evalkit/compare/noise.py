@@ -15,6 +15,7 @@ from pathlib import Path
 
 from evalkit.harness.budget import PromptTooLong
 from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
+from evalkit.engine.store import answers_key
 from evalkit.run.lock import result_lock
 
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_overrides(overrides)
         cfg = compose_config(overrides)
-        with result_lock(cfg.output_dir, cfg.model_name):
+        with result_lock(cfg.output_dir, cfg.model_name, answers_key(cfg)):
             first, second = measure(cfg, shared)
     except (ConfigError, PromptTooLong) as error:
         print(f"evalkit.compare.noise: error: {error}", file=sys.stderr)

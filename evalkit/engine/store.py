@@ -46,6 +46,20 @@ def file_sha256(path: Path) -> str:
 ANSWER_CODE = ("contracts.py", "harness/budget.py", "harness/lm.py", "engine/vllm_engine.py", "engine/store.py")
 
 
+def answers_key(cfg: Any) -> str:
+    """12 hex digits naming the request store cfg's runs could write, before the engine starts: the settings
+    of the fingerprint that the config decides (model, tokenizer, dtype, length, parallel layout, seed, engine
+    arguments but the scheduling-only ones). Coarser than the fingerprint, never finer: two runs that could
+    share a store share the key."""
+    engine_kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k not in SCHEDULING_ONLY}
+    return sha256({"model": cfg.vllm_path, "tokenizer": cfg.tokenizer, "dtype": cfg.dtype,
+                   "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
+                   "tensor_parallel_size": cfg.tensor_parallel_size, "seed": cfg.seed,
+                   "pipeline_parallel_size": cfg.pipeline_parallel_size,
+                   "distributed_executor_backend": cfg.distributed_executor_backend,
+                   "engine_kwargs": engine_kwargs})[:12]
+
+
 def code_signature() -> dict[str, str]:
     package = Path(__file__).resolve().parent.parent
     return {name: file_sha256(package / name) for name in ANSWER_CODE}

@@ -1,4 +1,8 @@
-"""One run per result folder, wherever it runs: the lock ``<output_dir>/<model_name>/.lock`` lives with the results.
+"""One run per set of answers, wherever it runs: the lock ``<output_dir>/<model_name>/.lock-<key>`` lives with the results.
+
+The key (evalkit/engine/store.py, ``answers_key``) covers what decides the request store a run writes, so two
+runs that could write one store never run at once, while runs of one model with other answers (a sweep's
+points over dtype or context length) may share the folder: run folders are published under free names.
 
 The lock is a file created atomically (``O_CREAT | O_EXCL``, which local file systems and NFS v3+ honour)
 holding its holder's host, pid and start time, so two machines that share the file system cannot write one
@@ -51,18 +55,33 @@ def is_stale(path: Path, holder: dict[str, Any] | None) -> bool:
     return holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid", -1)))
 
 
+class LockHeld(ConfigError):
+    """A live run holds the lock."""
+
+
 class ResultLock:
     """Held while a run (or an ``evalkit.compare.noise`` pair) writes to one ``<output_dir>/<model_name>`` folder."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, name: str = LOCK_NAME) -> None:
         self.folder = Path(folder)
-        self.path = self.folder / LOCK_NAME
+        self.path = self.folder / name
         self.me = {"host": socket.gethostname(), "pid": os.getpid(),
                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         self.held = False
         self.created: list[Path] = []  # folders made for the lock, deepest first: removed again if left empty
 
-    def acquire(self) -> "ResultLock":
+    def acquire(self, wait: float = 0.0, poll: float = 2.0) -> "ResultLock":
+        """Take the lock; a live holder is waited for up to `wait` seconds (a sweep's points), then refused."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return self._acquire()
+            except LockHeld:
+                if time.monotonic() + poll > deadline:
+                    raise
+                time.sleep(poll)
+
+    def _acquire(self) -> "ResultLock":
         self.created = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -77,7 +96,7 @@ class ResultLock:
                 if is_stale(self.path, holder):
                     self._take_over(holder)
                     continue
-                raise ConfigError(self._refusal(holder)) from None
+                raise LockHeld(self._refusal(holder)) from None
             except OSError as error:
                 raise ConfigError(f"cannot write to the result folder {self.folder} ({error.strerror}); "
                                   "pass output_dir= a writable folder") from None
@@ -91,7 +110,7 @@ class ResultLock:
 
     def _take_over(self, holder: dict[str, Any] | None) -> None:
         """Remove a stale lock, unless another process on this host already replaced it."""
-        with open(self.folder / f"{LOCK_NAME}.takeover", "a") as guard:
+        with open(self.path.with_name(f"{self.path.name}.takeover"), "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             if read_holder(self.path) == holder:
                 self.path.unlink(missing_ok=True)
@@ -119,5 +138,6 @@ class ResultLock:
         self.release()
 
 
-def result_lock(output_dir: str, model_name: str) -> ResultLock:
-    return ResultLock(Path(output_dir) / model_name)
+def result_lock(output_dir: str, model_name: str, key: str | None = None) -> ResultLock:
+    """The lock of one model's result folder; with key, of one set of answers in it."""
+    return ResultLock(Path(output_dir) / model_name, f"{LOCK_NAME}-{key}" if key else LOCK_NAME)

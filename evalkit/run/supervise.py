@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from evalkit.engine import preflight
 from evalkit.config import ConfigError, EvalConfig, OomRetry, memory_settings, validate
+from evalkit.engine.store import answers_key
 from evalkit.run.lock import result_lock
 from evalkit.run.progress import RunLog, Terminal, show_failure
 
@@ -184,12 +185,14 @@ class Attempt:
         return outcome
 
 
-def supervise(cfg: EvalConfig) -> Path:
-    """Run cfg with memory back-off in fresh processes; return the run folder."""
+def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
+    """Run cfg with memory back-off in fresh processes; return the run folder.
+
+    wait_for_lock: seconds to wait for a run that holds these answers' lock (a sweep's points), else refuse."""
     validate(cfg)  # the checks here, before any process starts; the try repeats them
     preflight.check_devices(cfg)
     preflight.check_model(cfg, preflight.resolve_model_path(cfg.vllm_path))
-    lock = result_lock(cfg.output_dir, cfg.model_name).acquire()
+    lock = result_lock(cfg.output_dir, cfg.model_name, answers_key(cfg)).acquire(wait=wait_for_lock)
     try:
         log = RunLog(Path(cfg.output_dir) / cfg.model_name / ".logs")
     except ConfigError:

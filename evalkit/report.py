@@ -1,0 +1,38 @@
+"""``python -m evalkit.report <sweep dir> [--reference N] [--tolerance 0.02]``: the report of a sweep.
+
+Writes report.csv, report.md, report.html, scores.png, throughput.png and the comparison reports into the
+sweep folder (evalkit/sweep/report.py) and prints report.md. The end of a sweep writes the same report by
+itself (evalkit/sweep/callback.py); this command writes it again, e.g. against another reference point.
+Bad input (not a sweep folder, no points, an unknown reference): one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from evalkit.sweep.points import SweepError
+    from evalkit.sweep.report import write_report
+
+    parser = argparse.ArgumentParser(prog="python -m evalkit.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", help="a sweep folder: <output_dir>/.sweeps/<time>")
+    parser.add_argument("--reference", type=int, default=None,
+                        help="the point every other point is compared with (default: the first completed point)")
+    parser.add_argument("--tolerance", type=float, default=0.02, help="largest acceptable change, metric units")
+    args = parser.parse_args(argv)
+    try:
+        written = write_report(Path(args.sweep_dir), reference=args.reference, tolerance=args.tolerance)
+    except SweepError as error:
+        print(f"evalkit.report: error: {error}", file=sys.stderr)
+        return 2
+    report_md = next(p for p in written if p.name == "report.md")
+    print(report_md.read_text())
+    print(f"written: {', '.join(p.name for p in written)} in {report_md.parent}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""Stage 6c, the end of a sweep: a Hydra callback (registered in conf/config.yaml under ``hydra.callbacks``).
+
+* after each point, with Hydra's basic (sequential) launcher, whose points run in this very process: the sweep's
+  progress line (evalkit/sweep/points.py, ``sweep_line``), counted from the point records in the sweep folder;
+* when the sweep ends, whatever the launcher (``on_multirun_end`` runs in the driver): the sweep report
+  (evalkit/sweep/report.py) written into the sweep folder, where it is, and the exit status: 1 when any point
+  failed. Hydra turns an exception from a callback into a warning, so the status is set with SystemExit.
+
+Nothing happens in a single run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"  # its _target_ in hydra.launcher
+
+
+def sweep_arguments(config: DictConfig) -> list[str]:
+    """The overrides the sweep was started with, and the sweeper's own params, as multirun.yaml keeps them."""
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    return [*OmegaConf.select(config, "hydra.overrides.task", default=[]), *(f"{k}={v}" for k, v in params.items())]
+
+
+def progress(sweep_dir: Path) -> tuple[str, list]:
+    """The sweep's progress line and its point records."""
+    from evalkit.sweep.points import read_points, sweep_elapsed, sweep_line, sweep_total
+
+    points = read_points(sweep_dir)
+    multirun = sweep_dir / "multirun.yaml"
+    total = sweep_total(sweep_arguments(OmegaConf.load(multirun))) if multirun.is_file() else 0
+    return sweep_line(points, total, sweep_elapsed(points)), points
+
+
+class SweepCallback(Callback):
+    """Progress after each point (basic launcher), the report and the exit status at the end of a sweep."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN or config.hydra.launcher.get("_target_") != BASIC_LAUNCHER:
+            return
+        print(progress(Path(config.hydra.sweep.dir))[0], file=sys.stderr, flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from evalkit.sweep.points import SweepError, distinct_overrides
+        from evalkit.sweep.report import write_report
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        line, points = progress(sweep_dir)
+        if config.hydra.launcher.get("_target_") != BASIC_LAUNCHER:  # the basic launcher's last point printed it
+            print(line, file=sys.stderr)
+        try:
+            written = write_report(sweep_dir)
+            names = ", ".join(p.name for p in written if p.name.startswith("report."))
+            print(f"evalkit: sweep report in {sweep_dir}: {names} (python -m evalkit.report {sweep_dir} "
+                  "--reference N compares with another point)", file=sys.stderr)
+        except (SweepError, OSError) as error:
+            print(f"evalkit: the sweep report could not be written: {error}", file=sys.stderr)
+        failed = [p for p in points if p.status not in ("ok", "skipped")]  # failed, or still "running": it died
+        apart = distinct_overrides(points)
+        for p in failed:
+            print(f"evalkit: point {p.num} ({apart[p.num]}) {p.status}: {p.error}", file=sys.stderr)
+        if failed:
+            raise SystemExit(1)

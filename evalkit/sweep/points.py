@@ -1,0 +1,163 @@
+"""Stage 6a, sweep points: one record per point of a Hydra multirun, kept in the point's own sweep folder.
+
+``python -m evalkit -m max_model_len=1024,2048`` runs every point as a full evalkit run, whose run folder lands
+in ``<output_dir>/<model_name>/<run id>/`` as usual. The point's Hydra folder (``<sweep dir>/<job num>/``) gets
+``point.json`` (:class:`PointRecord`), written "running" when the point starts and again with its final
+status, each time atomically. The records are plain files, so any launcher (Hydra's sequential one, a Ray
+launcher) can write and read them; the sweep's progress line and report are built from them alone.
+
+A point whose config an earlier run in ``<output_dir>/<model_name>/`` already has (:func:`completed_run`) is
+recorded "skipped" with that run's folder: a sweep run again only runs what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+POINT_FILE = "point.json"
+FINAL = ("ok", "failed", "skipped")  # the statuses of a point that is done
+
+
+class SweepError(ValueError):
+    """Not a sweep folder, no point records in it, or a point that cannot serve: one line for people."""
+
+
+@dataclass
+class PointRecord:
+    num: int  # hydra.job.num
+    overrides: list[str]  # HydraConfig.get().overrides.task: what sets this point apart
+    status: str  # "running" | "ok" | "failed" | "skipped"
+    run_dir: str | None  # the run folder (for skipped: the earlier run that already has this config)
+    error: str | None  # one line for failed points
+    wall_seconds: float | None  # from the point's start to its end (None while running)
+    devices: str | None  # CUDA_VISIBLE_DEVICES when the point ran (None if unset)
+    host: str
+    started: str  # ISO time, with the UTC offset
+
+
+def now_iso() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write one file of the sweep folder through a temporary name and a rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def write_point(folder: Path, record: PointRecord) -> None:
+    """Write (or replace) the record of the point whose Hydra output folder is folder."""
+    write_atomic(Path(folder) / POINT_FILE, json.dumps(asdict(record), indent=2) + "\n")
+
+
+def read_point(path: Path) -> PointRecord:
+    try:
+        data = json.loads(Path(path).read_text())
+        return PointRecord(**{f.name: data[f.name] for f in fields(PointRecord)})
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SweepError(f"{path} is not a point record ({type(error).__name__}: {error})") from None
+
+
+def read_points(sweep_dir: Path) -> list[PointRecord]:
+    """Every point record under sweep_dir, sorted by num; folders without point.json are left out."""
+    return sorted((read_point(p) for p in Path(sweep_dir).rglob(POINT_FILE)), key=lambda r: r.num)
+
+
+def sweep_total(overrides: list[str]) -> int:
+    """How many points the sweep arguments (``max_model_len=1024,2048 seed=range(0,3)``) make: the product of
+    every sweep's choices, as Hydra's basic sweeper crosses them. 0 when a sweep cannot be counted (a glob)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    total = 1
+    try:
+        for override in OverridesParser.create().parse_overrides(overrides=list(overrides)):
+            if override.is_sweep_override():
+                total *= len(list(override.sweep_string_iterator()))
+    except Exception:  # Hydra's own errors (a glob needs its config loader): count the records instead
+        return 0
+    return total
+
+
+def duration(seconds: float) -> str:
+    """4m10s, 45s, 1h02m: short enough for a progress line."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s" if seconds % 60 else f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def sweep_line(points: list[PointRecord], total: int, elapsed_seconds: float) -> str:
+    """One progress line of a sweep, e.g.
+    ``evalkit: sweep 3/8 points done (1 failed, 1 skipped), 2 running, 4m10s, ETA 7m``.
+
+    total: the sweep's points (at least the records given). The ETA is the mean wall time of the points that
+    ran (not the skipped) times the points left, shared among those running now; it is left out until a
+    point has run, and once all are done."""
+    total = max(total, len(points))
+    done = [p for p in points if p.status in FINAL]
+    counts = {s: sum(p.status == s for p in points) for s in ("failed", "skipped", "running")}
+    line = f"evalkit: sweep {len(done)}/{total} points done"
+    extra = [f"{counts[s]} {s}" for s in ("failed", "skipped") if counts[s]]
+    if extra:
+        line += f" ({', '.join(extra)})"
+    if counts["running"]:
+        line += f", {counts['running']} running"
+    line += f", {duration(elapsed_seconds)}"
+    ran = [p.wall_seconds for p in done if p.status != "skipped" and p.wall_seconds is not None]
+    left = total - len(done)
+    if ran and left > 0:
+        eta = sum(ran) / len(ran) * left / max(1, counts["running"])
+        line += f", ETA {duration(60 * math.ceil(eta / 60)) if eta >= 60 else duration(eta)}"
+    return line
+
+
+def sweep_elapsed(points: list[PointRecord], now: datetime | None = None) -> float:
+    """Seconds since the first point started (0 with no points)."""
+    if not points:
+        return 0.0
+    first = min(datetime.fromisoformat(p.started) for p in points)
+    return ((now or datetime.now().astimezone()) - first).total_seconds()
+
+
+def distinct_overrides(points: list[PointRecord]) -> dict[int, str]:
+    """point -> the overrides that set it apart (those shared by every point left out), as one string."""
+    common = set.intersection(*(set(p.overrides) for p in points)) if len(points) > 1 else set()
+    return {p.num: " ".join(o for o in p.overrides if o not in common) for p in points}
+
+
+def plain(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as results.json holds it (a JSON round trip), so the two compare equal."""
+    return json.loads(json.dumps(config, default=str))
+
+
+def completed_run(output_dir: str, model_name: str, config: dict[str, Any]) -> Path | None:
+    """The newest run folder in ``<output_dir>/<model_name>/`` whose results.json records this very config
+    (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig), or None. Run folders appear complete or not
+    at all (evalkit/run/results.py), so a results.json found here belongs to a finished run."""
+    wanted = plain(config)
+    found = None
+    for results_file in sorted((Path(output_dir) / model_name).glob("*/results.json")):
+        if results_file.parent.name.startswith("."):
+            continue
+        try:
+            recorded = json.loads(results_file.read_text()).get("evalkit", {}).get("config")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if recorded == wanted:
+            found = results_file.parent
+    return found

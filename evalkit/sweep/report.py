@@ -1,0 +1,274 @@
+"""Stage 6b, the sweep report: every point of a sweep x task x metric in one table, with plots and verdicts.
+
+Reads the point records (evalkit/sweep/points.py) and each completed point's run folder (status ok, or
+skipped with the earlier run that has its config), compares every completed point with a reference point
+(the first completed one unless chosen) through evalkit.compare, and writes into the sweep folder:
+``report.csv``, ``report.md``, ``scores.png`` (each score per point with its stderr as error bars, one panel
+per task, metric and filter), ``throughput.png`` (tokens/s per point), ``report.html`` (the table and both
+images) and, per compared point, ``compare-<point>-vs-<reference>.md`` / ``.html`` (evalkit.compare's report).
+
+Columns (:data:`COLUMNS`): ``point``, ``overrides``, ``status``, then per task, metric and filter the run's
+``value`` and ``stderr`` (lm-eval's), ``verdict`` and ``diff`` against the reference (evalkit.compare's;
+"reference" on the reference's rows, "not comparable: ..." where the runs saw different documents), the
+point's ``wall_seconds``, ``tokens_per_s`` and, for a failed point (one row, no metrics), its ``error``.
+
+tokens/s is the run's engine throughput: prompt plus generated tokens of all its tasks (``evalkit.counts``)
+per second spent in engine calls (``evalkit.timings.engine_calls``, summed; ``timings.evaluate`` in runs that
+did not record them). Tokens are as sent to the engine, so a cached prompt prefix counts too, as on the
+progress lines; answers a run reused from its request store count with almost no time, so a resumed run
+reads faster than it was.
+
+Table building (:func:`sweep_table`, :func:`markdown`, :func:`html_page`) is pure; :func:`write_report` reads,
+compares and writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from evalkit.sweep.points import PointRecord, SweepError, distinct_overrides, read_points, write_atomic
+
+COLUMNS = ["point", "overrides", "status", "task", "metric", "filter", "value", "stderr", "verdict", "diff",
+           "wall_seconds", "tokens_per_s", "error"]
+COMPLETED = ("ok", "skipped")  # statuses whose run folder holds results
+
+
+def tokens_per_second(results: dict[str, Any]) -> float | None:
+    """The run's engine throughput (see the module docstring), None where the run recorded no time."""
+    section = results.get("evalkit") or {}
+    tokens = sum(c.get("prompt_tokens", 0) + c.get("output_tokens", 0) for c in (section.get("counts") or {}).values())
+    timings = section.get("timings") or {}
+    seconds = sum((timings.get("engine_calls") or {}).values()) or timings.get("evaluate") or 0
+    return round(tokens / seconds, 1) if tokens and seconds > 0 else None
+
+
+def point_rows(point: PointRecord, overrides: str, results: dict[str, Any] | None,
+               verdicts: pd.DataFrame | str | None) -> list[dict[str, Any]]:
+    """The rows of one point: one per task, metric and filter of its run, or one row with its status and error.
+
+    verdicts: the comparison with the reference (evalkit.compare's table), or one word for every row."""
+    from evalkit.run.results import summary_frame
+
+    base = {"point": point.num, "overrides": overrides, "status": point.status,
+            "wall_seconds": point.wall_seconds, "error": point.error}
+    if results is None:
+        return [base]
+    frame = summary_frame(results, (results.get("evalkit") or {}).get("counts") or {})
+    speed = tokens_per_second(results)
+    rows = []
+    for r in frame.itertuples():
+        row = {**base, "task": r.task, "metric": r.metric, "filter": r.filter, "value": r.value,
+               "stderr": r.stderr, "tokens_per_s": speed}
+        if isinstance(verdicts, pd.DataFrame):
+            same = (verdicts.task == r.task) & (verdicts.metric == r.metric) & (verdicts["filter"] == r.filter)
+            match = verdicts[same]
+            if len(match):
+                row.update(verdict=match.iloc[0].verdict, diff=match.iloc[0]["diff"])
+        elif verdicts is not None:
+            row["verdict"] = verdicts.split(":")[0]  # "not comparable": report.md says why
+        rows.append(row)
+    return rows or [{**base, "tokens_per_s": speed}]
+
+
+def sweep_table(points: list[PointRecord], runs: dict[int, dict[str, Any]],
+                verdicts: dict[int, pd.DataFrame | str]) -> pd.DataFrame:
+    """Every point x task x metric (see COLUMNS). runs: point -> its results.json; verdicts: point -> its
+    comparison with the reference, or a word ("reference", "not comparable: ..."). overrides: only those that
+    differ between the points (all of them in a sweep of one point)."""
+    apart = distinct_overrides(points)
+    rows = [row for p in points for row in point_rows(p, apart[p.num], runs.get(p.num), verdicts.get(p.num))]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def choose_reference(points: list[PointRecord], runs: dict[int, dict[str, Any]], wanted: int | None) -> int | None:
+    """The reference point: wanted, or the first completed point (None when no point completed)."""
+    completed = [p.num for p in points if p.num in runs]
+    if wanted is None:
+        return completed[0] if completed else None
+    known = {p.num: p for p in points}
+    if wanted not in known:
+        raise SweepError(f"no point {wanted} in this sweep; points: {', '.join(map(str, known)) or 'none'}")
+    if wanted not in runs:
+        raise SweepError(f"point {wanted} did not complete (status {known[wanted].status}); choose a completed "
+                         f"point: {', '.join(map(str, completed)) or 'none'}")
+    return wanted
+
+
+def compare_points(points: list[PointRecord], reference: int | None, *, tolerance: float
+                   ) -> tuple[dict[int, pd.DataFrame | str], dict[str, str]]:
+    """Each completed point against the reference with evalkit.compare: point -> its table (or a word), and
+    the comparison reports by file name."""
+    from evalkit.compare import paired
+    from evalkit.compare import report as compare_report
+
+    verdicts: dict[int, pd.DataFrame | str] = {}
+    files: dict[str, str] = {}
+    if reference is None:
+        return verdicts, files
+    by_num = {p.num: p for p in points}
+    verdicts[reference] = "reference"
+    try:
+        ref = paired.load_run(by_num[reference].run_dir)
+    except paired.CompareError as error:  # no samples (log_samples=false): nothing can be compared with it
+        return {**{p.num: f"not comparable: reference {error}" for p in points}, reference: "reference"}, files
+    for point in points:
+        if point.num == reference or point.status not in COMPLETED or not point.run_dir:
+            continue
+        try:
+            table, details = paired.compare_runs(ref, paired.load_run(point.run_dir), tolerance=tolerance)
+        except paired.CompareError as error:
+            verdicts[point.num] = f"not comparable: {error}"
+            continue
+        verdicts[point.num] = table
+        text = compare_report.markdown(f"point {reference}: {ref.name}", f"point {point.num}: {point.run_dir}",
+                                       table, details, tolerance=tolerance, confidence=0.95)
+        stem = f"compare-{point.num}-vs-{reference}"
+        files[f"{stem}.md"] = text
+        files[f"{stem}.html"] = compare_report.html_page(text, table, compare_report.plots(table, details, tolerance))
+    return verdicts, files
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def label(point: int, overrides: str) -> str:
+    return "\n".join([f"#{point}", *overrides.split()])
+
+
+def width(points: int) -> float:
+    return max(8.0, 1.8 * points)
+
+
+def scores_png(table: pd.DataFrame) -> bytes:
+    """Each task/metric/filter's score per point, stderr as error bars, one panel each."""
+    plt = _pyplot()
+    scored = table[table["value"].notna()]
+    panels = list(scored.groupby(["task", "metric", "filter"], sort=True))
+    size = (width(scored["point"].nunique()), 2.8 * max(1, len(panels)))
+    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=size, squeeze=False)
+    for ax, ((task, metric, filt), rows) in zip(axes[:, 0], panels):
+        ax.errorbar(range(len(rows)), rows["value"].astype(float), yerr=rows["stderr"].astype(float).fillna(0),
+                    fmt="o", capsize=4)
+        ax.set_xticks(range(len(rows)), [label(r.point, r.overrides) for r in rows.itertuples()], fontsize=7)
+        ax.set_title(f"{task} / {metric} ({filt})", fontsize=9)
+        ax.set_ylabel(metric)
+    if not panels:
+        axes[0, 0].text(0.5, 0.5, "no completed point", ha="center", va="center")
+    fig.tight_layout()
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def throughput_png(table: pd.DataFrame) -> bytes:
+    """tokens/s per point (prompt plus generated tokens per second in the engine)."""
+    plt = _pyplot()
+    speed = table[table["tokens_per_s"].notna()].drop_duplicates("point")
+    fig, ax = plt.subplots(figsize=(width(len(speed)), 3.5))
+    ax.bar(range(len(speed)), speed["tokens_per_s"].astype(float))
+    ax.set_xticks(range(len(speed)), [label(r.point, r.overrides) for r in speed.itertuples()], fontsize=7)
+    ax.set_ylabel("tokens/s (prompt + generated, in the engine)")
+    ax.set_title("Throughput per point")
+    if speed.empty:
+        ax.text(0.5, 0.5, "no completed point", ha="center", va="center", transform=ax.transAxes)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def markdown(table: pd.DataFrame, points: list[PointRecord], *, sweep_dir: str, reference: int | None,
+             tolerance: float, compare_files: list[str], notes: dict[int, str]) -> str:
+    """report.md: what the numbers are, the table, each point's full overrides, run folder, error and notes."""
+    statuses = pd.Series([p.status for p in points]).value_counts().to_dict()
+    lines = ["# evalkit sweep report", "", f"- sweep: `{sweep_dir}`",
+             "- points: " + ", ".join(f"{v} {k}" for k, v in statuses.items()),
+             f"- reference: point {reference}" if reference is not None else "- reference: none (no point completed)",
+             f"- verdicts: evalkit.compare against the reference, tolerance ±{tolerance}; "
+             "tokens/s: prompt + generated tokens per second in the engine", ""]
+    shown = table.astype(object).where(table.notna(), None)  # empty cells, not "nan"
+    lines += [shown.to_markdown(index=False, floatfmt=".4g", missingval=""), "", "## Points", ""]
+    for p in points:
+        lines.append(f"- point {p.num} (`{' '.join(p.overrides)}`): {p.status}"
+                     + (f", run `{p.run_dir}`" if p.run_dir else "") + (f", error: {p.error}" if p.error else "")
+                     + (f"; {notes[p.num]}" if p.num in notes else ""))
+    if compare_files:
+        lines += ["", "Comparison reports: " + ", ".join(f"`{name}`" for name in compare_files)]
+    return "\n".join(lines) + "\n"
+
+
+def html_page(text: str, table: pd.DataFrame, images: dict[str, bytes], links: list[str]) -> str:
+    figures = "\n".join(f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" '
+                        f'src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+                        for title, data in images.items())
+    listed = "".join(f'<li><a href="{html.escape(name)}">{html.escape(name)}</a></li>' for name in links)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>evalkit sweep report</title>
+<style>body{{font-family:sans-serif;max-width:1300px;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 6px}}pre{{white-space:pre-wrap;background:#f6f6f6;padding:1em}}</style>
+</head><body>
+<h1>evalkit sweep report</h1>
+{table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")}
+{figures}
+<h2>Comparison reports</h2><ul>{listed}</ul>
+<h2>Report</h2><pre>{html.escape(text)}</pre>
+</body></html>
+"""
+
+
+def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
+    """point -> its run's results.json, for the completed points whose run folder is still there."""
+    runs = {}
+    for p in points:
+        results_file = Path(p.run_dir) / "results.json" if p.run_dir else None
+        if p.status in COMPLETED and results_file and results_file.is_file():
+            runs[p.num] = json.loads(results_file.read_text())
+    return runs
+
+
+def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: float = 0.02) -> list[Path]:
+    """Build the sweep's report from its point records and write its files into sweep_dir; return them."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise SweepError(f"{sweep_dir} is not a folder; pass a sweep folder (<output_dir>/.sweeps/<time>)")
+    points = read_points(sweep_dir)
+    if not points:
+        what = "no point has started" if (sweep_dir / "multirun.yaml").is_file() else "not a sweep folder"
+        raise SweepError(f"{sweep_dir}: {what} (no <job num>/point.json under it)")
+    runs = load_results(points)
+    points = [replace(p, error=f"its run folder {p.run_dir} has no results.json (moved or deleted?)")
+              if p.status in COMPLETED and p.num not in runs and not p.error else p for p in points]
+    ref = choose_reference(points, runs, reference)
+    verdicts, compare_files = compare_points([p for p in points if p.num in runs], ref, tolerance=tolerance)
+    table = sweep_table(points, runs, verdicts)
+    text = markdown(table, points, sweep_dir=str(sweep_dir), reference=ref, tolerance=tolerance,
+                    compare_files=sorted(n for n in compare_files if n.endswith(".md")),
+                    notes={n: v for n, v in verdicts.items() if isinstance(v, str) and v.startswith("not comparable")})
+    images = {"Scores per point": scores_png(table), "Throughput per point": throughput_png(table)}
+    written = [write_atomic(sweep_dir / name, data) for name, data in compare_files.items()]
+    written.append(write_atomic(sweep_dir / "report.csv", table.to_csv(index=False)))
+    written.append(write_atomic(sweep_dir / "report.md", text))
+    written += [write_atomic(sweep_dir / "scores.png", images["Scores per point"]),
+                write_atomic(sweep_dir / "throughput.png", images["Throughput per point"])]
+    links = sorted(n for n in compare_files if n.endswith(".html"))
+    written.append(write_atomic(sweep_dir / "report.html", html_page(text, table, images, links)))
+    return written

