@@ -3,8 +3,9 @@
 Prints, per size, the wall time of `python -m evalkit`, the try's stages from results.json (engine start,
 evaluate) and the engine time per request kind, and whether the scores are those of the first size. Run:
 .venv/bin/python benchmarks/dataparallel.py [sizes=1,2] [key=value ...] (the default run of 220 requests:
-about 3 minutes on 2 CPU cores). On a CPU machine every size shares the same cores: evalkit splits them
-between the engines, so the figures show the cost of the split and of Ray, not a speed-up.
+about 4 minutes on 2 CPU cores). On a CPU machine every size shares the same cores, which evalkit splits
+between the engines; the first row, one engine bound to one core, is what each engine gets there, as each
+gets one GPU on a GPU machine.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 MODEL = "smollm2-135m-instruct"
 
 
-def run(size: int, out: Path, extra: list[str]) -> tuple[float, dict]:
+def run(size: int, out: Path, extra: list[str], bind: str | None = None) -> tuple[float, dict]:
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}  # evalkit binds per engine
+    if bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "evalkit", f"output_dir={out}", "resume=false",
                     f"data_parallel_size={size}", *extra], check=True, capture_output=True, env=env)
@@ -35,12 +38,13 @@ def main() -> None:
     extra = [a for a in args if not a.startswith("sizes=")]
     rows, first = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for size in sizes:
-            wall, data = run(size, Path(tmp) / f"dp{size}", extra)
+        # one engine on one core: what each engine of the larger sizes gets on a CPU machine (a device's share)
+        for size, bind in [(1, "0"), *((s, None) for s in sizes)]:
+            wall, data = run(size, Path(tmp) / f"dp{size}-{bind}", extra, bind)
             first = first or data["results"]
             timings = data["evalkit"]["timings"]
             calls = ", ".join(f"{k} {v:.1f} s" for k, v in timings["engine_calls"].items())
-            rows.append(f"| {size} | {wall:.1f} | {timings['engine_start']:.1f} | {timings['evaluate']:.1f} | {calls} "
+            rows.append(f"| {size}{' (one core)' if bind else ''} | {wall:.1f} | {timings['engine_start']:.1f} | {timings['evaluate']:.1f} | {calls} "
                         f"| {'yes' if data['results'] == first else 'NO'} |")
     print("| data_parallel_size | wall s | engine start s | evaluate s | engine time per kind | same scores |")
     print("|---|---|---|---|---|---|")
