@@ -20,6 +20,7 @@ CONF_DIR = PROJECT_ROOT / "conf"
 TASKS_DIR = PROJECT_ROOT / "tasks"
 
 OVERFLOW_POLICIES = ("fail", "truncate_left")
+ENGINES = ("vllm", "hf")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 
 
@@ -74,6 +75,7 @@ class EvalConfig:
     add_bos_token: Optional[bool] = None  # null: the tokenizer's default, as lm-eval (BOS for Llama); true/false forces
 
     # --- the engine ---
+    engine: str = "vllm"  # "vllm", or "hf": HF transformers as a reference (evalkit/engine/hf_engine.py)
     max_model_len: int = 4096  # context window the engine is started with
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
@@ -193,6 +195,10 @@ def validate(cfg: EvalConfig) -> None:
     """Checks on values that need no engine: one ConfigError per mistake, with the fix."""
     if cfg.vllm_path in (None, "", MISSING, "???"):
         raise ConfigError("vllm_path is not set: pass vllm_path=/path/to/weights (or choose model=<preset>)")
+    if cfg.engine not in ENGINES:
+        raise ConfigError(f"engine={cfg.engine!r} is not one of {', '.join(ENGINES)}")
+    if cfg.engine == "hf" and cfg.data_parallel_size > 1:
+        raise ConfigError("data_parallel_size>1 runs vLLM engines on Ray; the hf engine runs alone: pass data_parallel_size=1")
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"dtype={cfg.dtype!r} is not one of {', '.join(DTYPES)}")
     if cfg.overflow not in OVERFLOW_POLICIES:

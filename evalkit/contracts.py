@@ -48,6 +48,15 @@ class Scored:
     is_greedy: bool  # every scored token was the engine's top-1 choice
 
 
+@dataclass(frozen=True)
+class TokenTrace:
+    """Teacher forcing of one ScoreRequest: at each position of ids[start:], the log-probability the engine
+    gives that token, and its top-k (token id, log-probability) pairs, best first."""
+
+    logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
+
+
 class Progress(Protocol):
     """Where an engine reports finished requests (evalkit/run/progress.py prints them as one line per kind)."""
 
@@ -79,6 +88,10 @@ class Engine(Protocol):
               fast: bool = True) -> list[Scored]:
         """Log-probabilities of each request's continuation; fast lets the engine take its cheaper paths (the
         same numbers, within its own batch-to-batch noise), or not (``fast_scoring=false``)."""
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
+        """Per-token log-probabilities and top-k of each request's continuation, from the raw logits (no
+        cache, no sampling): where two engines' outputs diverge (evalkit/compare/locate.py)."""
 
     def describe(self) -> dict[str, Any]:
         """Engine arguments actually used and library versions, for the results file."""

@@ -52,7 +52,7 @@ def answers_key(cfg: Any) -> str:
     arguments but the scheduling-only ones). Coarser than the fingerprint, never finer: two runs that could
     share a store share the key."""
     engine_kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k not in SCHEDULING_ONLY}
-    return sha256({"model": cfg.vllm_path, "tokenizer": cfg.tokenizer, "dtype": cfg.dtype,
+    return sha256({"engine": cfg.engine, "model": cfg.vllm_path, "tokenizer": cfg.tokenizer, "dtype": cfg.dtype,
                    "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
                    "tensor_parallel_size": cfg.tensor_parallel_size, "seed": cfg.seed,
                    "pipeline_parallel_size": cfg.pipeline_parallel_size,
@@ -98,7 +98,8 @@ def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
     engine_args = description.get("engine_args", {})
     settings = {k: v for k, v in engine_args.items() if k not in SCHEDULING_ONLY and k not in ("model", "tokenizer")}
     tokenizer = engine_args.get("tokenizer")
-    return sha256({"model": model_files(model_dir, engine_args.get("revision")),
+    return sha256({"engine": description.get("name", "vllm"),
+                   "model": model_files(model_dir, engine_args.get("revision")),
                    "tokenizer": (model_files(tokenizer, engine_args.get("tokenizer_revision"))
                                  if tokenizer and tokenizer != model_dir else None),
                    "settings": settings, "sampling": description.get("sampling"),

@@ -13,7 +13,7 @@ import platform
 from collections import Counter
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
+from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 
 
 def package_version(*names: str) -> str | None:
@@ -252,8 +252,25 @@ class VLLMEngine(TokenizerSide):
                             cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
         return [read_prompt_logprobs(r, out.prompt_logprobs) for r, out in zip(requests, outputs)]
 
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
+        from vllm import SamplingParams
+
+        if not requests:
+            return []
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=top_k, detokenize=False,
+                                skip_reading_prefix_cache=True)
+        outputs = self.llm.generate([{"prompt_token_ids": list(r.ids)} for r in requests], params, use_tqdm=False)
+        traces = []
+        for r, out in zip(requests, outputs):
+            rows = [out.prompt_logprobs[p] for p in range(max(r.start, 1), len(r.ids))]
+            traces.append(TokenTrace(
+                logprobs=tuple(row[token].logprob for row, token in zip(rows, r.ids[max(r.start, 1):])),
+                top=tuple(tuple(sorted(((t, lp.logprob) for t, lp in row.items()), key=lambda e: -e[1])[:top_k])
+                          for row in rows)))
+        return traces
+
     def describe(self) -> dict[str, Any]:
-        return {"engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
+        return {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
                 "versions": library_versions(), "hardware": hardware()}
 
     def close(self) -> None:
