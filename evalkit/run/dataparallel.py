@@ -18,6 +18,7 @@ import heapq
 import logging
 import os
 import socket
+import sys
 import time
 from collections import Counter
 from typing import Any, Callable, Sequence
@@ -193,6 +194,9 @@ class DataParallelEngine(TokenizerSide):
         self.replaced = 0
         for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
             self._started(i, ref)
+        hosts = Counter(p["host"] for p in self.places)
+        print(f"evalkit: {len(self.actors)} engines on Ray ({', '.join(f'{n} on {h}' for h, n in hosts.items())}), "
+              f"requests shared by tokens", file=sys.stderr, flush=True)
 
     def _start(self, i: int) -> Any:
         return self.actors[i].start.remote(self.settings[i], self.model_dir, *self.slots[i])
