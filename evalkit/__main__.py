@@ -60,7 +60,9 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
     """One point of a sweep: recorded "running", then skipped (an earlier run has its config), ok or failed.
 
     A failure is recorded and returns, so the sweep goes on; a stop (RunStopped, Ctrl-C) is recorded and ends it."""
+    from evalkit.config import devices_needed
     from evalkit.run.supervise import RunFailed, RunStopped, supervise
+    from evalkit.sweep.devices import check_launcher_devices, point_launcher
     from evalkit.sweep.points import PointRecord, completed_run, now_iso, write_point
 
     record = PointRecord(num=num, overrides=overrides, status="running", run_dir=None, error=None,
@@ -81,6 +83,7 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
             finish("skipped", done)
             print(f"evalkit: point {num} was done in {done}; skipped", file=sys.stderr)
             return
+        check_launcher_devices(devices_needed(cfg), point_launcher() or {})  # Slurm's jobs: before the engine
         run_dir = supervise(cfg, wait_for_lock=POINT_LOCK_WAIT)
     except RunStopped as error:
         finish("failed", error=f"stopped: {error}")
