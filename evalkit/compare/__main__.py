@@ -3,4 +3,4 @@
 from evalkit.compare.paired import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
