@@ -10,7 +10,8 @@ results.json. A metric whose direction (``higher_is_better``) is unknown is comp
 sample-level view lists flipped documents, diverging generations, finish-reason and length shifts, and
 log-probability drift on log-likelihood tasks.
 
-Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]``.
+Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]
+[--locate]`` (``--locate``: why each changed document changed, evalkit/compare/locate.py).
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from evalkit.compare import report
+    from evalkit.compare import locate, report
     from evalkit.run import results
 
     parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=__doc__.split("\n\n")[0])
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--noise", nargs=2, metavar=("RUN_A", "RUN_B"),
                         help="two runs of one config (python -m evalkit.compare.noise) to show the engine's own variation")
+    locate.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         reference = load_run(args.reference)
@@ -277,14 +279,15 @@ def main(argv: list[str] | None = None) -> int:
                                     iterations=args.iterations, seed=args.seed)
             noise = table[["task", "filter", "metric", "diff", "mcnemar_b", "mcnemar_c"]].rename(columns={
                 "diff": "noise_diff", "mcnemar_b": "noise_b", "mcnemar_c": "noise_c"})
-        worst = 0
-        for path in args.candidates:
-            candidate = load_run(path)
+        worst, candidates = 0, [load_run(path) for path in args.candidates]
+        why = locate.from_args(args, reference, candidates) if args.locate else {}
+        for candidate in candidates:
             table, details = compare_runs(reference, candidate, tolerance=args.tolerance,
                                           confidence=args.confidence, iterations=args.iterations, seed=args.seed)
             text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
-                                   confidence=args.confidence, noise=noise)
-            page = report.html_page(text, report.with_noise(table, noise), report.plots(table, details, args.tolerance))
+                                   confidence=args.confidence, noise=noise, why=why.get(candidate.path))
+            images = {**report.plots(table, details, args.tolerance), **report.why_plots(why.get(candidate.path))}
+            page = report.html_page(text, report.with_noise(table, noise), images)
             stem = f"compare-vs-{reference.path.parent.name}-{reference.path.name}"
             written = results.write_beside(candidate.path, {f"{stem}.md": text, f"{stem}.html": page})
             print(text)

@@ -1,0 +1,289 @@
+"""``python -m evalkit.compare REF CAND --locate``: every document whose answer changed, explained at the token
+where it changed (the analysis is evalkit/compare/why.py; this module runs the engines for it).
+
+Each run's engine is started again from the config its results.json records (``evalkit.config``, the model
+folder from ``evalkit.engine.model_dir``), or with ``--ref-engine``/``--cand-engine key=value ...`` laid
+over it. One engine lives at a time: the reference's (once for every candidate), then each candidate's (an
+engine whose settings equal the reference's is not started twice). Each rebuilds the prompts of the
+differing generations from the recorded prompt text as the harness encodes it (evalkit/harness/lm.py),
+checked against the recorded ``prompt_tokens``, and teacher-forces both runs' outputs after them with
+``Engine.trace``: two prefills per document, all in one batch. Log-likelihood documents need no engine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from evalkit.compare import why
+from evalkit.compare.paired import CompareError, Run, load_run
+from evalkit.config import ConfigError, EvalConfig, closest, schema_keys, validate
+from evalkit.contracts import Engine, TokenTrace
+
+TOP_K = 5  # alternatives shown on each side at the divergent token
+FLAGS = {"reference": "--ref-engine", "candidate": "--cand-engine"}
+LIBRARIES = {"vllm": "vllm", "hf": "transformers"}  # the module each engine needs
+
+
+class LocateError(CompareError):
+    """An engine for --locate cannot be set up or started; the message says what to pass."""
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine of one side: the run's recorded config with any overrides, and its model folder."""
+
+    side: str  # reference | candidate
+    run: str
+    cfg: EvalConfig
+    model_dir: str
+
+    @property
+    def flag(self) -> str:
+        return FLAGS[self.side]
+
+    def describe(self) -> str:
+        return f"{self.cfg.engine}, dtype={self.cfg.dtype}, {self.model_dir}"
+
+    def settings(self) -> str:
+        """What decides the engine's numbers: equal settings give the same traces, so one engine serves both."""
+        cfg = self.cfg
+        return repr((cfg.engine, self.model_dir, cfg.tokenizer, cfg.dtype, cfg.max_model_len, cfg.batch_size,
+                     cfg.seed, cfg.trust_remote_code, cfg.add_bos_token, cfg.tensor_parallel_size,
+                     cfg.pipeline_parallel_size, sorted(cfg.engine_kwargs.items()), cfg.tune))
+
+
+def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -> EvalConfig:
+    """The recorded config with key=value overrides (Hydra's syntax, a leading + allowed), checked."""
+    from omegaconf import OmegaConf
+
+    keys = schema_keys()
+    dotlist = [o.lstrip("+") for o in overrides]
+    for item in dotlist:
+        head = item.split("=", 1)[0].split(".", 1)[0]
+        if "=" not in item:
+            raise LocateError(f"{flag} {item!r}: expected key=value, e.g. {flag} vllm_path=/path/to/model")
+        if head not in keys:
+            raise LocateError(f"{flag}: unknown config key {head!r}{closest(head, keys)}; see evalkit/config.py")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), {k: v for k, v in recorded.items() if k in keys},
+                                 OmegaConf.from_dotlist(dotlist))
+        cfg = OmegaConf.to_object(merged)
+        validate(cfg)
+    except ConfigError as error:
+        raise LocateError(f"{flag}: {error}") from None
+    except Exception as error:  # OmegaConf's type errors are several lines: keep the first
+        raise LocateError(f"{flag}: {str(error).splitlines()[0]}") from None
+    return replace(cfg, data_parallel_size=1)  # one engine is enough for a few prefills
+
+
+def model_folder(cfg: EvalConfig, recorded: str | None, *, overridden: bool, side: str, run: str) -> str:
+    """The folder to load: the recorded one while it exists, else vllm_path resolved again (an embedded
+    model, or a path given with the flag); a one-line LocateError saying what to pass otherwise."""
+    from evalkit.engine import embedded, preflight
+
+    flag = FLAGS[side]
+    if not overridden and recorded and (Path(recorded).is_dir() or not Path(recorded).is_absolute()):
+        return recorded  # a local folder, or a hub id vLLM fetches itself
+    if overridden or embedded.is_embedded(cfg.vllm_path):
+        try:
+            return preflight.resolve_model_path(cfg.vllm_path)
+        except ConfigError as error:
+            raise LocateError(f"{side} engine: {error} (pass {flag} vllm_path=/path/to/model)") from None
+    where = f"its model folder {recorded} does not exist" if recorded else "results.json records no model folder"
+    raise LocateError(f"{side} run {run}: {where} (moved, or a run from another machine); "
+                      f"pass {flag} vllm_path=/path/to/model")
+
+
+def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineChoice:
+    """The checked engine of one side, nothing started: a bad setting fails here, in one line."""
+    flag, section = FLAGS[side], run.results.get("evalkit") or {}
+    if not section.get("config"):
+        raise LocateError(f"{side} run {run.name}: results.json records no evalkit.config to start its engine from; "
+                          "rerun it with this evalkit")
+    cfg = config_from(section["config"], overrides, flag)
+    overridden = any(o.lstrip("+").startswith("vllm_path=") for o in overrides)
+    model_dir = model_folder(cfg, (section.get("engine") or {}).get("model_dir"), overridden=overridden,
+                             side=side, run=run.name)
+    library = LIBRARIES.get(cfg.engine, cfg.engine)
+    if importlib.util.find_spec(library) is None:
+        other = next(e for e in LIBRARIES if e != cfg.engine)
+        raise LocateError(f"{side} engine: engine={cfg.engine} needs {library}, which is not installed here; install "
+                          f"it or pass {flag} engine={other}")
+    return EngineChoice(side=side, run=run.name, cfg=cfg, model_dir=model_dir)
+
+
+def start(choice: EngineChoice) -> Engine:
+    from evalkit.run.evaluate import start_engines
+
+    try:
+        engine = start_engines(choice.cfg, choice.model_dir)
+    except Exception as error:
+        raise LocateError(f"the {choice.side} engine ({choice.describe()}) did not start ({_first_line(error)}); "
+                          f"pass {choice.flag} key=value settings it starts with, e.g. "
+                          f"{choice.flag} gpu_memory_utilization=0.5") from error
+    started = engine.describe().get("name")
+    if started != choice.cfg.engine:  # start_engines does not know this engine: never trace with another one
+        engine.close()
+        raise LocateError(f"{choice.side} engine: engine={choice.cfg.engine} started {started} instead; pass "
+                          f"{choice.flag} engine={started} or use an evalkit that starts {choice.cfg.engine}")
+    return engine
+
+
+def trace(choice: EngineChoice, engine: Engine, requests: list[Any], top_k: int) -> list[TokenTrace]:
+    try:
+        return engine.trace(requests, top_k)
+    except Exception as error:
+        raise LocateError(f"the {choice.side} engine ({choice.describe()}) could not teacher-force the outputs "
+                          f"({_first_line(error)})") from error
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+
+
+PROMPT_TAIL = 120  # characters of the prompt shown before each flip
+
+
+def prompt_ids(lm: Any, sample: dict[str, Any]) -> tuple[int, ...]:
+    """The prompt ids the harness sent, rebuilt from the recorded text with its own encoding rule (BOS,
+    add_bos_token) less the tokens truncated on the left; ValueError when the count is not the recorded one."""
+    record = why.generation_record(sample)
+    ids = lm.tok_encode(sample.get("prompt") or "")[record.get("truncated_tokens") or 0:]
+    if len(ids) != record.get("prompt_tokens"):
+        raise ValueError(f"the prompt rebuilt from its text has {len(ids)} tokens, the run sent "
+                         f"{record.get('prompt_tokens')}")
+    return tuple(ids)
+
+
+@dataclass
+class Pass:
+    """What one engine gave: per job its prompt ids and (reference, candidate) traces, or why not."""
+
+    prompts: dict[why.Differing, tuple[int, ...]]
+    traces: dict[why.Differing, tuple[TokenTrace, TokenTrace]]
+    problems: dict[why.Differing, str]
+    text: dict[int, str]  # decoded tokens at the divergences
+    shared: dict[why.Differing, str]  # decoded output before the divergence
+    seconds: dict[str, float]
+
+
+def engine_pass(choice: EngineChoice, jobs: list[why.Differing], *, top_k: int) -> Pass:
+    """Start choice's engine, rebuild every job's prompt, trace both outputs of all jobs in one call, close."""
+    from evalkit.harness.lm import EvalkitLM
+
+    clock = time.perf_counter()
+    engine = start(choice)
+    started = time.perf_counter()
+    try:
+        lm = EvalkitLM(engine, model_name=choice.cfg.model_name, max_tokens=choice.cfg.max_tokens,
+                       add_bos_token=choice.cfg.add_bos_token)
+        prompts, problems = {}, {}
+        for job in jobs:
+            try:
+                prompts[job] = prompt_ids(lm, job.ref if choice.side == "reference" else job.cand)
+            except ValueError as error:
+                problems[job] = f"{choice.side} engine: {error}"
+        ready = [job for job in jobs if job in prompts]
+        seqs = {job: job.sequences(prompts[job]) for job in ready}
+        flat = trace(choice, engine, [r for job in ready for r in seqs[job].requests()], top_k) if ready else []
+        traces = {job: (flat[2 * i], flat[2 * i + 1]) for i, job in enumerate(ready)}
+        text: dict[int, str] = {}
+        shared = {}
+        for job, seq in seqs.items():
+            at = why.divergence(seq.reference, seq.candidate) or 0
+            top = why.side(seq, at, traces[job]).top
+            ids = {*seq.reference[at:at + 1], *seq.candidate[at:at + 1], *(t for t, _ in top)}
+            text.update({t: engine.decode([t]) for t in ids - text.keys()})
+            shared[job] = engine.decode(list(seq.reference[:at]))
+    finally:
+        engine.close()
+    return Pass(prompts=prompts, traces=traces, problems=problems, text=text, shared=shared,
+                seconds={f"{choice.side} engine start": round(started - clock, 2),
+                         f"{choice.side} traces": round(time.perf_counter() - started, 2)})
+
+
+def explain_jobs(jobs: list[why.Differing], ref_pass: Pass, cand_pass: Pass, *, near_tie: float,
+                 floor: float) -> tuple[list[why.Flip], list[str]]:
+    flips, skipped = [], []
+    for job in jobs:
+        problem = ref_pass.problems.get(job) or cand_pass.problems.get(job)
+        if not problem and ref_pass.prompts[job] != cand_pass.prompts[job]:
+            problem = "the two engines' tokenizers encode the prompt differently"
+        if problem:
+            skipped.append(f"{job.task} doc {job.doc_id}: {problem}")
+            continue
+        flip = why.explain(job.task, job.doc_id, job.sequences(ref_pass.prompts[job]), ref_engine=ref_pass.traces[job],
+                           cand_engine=cand_pass.traces[job], near_tie=near_tie, floor=floor,
+                           prompt_tail=(job.ref.get("prompt") or "")[-PROMPT_TAIL:])
+        if flip is not None:
+            text = {**cand_pass.text, **ref_pass.text}
+            flips.append(replace(flip, shared_output=ref_pass.shared[job], text={
+                t: text[t] for t in flip.token_ids() if t in text}))
+    return flips, skipped
+
+
+def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], *, ref_overrides: Sequence[str] = (),
+           cand_overrides: Sequence[str] = (), near_tie: float = why.NEAR_TIE, floor: float = why.NOISE_FLOOR,
+           floor_source: str = "default", top_k: int = TOP_K) -> list[why.Localisation]:
+    """Every changed document of each candidate against the reference, located and classified (why.py).
+    Engines start only where generations differ, every one checked before the first starts; a LocateError
+    says what to pass."""
+    from evalkit.compare.paired import check_like_for_like
+
+    reference = reference if isinstance(reference, Run) else load_run(reference)
+    candidates = [c if isinstance(c, Run) else load_run(c) for c in candidates]
+    for candidate in candidates:
+        check_like_for_like(reference, candidate)
+    found = [why.differing(reference.samples, c.samples) for c in candidates]
+    everything = [job for jobs, _ in found for job in jobs]  # no differing generation: no engine needed
+    ref_choice = engine_choice(reference, ref_overrides, side="reference") if everything else None
+    choices = [engine_choice(c, cand_overrides, side="candidate") if jobs else None
+               for c, (jobs, _) in zip(candidates, found)]
+    ref_pass = engine_pass(ref_choice, everything, top_k=top_k) if everything else None
+    out = []
+    for candidate, choice, (jobs, skipped) in zip(candidates, choices, found):
+        same = bool(jobs) and choice.settings() == ref_choice.settings()
+        cand_pass = (ref_pass if same else engine_pass(choice, jobs, top_k=top_k)) if jobs else None
+        analysed = time.perf_counter()
+        flips, unlocated = explain_jobs(jobs, ref_pass, cand_pass, near_tie=near_tie, floor=floor) if jobs else ([], [])
+        changes = why.choice_changes(reference.samples, candidate.samples, near_tie=near_tie, floor=floor)
+        seconds = {**(ref_pass.seconds if jobs else {}), **(cand_pass.seconds if jobs and not same else {})}
+        seconds["total"] = round(sum(seconds.values()) + time.perf_counter() - analysed, 2)  # as if located alone
+        engines = {"reference": ref_choice.describe(), "candidate": choice.describe() + (
+            " (the reference's engine: same settings)" if same else "")} if jobs else {}
+        out.append(why.Localisation(
+            reference=reference.name, candidate=candidate.name, flips=flips, choices=changes, near_tie=near_tie,
+            floor=floor, floor_source=floor_source, skipped=skipped + unlocated, seconds=seconds, engines=engines))
+    return out
+
+
+def add_arguments(parser: Any) -> None:
+    group = parser.add_argument_group("--locate", "why each changed document changed (evalkit/compare/locate.py)")
+    group.add_argument("--locate", action="store_true",
+                       help="restart both runs' engines and find, for every differing generation, the first divergent "
+                            "token and why (near-tie, logit drift, other)")
+    group.add_argument("--near-tie", type=float, default=why.NEAR_TIE, metavar="NATS",
+                       help=f"a reference margin this small is a near-tie (default {why.NEAR_TIE})")
+    group.add_argument("--top-k", type=int, default=TOP_K, help="alternatives shown at each divergent token")
+    for side, flag in FLAGS.items():
+        group.add_argument(flag, nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                           help=f"settings over the {side} run's recorded config, e.g. {flag} vllm_path=/path/to/model "
+                                "engine=hf")
+
+
+def from_args(args: Any, reference: Run, candidates: list[Run]) -> dict[Path, why.Localisation]:
+    """--locate as main runs it: candidate folder -> its Localisation, the floor from --noise when given."""
+    floor, source = why.NOISE_FLOOR, "default: float32 batch noise measured in this project"
+    if args.noise:
+        measured = why.noise_floor(load_run(args.noise[0]).samples, load_run(args.noise[1]).samples)
+        if measured is None:
+            source = "default: the --noise runs recorded no log-likelihoods to measure it"
+        else:
+            floor, source = measured, "--noise: max per-choice log-likelihood difference between the two noise runs"
+    found = locate(reference, candidates, ref_overrides=args.ref_engine, cand_overrides=args.cand_engine,
+                   near_tie=args.near_tie, floor=floor, floor_source=source, top_k=args.top_k)
+    return {candidate.path: loc for candidate, loc in zip(candidates, found)}
