@@ -43,7 +43,8 @@ def file_sha256(path: Path) -> str:
 
 # evalkit's own modules that shape a request or read the engine's answer: an upgrade that changes any of them
 # may change answers, so their content is part of the fingerprint.
-ANSWER_CODE = ("contracts.py", "harness/budget.py", "harness/lm.py", "engine/vllm_engine.py", "engine/store.py")
+ANSWER_CODE = ("contracts.py", "harness/budget.py", "harness/lm.py", "engine/vllm_engine.py", "engine/hf_engine.py",
+               "engine/store.py")
 
 
 def answers_key(cfg: Any) -> str:

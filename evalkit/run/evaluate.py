@@ -158,7 +158,20 @@ def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
 
 def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
     """The engine of a run's try: one vLLM engine in this process, the only one it holds, or
-    data_parallel_size of them in Ray actors (evalkit/run/dataparallel.py)."""
+    data_parallel_size of them in Ray actors (evalkit/run/dataparallel.py); with engine=hf, the HF
+    transformers reference engine (evalkit/engine/hf_engine.py)."""
+    if cfg.engine == "hf":
+        from evalkit.engine.hf_engine import HFEngine, check_settings
+
+        check_settings(engine_kwargs=dict(cfg.engine_kwargs), sampling_kwargs=dict(cfg.sampling_kwargs),
+                       tensor_parallel_size=cfg.tensor_parallel_size, pipeline_parallel_size=cfg.pipeline_parallel_size)
+        engine = HFEngine(model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+                          batch_size=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+                          add_bos_token=cfg.add_bos_token, engine_kwargs=dict(cfg.engine_kwargs))
+        args, versions = engine.args, engine.describe()["versions"]
+        print(f"evalkit: engine=hf (transformers {versions['transformers']}): dtype={args['dtype']}, "
+              f"device_map={args['device_map']}, batch_size={args['max_num_seqs']}", file=sys.stderr, flush=True)
+        return engine
     if cfg.data_parallel_size > 1:
         from evalkit.run.dataparallel import DataParallelEngine
 
@@ -179,7 +192,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     except ConfigError:
         raise
     except Exception as error:
-        raise EngineStartError(f"the vLLM engine did not start ({type(error).__name__}: {error}); "
+        raise EngineStartError(f"the {cfg.engine} engine did not start ({type(error).__name__}: {error}); "
                                "its own log above names the cause") from error
     watch.lap("engine_start")
     try:

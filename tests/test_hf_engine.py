@@ -1,0 +1,322 @@
+"""The HF transformers reference engine (evalkit/engine/hf_engine.py, ``engine=hf``).
+
+Engine-marked, on the embedded model in float32: against lm-eval's own ``hf`` backend on the same documents
+(the same token ids scored and prompted, log-likelihoods within HF_LOGPROB_TOL, identical greedy
+generations: one library on both sides, so any difference is ours); ``trace`` against ``score``; against
+the vLLM engine (both float32) on score requests and greedy generations; a rerun that reuses the request
+store. The rest: the pure parts (sampling settings, refusals, stop strings, batching) without a model.
+
+Run: pytest tests/test_hf_engine.py -m "not engine"; pytest -m engine -s tests/test_hf_engine.py
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evalkit.config import TASKS_DIR, ConfigError, compose_config
+from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.engine.hf_engine import Row, check_settings, sampling_for_hf, score_batches
+from evalkit.run.evaluate import evaluate, seed_as_lm_eval, start_engines
+from evalkit.run.results import read_samples
+from tests.conftest import run_dirs
+
+TASKS = ["evalkit_arith", "evalkit_facts"]
+LIMIT = 20  # documents per task, batched as evalkit's default; one at a time (lm-eval's default), BY_ONE
+BY_ONE = 8  # one sequence per forward pass is slow on a shared CPU
+MAX_TOKENS = 256  # lm-eval's max_gen_toks default, as tests/test_parity.py
+HF_LOGPROB_TOL = 1e-5  # nats per choice, evalkit's hf engine vs lm-eval's hf backend: one library
+VLLM_LOGPROB_TOL = 1e-3  # nats per request, two implementations in float32
+OUTPUT = (("skip_special_tokens", False), ("spaces_between_special_tokens", False))  # as evalkit's harness sends
+GREEDY = (*OUTPUT, ("temperature", 0.0))
+
+
+# --- the pure parts ---
+def test_greedy_and_sampled_settings_map_onto_hf_generation():
+    greedy = sampling_for_hf(dict(GREEDY))
+    assert dict(greedy.options) == {"do_sample": False, "repetition_penalty": 1.0}
+    assert not greedy.skip_special_tokens and not greedy.spaces_between_special_tokens and greedy.seed is None
+    sampled = sampling_for_hf({"temperature": 0.8, "top_p": 0.95, "top_k": -1, "seed": 7})
+    assert dict(sampled.options) == {"do_sample": True, "temperature": 0.8, "top_p": 0.95, "top_k": 0,
+                                     "min_p": 0.0, "repetition_penalty": 1.0}
+    assert sampled.seed == 7 and sampled.skip_special_tokens  # vLLM's default where the request says nothing
+    assert dict(sampling_for_hf({}).options)["do_sample"]  # vLLM's default temperature is 1.0
+    assert sampling_for_hf({"stop_token_ids": [5, 6], "n": 1, "presence_penalty": 0.0}).stop_token_ids == (5, 6)
+
+
+@pytest.mark.parametrize("settings, named", [({"presence_penalty": 0.5}, "presence_penalty=0.5"),
+                                             ({"ignore_eos": True}, "ignore_eos=True"),
+                                             ({"best_of_everything": 3}, "best_of_everything=3"),
+                                             ({"temperature": -1.0}, "temperature=-1.0")])
+def test_what_hf_generation_cannot_honour_is_refused_in_one_line(settings, named):
+    with pytest.raises(ConfigError) as error:
+        sampling_for_hf(settings)
+    assert named in str(error.value) and "\n" not in str(error.value)
+
+
+def test_vllm_only_engine_settings_are_refused_before_the_model_loads():
+    check_settings(engine_kwargs={"device_map": "auto", "enforce_eager": True}, sampling_kwargs={},
+                   tensor_parallel_size=1, pipeline_parallel_size=1)
+    for kwargs, named in (({"engine_kwargs": {"max_num_batched_tokens": 8}}, "engine_kwargs.max_num_batched_tokens"),
+                          ({"tensor_parallel_size": 2}, "tensor_parallel_size=2"),
+                          ({"sampling_kwargs": {"frequency_penalty": 1.0}}, "frequency_penalty=1.0")):
+        given = {"engine_kwargs": {}, "sampling_kwargs": {}, "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+        with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+            check_settings(**{**given, **kwargs})
+    cfg = compose_config(["engine=hf", "pipeline_parallel_size=2"])
+    with pytest.raises(ConfigError, match="pipeline_parallel_size=2"):
+        start_engines(cfg, "/nonexistent")  # refused before anything is loaded
+
+
+def generated(stop, tokens, max_tokens=10, stop_ids=(0,)):
+    """A Row fed one character per token (token id = code point; 0 is the stop token)."""
+    row = Row(GenRequest(prompt_ids=(1,), max_tokens=max_tokens, stop=tuple(stop)), lambda t: chr(t), set(stop_ids),
+              limit=max_tokens)
+    for token in map(ord, tokens) if isinstance(tokens, str) else tokens:
+        row.add(token)
+    return row.generation()
+
+
+def test_a_stop_string_cuts_the_text_and_keeps_the_ids_up_to_the_token_that_completed_it():
+    g = generated(["\n\n"], " 42\n\nQuestion")
+    assert (g.text, g.finish_reason, g.token_ids) == (" 42", "stop", tuple(map(ord, " 42\n\n")))
+    g = generated(["cd", "bcde"], "abcdef")  # the stop that completes first, not the first listed
+    assert (g.text, g.token_ids) == ("ab", tuple(map(ord, "abcd")))
+    g = generated(["xy"], "abxy")
+    assert g.text == "ab" and g.output_tokens == 4
+
+
+def test_a_stop_token_ends_without_its_text_and_max_tokens_ends_with_length():
+    g = generated([], [ord("a"), ord("b"), 0, ord("c")])
+    assert (g.text, g.finish_reason, g.token_ids) == ("ab", "stop", (97, 98, 0))
+    g = generated(["z"], "abcdefgh", max_tokens=3)
+    assert (g.text, g.finish_reason, g.output_tokens) == ("abc", "length", 3)
+    g = generated(["c"], "abc", max_tokens=3)  # a stop on the last allowed token is a stop
+    assert (g.text, g.finish_reason) == ("ab", "stop")
+
+
+def test_score_batches_hold_each_request_once_longest_first_within_the_limits():
+    requests = [ScoreRequest(ids=tuple(range(n)), start=n - 2) for n in (3, 9, 5, 9, 7)]
+    batches = score_batches(requests, batch_size=2, logit_rows=1000)
+    assert sorted(i for b in batches for i in b) == list(range(5)) and all(len(b) <= 2 for b in batches)
+    assert [len(requests[b[0]].ids) for b in batches] == [9, 7, 3]
+    rolling = [ScoreRequest(ids=tuple(range(100)), start=0)] * 3  # 99 positions each
+    assert score_batches(rolling, batch_size=16, logit_rows=200) == [[0, 1], [2]]
+    assert score_batches(rolling, batch_size=16, logit_rows=10) == [[0], [1], [2]]  # never less than one
+
+
+# --- the real engine ---
+@pytest.fixture(scope="module")
+def hf(embedded_model_dir):
+    from evalkit.engine.hf_engine import HFEngine
+
+    engine = HFEngine(model=embedded_model_dir, tokenizer=None, dtype="auto", max_model_len=4096, batch_size=None,
+                      seed=1234, trust_remote_code=False, add_bos_token=None, engine_kwargs={})
+    yield engine
+    engine.close()
+
+
+class Recording:
+    """An engine whose score and generate requests are written down; everything else passes through."""
+
+    def __init__(self, engine):
+        self.engine, self.max_model_len = engine, engine.max_model_len
+        self.scored, self.generated = [], []
+
+    def encode(self, text, add_special_tokens):
+        return self.engine.encode(text, add_special_tokens)
+
+    def decode(self, ids):
+        return self.engine.decode(ids)
+
+    def prefix_token_id(self):
+        return self.engine.prefix_token_id()
+
+    def eos_token_id(self):
+        return self.engine.eos_token_id()
+
+    def chat_prompt(self, messages, add_generation_prompt):
+        return self.engine.chat_prompt(messages, add_generation_prompt)
+
+    def score(self, requests, progress=None, *, fast=True):
+        self.scored += requests
+        return self.engine.score(requests, progress, fast=fast)
+
+    def generate(self, requests, progress=None):
+        self.generated += requests
+        return self.engine.generate(requests, progress)
+
+    def trace(self, requests, top_k=5):
+        return self.engine.trace(requests, top_k)
+
+    def describe(self):
+        return self.engine.describe()
+
+    def close(self):
+        self.engine.close()
+
+
+def lm_eval_hf(model_dir, batch_size):
+    """lm-eval's own HFLM (float32, CPU), with the token ids it scores and prompts written down as it sends them
+    to the model."""
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=model_dir, dtype="float32", device="cpu", batch_size=batch_size)  # max_gen_toks: 256
+    lm.scored, lm.generated = [], []
+    score, generate = lm._loglikelihood_tokens, lm._model_generate
+
+    def scored(requests, **kwargs):
+        lm.scored += [(tuple(context), tuple(continuation)) for _, context, continuation in requests]
+        return score(requests, **kwargs)
+
+    def generated(context, max_length, stop, **kwargs):
+        for row, mask in zip(context.tolist(), kwargs["attention_mask"].tolist()):
+            ids = tuple(t for t, m in zip(row, mask) if m)
+            lm.generated.append((ids, tuple(stop), max_length - len(row)))
+        return generate(context, max_length, stop, **kwargs)
+
+    lm._loglikelihood_tokens, lm._model_generate = scored, generated
+    return lm
+
+
+@pytest.fixture(scope="module", params=[1, 16], ids=["one-at-a-time", "batched"])
+def against_lm_eval(request, embedded_model_dir, tmp_path_factory):
+    """(evalkit's samples, lm-eval's samples, evalkit's requests, lm-eval's requests, run folder, documents per
+    task), HF transformers on both sides with one batch size: one sequence per forward pass, or 16 (evalkit's
+    default), padded."""
+    from lm_eval import simple_evaluate
+
+    from evalkit.harness.tasks import load_tasks
+
+    batch = request.param
+    limit = BY_ONE if batch == 1 else LIMIT
+    cfg = compose_config([f"vllm_path={embedded_model_dir}", "engine=hf", "resume=false", f"limit={limit}",
+                          f"max_tokens={MAX_TOKENS}", f"output_dir={tmp_path_factory.mktemp('hf')}",
+                          f"tasks=[{','.join(TASKS)}]", *(["batch_size=1"] if batch == 1 else [])])
+    ours = {}
+    run_dir = evaluate(cfg, engine_factory=lambda c, d: ours.setdefault("engine", Recording(start_engines(c, d))))
+    mine = {task: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, task)} for task in TASKS}
+    lm = lm_eval_hf(embedded_model_dir, batch)
+    seed_as_lm_eval(cfg.task_seeds)
+    manager, tasks = load_tasks(TASKS, task_data={}, extra_dirs=[])
+    outcome = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=True)
+    theirs = {t: {(s["doc_id"], s["filter"]): s for s in samples} for t, samples in outcome["samples"].items()}
+    recorded = ours["engine"]
+    sent = (sorted((r.ids[:r.start], r.ids[r.start:]) for r in recorded.scored),
+            sorted((r.prompt_ids, r.stop, r.max_tokens) for r in recorded.generated))
+    return mine, theirs, sent, (sorted(lm.scored), sorted(lm.generated)), run_dir, limit
+
+
+@pytest.mark.engine
+def test_the_same_token_ids_are_scored_and_prompted_as_lm_evals_hf_backend(against_lm_eval):
+    _, _, (ours_scored, ours_generated), (theirs_scored, theirs_generated), _, limit = against_lm_eval
+    assert len(ours_scored) == len(theirs_scored) > limit and ours_scored == theirs_scored
+    assert len(ours_generated) == len(theirs_generated) == limit and ours_generated == theirs_generated
+
+
+@pytest.mark.engine
+def test_the_same_loglikelihoods_and_greedy_generations_as_lm_evals_hf_backend(against_lm_eval):
+    ours, theirs, _, _, run_dir, limit = against_lm_eval
+    diffs, differ = [], {}
+    for task in TASKS:
+        assert set(ours[task]) == set(theirs[task]) and len(ours[task]) == limit
+        for key, mine in ours[task].items():
+            ref = theirs[task][key]
+            assert mine["prompt_hash"] == ref["prompt_hash"]
+            if mine["raw_output"] is None:  # log-likelihoods: [["logprob", "is_greedy"]] per choice
+                diffs += [abs(float(a[0][0]) - b[0][0]) for a, b in zip(mine["resps"], ref["resps"])]
+                assert [a[0][1] for a in mine["resps"]] == [str(b[0][1]) for b in ref["resps"]], (task, key)
+            elif mine["resps"] != [[str(r) for r in rs] for rs in ref["resps"]]:
+                differ[key[0]] = (mine["resps"], ref["resps"])
+            for metric in ("acc", "acc_norm", "exact_match"):
+                assert mine.get(metric) == ref.get(metric), (task, key, metric)
+    batch = json.loads((run_dir / "results.json").read_text())["evalkit"]["engine"]["engine_args"]["max_num_seqs"]
+    print(f"\nhf engine vs lm-eval hf, batch size {batch}: log-likelihood max |diff| {max(diffs):.1e} over "
+          f"{len(diffs)} choices; generations identical {limit - len(differ)}/{limit}")
+    assert max(diffs) <= HF_LOGPROB_TOL and not differ, differ
+
+
+@pytest.mark.engine
+def test_the_run_records_the_hf_engine(against_lm_eval):
+    data = json.loads((against_lm_eval[4] / "results.json").read_text())
+    engine = data["evalkit"]["engine"]
+    assert engine["name"] == "hf" and engine["engine_args"]["dtype"] == "float32"
+    assert engine["engine_args"]["device_map"] == "cpu" and engine["versions"]["transformers"]
+
+
+def facts_requests(engine, documents=10):
+    """The choices of evalkit_facts' first documents as score requests, built as lm-eval builds them."""
+    requests = []
+    for line in (TASKS_DIR / "evalkit_facts" / "test.jsonl").read_text().splitlines()[:documents]:
+        doc = json.loads(line)
+        context = f"Question: {doc['question']}\nAnswer:"
+        for choice in doc["choices"]:
+            ids = engine.encode(f"{context} {choice}", False)
+            requests.append(ScoreRequest(ids=tuple(ids), start=len(engine.encode(context, False))))
+    return requests
+
+
+def prompts(engine):
+    """Greedy requests meant to end every way: a stop string, the end-of-sequence token, max_tokens."""
+    chat = engine.chat_prompt([{"role": "user", "content": "Say hello."}], True)
+    arith = "Question: What is 2 + 3?\nAnswer: 5\n\nQuestion: What is 7 + 6?\nAnswer:"
+    return [GenRequest(prompt_ids=tuple(engine.encode(arith, False)), max_tokens=16, stop=("\n", "Question:"),
+                       sampling=GREEDY),
+            GenRequest(prompt_ids=tuple(engine.encode(chat, False)), max_tokens=64, sampling=GREEDY),
+            GenRequest(prompt_ids=tuple(engine.encode("Once upon a time", False)), max_tokens=12, sampling=GREEDY),
+            GenRequest(prompt_ids=tuple(engine.encode("The capital of France is", False)), max_tokens=24,
+                       stop=(" is", "."), sampling=GREEDY)]
+
+
+@pytest.mark.engine
+def test_trace_agrees_with_score_and_greedy_generations_score_as_greedy(hf):
+    generations = hf.generate(prompts(hf))
+    greedy = [ScoreRequest(ids=r.prompt_ids + g.token_ids, start=len(r.prompt_ids))
+              for r, g in zip(prompts(hf), generations) if g.finish_reason == "length"]
+    requests = [*facts_requests(hf), *greedy, ScoreRequest(ids=greedy[0].ids, start=0)]  # the last: from token 1
+    scored, traces = hf.score(requests), hf.trace(requests, top_k=3)
+    for r, s, t in zip(requests, scored, traces):
+        assert len(t.logprobs) == len(t.top) == len(r.ids) - max(r.start, 1)
+        assert abs(sum(t.logprobs) - s.logprob) <= 1e-5
+        assert s.is_greedy == all(top[0][0] == token for top, token in zip(t.top, r.ids[max(r.start, 1):]))
+        assert all(len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1] for top in t.top)
+    assert greedy and all(s.is_greedy for s in scored[-len(greedy) - 1:-1])
+    assert not all(s.is_greedy for s in scored)
+
+
+@pytest.mark.engine
+def test_sampled_draws_differ_and_a_request_with_its_own_seed_repeats_its_draw(hf):
+    prompt = tuple(hf.encode("Once upon a time", False))
+    sampled = GenRequest(prompt_ids=prompt, max_tokens=8, sampling=(*OUTPUT, ("temperature", 1.0)))
+    seeded = GenRequest(prompt_ids=prompt, max_tokens=8, sampling=(*OUTPUT, ("seed", 11), ("temperature", 1.0)))
+    draws = hf.generate([sampled] * 4 + [seeded] * 2)
+    assert len({g.token_ids for g in draws[:4]}) == 4
+    assert draws[4] == draws[5] == hf.generate([seeded])[0] and draws[4] not in draws[:4]
+
+
+@pytest.mark.engine
+def test_hf_and_vllm_agree_in_float32(hf, engine):
+    assert str(engine.llm.llm_engine.model_config.dtype) == "torch.float32" and hf.args["dtype"] == "float32"
+    requests = facts_requests(hf, documents=4)
+    diffs = [abs(a.logprob - b.logprob) for a, b in zip(hf.score(requests), engine.score(requests))]
+    ours, theirs = hf.generate(prompts(hf)), engine.generate(prompts(hf))
+    print(f"\nhf vs vLLM float32: log-likelihood max |diff| {max(diffs):.1e} over {len(diffs)} requests; "
+          f"generations: {[(g.finish_reason, g.text) for g in ours]}")
+    assert max(diffs) <= VLLM_LOGPROB_TOL
+    assert {g.finish_reason for g in ours} == {"stop", "length"}
+    assert ours == theirs
+
+
+@pytest.mark.engine
+def test_a_rerun_of_the_cli_reuses_the_stored_answers(embedded_model_dir, tmp_path):
+    args = [sys.executable, "-m", "evalkit", "engine=hf", "limit=5", f"output_dir={tmp_path}"]
+    done = [subprocess.run(args, capture_output=True, text=True, timeout=1200) for _ in range(2)]
+    assert all(d.returncode == 0 for d in done), done[-1].stderr[-3000:]
+    assert "evalkit: engine=hf" in done[0].stderr and "dtype=float32" in done[0].stderr
+    first, second = run_dirs(tmp_path / "smollm2-135m-instruct")
+    resume = [json.loads((run / "results.json").read_text())["evalkit"]["resume"] for run in (first, second)]
+    assert resume[0]["computed"] > 0 and resume[1]["computed"] == 0
+    assert resume[1]["reused"] == resume[0]["reused"] + resume[0]["computed"]
+    for task in TASKS:
+        assert read_samples(first, task) == read_samples(second, task)
