@@ -320,3 +320,21 @@ def test_a_rerun_of_the_cli_reuses_the_stored_answers(embedded_model_dir, tmp_pa
     assert resume[1]["reused"] == resume[0]["reused"] + resume[0]["computed"]
     for task in TASKS:
         assert read_samples(first, task) == read_samples(second, task)
+
+
+@pytest.mark.engine
+def test_compare_finds_a_vllm_run_and_an_hf_run_of_one_config_equivalent(tmp_path, default_run):
+    """The same config (12 documents per task) on both engines, through evalkit.compare: no document differs,
+    so every verdict is equivalent at the widest interval 12 documents allow (tolerance 0.35)."""
+    from tests.conftest import cli_run
+
+    _, vllm_dir = default_run
+    _, hf_dir = cli_run(tmp_path / "hf", "engine=hf")
+    assert json.loads((hf_dir / "results.json").read_text())["evalkit"]["engine"]["name"] == "hf"
+    done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(vllm_dir), str(hf_dir), "--tolerance", "0.35"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| evalkit_")]
+    assert rows and all("| equivalent" in row for row in rows), rows
+    assert [s["resps"] for s in read_samples(hf_dir, "evalkit_arith")] == \
+        [s["resps"] for s in read_samples(vllm_dir, "evalkit_arith")]
