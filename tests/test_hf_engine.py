@@ -325,7 +325,7 @@ def test_a_rerun_of_the_cli_reuses_the_stored_answers(embedded_model_dir, tmp_pa
 @pytest.mark.engine
 def test_compare_finds_a_vllm_run_and_an_hf_run_of_one_config_equivalent(tmp_path, default_run):
     """The same config (12 documents per task) on both engines, through evalkit.compare: no document differs,
-    so every verdict is equivalent at the widest interval 12 documents allow (tolerance 0.35)."""
+    so every verdict is equivalent (tolerance 0.35: 12 documents give wide intervals)."""
     from tests.conftest import cli_run
 
     _, vllm_dir = default_run
