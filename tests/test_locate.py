@@ -303,3 +303,18 @@ def test_a_perturbed_layer_shows_as_logit_drift_not_near_ties(located):
     print(f"\nfloat32 -> layer 2 down_proj x1.3: {rows}")
     assert sorted(r[0] for r in rows) == differing_documents(runs["float32"], runs["perturbed"]) != []
     assert {r[4] for r in rows} == {"logit drift"}
+
+
+@pytest.mark.engine
+def test_bfloat16_on_vllm_against_an_hf_float32_reference(located, tmp_path):
+    """The reference run on HF transformers (engine=hf, float32): --locate restarts each side's own engine."""
+    runs, _ = located
+    hf_run = cli_run(tmp_path / "hf", "engine=hf", "dtype=float32")
+    done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(hf_run), str(runs["bfloat16"]), "--locate"],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    text, rows = why_rows(runs["bfloat16"], hf_run)
+    print(f"\nhf float32 -> vllm bfloat16: {rows}")
+    assert sorted(r[0] for r in rows) == differing_documents(hf_run, runs["bfloat16"]) != []
+    assert all(r[4] in why.CLASSES and r[2].startswith(("+", "-")) and r[3].startswith(("+", "-")) for r in rows)
+    assert "- reference engine: hf, dtype=float32" in text and "- candidate engine: vllm, dtype=bfloat16" in text
