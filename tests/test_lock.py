@@ -1,4 +1,6 @@
-"""One run per result folder (evalkit/run/lock.py): the lock lives with the results. Run: pytest tests/test_lock.py"""
+"""One run per result folder (evalkit/run/lock.py): the lock lives with the results, held with the kernel's flock.
+
+Run: pytest tests/test_lock.py (the race of two processes on a torn lock: 20 rounds, a few seconds)."""
 
 import json
 import os
@@ -11,7 +13,7 @@ import time
 import pytest
 
 from evalkit.config import ConfigError
-from evalkit.run.lock import LOCK_NAME, ResultLock
+from evalkit.run.lock import LOCK_NAME, LockHeld, ResultLock
 
 HOLD = ("import sys, time; from evalkit.run.lock import ResultLock; ResultLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); time.sleep(600)")
@@ -32,34 +34,123 @@ def test_a_second_process_is_refused_with_the_holder_named_and_a_dead_holder_is_
         holder.send_signal(signal.SIGKILL)  # dies holding it: the lock file stays behind
         holder.wait()
     assert json.loads((folder / LOCK_NAME).read_text())["pid"] == holder.pid
-    with ResultLock(folder) as lock:  # stale (dead pid on this host): taken over
+    with ResultLock(folder) as lock:  # the kernel dropped the dead holder's lock
         assert json.loads(lock.path.read_text())["pid"] == os.getpid()
     assert not (folder / LOCK_NAME).exists()
 
 
-def test_a_lock_held_on_another_host_is_refused_with_the_file_to_delete(tmp_path):
-    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": "node-17", "pid": 1, "started": "2026-11-30T01:00:00"}))
-    with pytest.raises(ConfigError) as refused:
-        ResultLock(tmp_path).acquire()
-    message = str(refused.value)
-    assert "pid 1 on node-17" in message and f"delete {tmp_path / LOCK_NAME}" in message and "\n" not in message
+def held_by_another_process(folder, name=LOCK_NAME):
+    """A process holding the lock folder/name (kill it when done)."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_NAMED, str(folder), name], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
 
 
-def test_a_torn_lock_file_is_taken_over_once_it_is_old(tmp_path):
-    lock_file = tmp_path / LOCK_NAME
-    lock_file.write_text('{"host": "')  # the holder died while writing it
-    with pytest.raises(ConfigError):
-        ResultLock(tmp_path).acquire()  # fresh: its writer may still be at it
-    os.utime(lock_file, (time.time() - 120, time.time() - 120))
-    ResultLock(tmp_path).acquire().release()
+HOLD_NAMED = ("import sys, time; from evalkit.run.lock import ResultLock; ResultLock(sys.argv[1], sys.argv[2]).acquire(); "
+              "print('held', flush=True); time.sleep(600)")
+
+
+def dead_pid():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return gone.pid
+
+
+@pytest.mark.parametrize("says", [{"host": "node-17", "pid": 1},  # a run on another machine sharing the folder
+                                  {"host": socket.gethostname(), "pid": None}])  # another PID namespace: no such pid here
+def test_a_held_lock_is_refused_whatever_its_holder_looks_like_from_here(tmp_path, says):
+    says = {**says, "pid": says["pid"] or dead_pid(), "started": "2026-11-30T01:00:00"}
+    holder = held_by_another_process(tmp_path)
+    try:
+        (tmp_path / LOCK_NAME).write_text(json.dumps(says))  # in place: what the holder's host would have written
+        with pytest.raises(LockHeld) as refused:
+            ResultLock(tmp_path).acquire()
+        message = str(refused.value)
+        assert f"pid {says['pid']} on {says['host']}" in message and str(tmp_path / LOCK_NAME) in message
+        assert "\n" not in message
+    finally:
+        holder.kill()
+        holder.wait()
+    ResultLock(tmp_path).acquire().release()  # its holder gone, the lock is free at once
+
+
+def test_a_torn_lock_file_of_a_dead_holder_is_free_at_once(tmp_path):
+    (tmp_path / LOCK_NAME).write_text('{"host": "')  # the holder died while writing it
+    with ResultLock(tmp_path) as lock:
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+
+
+RACER = """
+import os, sys, time
+from pathlib import Path
+from evalkit.run.lock import ResultLock
+folder, rounds, me = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+for n in range(rounds):
+    while not (folder.parent / f"go-{n}").exists():
+        time.sleep(0.001)
+    lock = ResultLock(folder).acquire(wait=60, poll=0.005)
+    try:
+        os.close(os.open(folder.parent / "inside", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        print(f"round {n}: both held the lock", flush=True)
+    else:
+        time.sleep(0.02)
+        os.unlink(folder.parent / "inside")
+    lock.release()
+    (folder.parent / f"done-{n}-{me}").touch()
+"""
+
+
+def test_two_processes_racing_on_a_torn_lock_hold_it_one_at_a_time(tmp_path):
+    folder, rounds = tmp_path / "model", 20
+    folder.mkdir()
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(folder), str(rounds), me],
+                               stdout=subprocess.PIPE, text=True) for me in "ab"]
+    try:
+        for n in range(rounds):
+            torn = folder / LOCK_NAME
+            torn.write_text('{"host": "')  # a holder that died while writing it, long ago
+            os.utime(torn, (time.time() - 120, time.time() - 120))
+            (tmp_path / f"go-{n}").touch()
+            deadline = time.monotonic() + 60
+            while not all((tmp_path / f"done-{n}-{me}").exists() for me in "ab"):
+                assert time.monotonic() < deadline and all(r.poll() is None for r in racers), f"round {n} hangs"
+                time.sleep(0.005)
+        outputs = [r.communicate(timeout=60)[0] for r in racers]
+    finally:
+        for racer in racers:
+            racer.kill()
+    assert [r.returncode for r in racers] == [0, 0] and outputs == ["", ""], outputs
 
 
 def test_release_removes_only_its_own_lock_and_other_folders_are_free(tmp_path):
     first = ResultLock(tmp_path / "a").acquire()
     ResultLock(tmp_path / "b").acquire().release()
-    (tmp_path / "a" / LOCK_NAME).write_text(json.dumps({"host": "node-17", "pid": 1, "started": "x"}))
+    replaced = tmp_path / "replaced"
+    replaced.write_text(json.dumps({"host": "node-17", "pid": 1, "started": "x"}))
+    os.replace(replaced, tmp_path / "a" / LOCK_NAME)  # someone deleted ours and made their own
     first.release()  # not ours any more: left alone
     assert (tmp_path / "a" / LOCK_NAME).exists()
+
+
+def test_a_process_holds_a_lock_once_and_frees_it_on_release(tmp_path):
+    with ResultLock(tmp_path) as lock:
+        with pytest.raises(LockHeld):
+            ResultLock(tmp_path).acquire()  # a second ResultLock in the same process is another holder
+    assert not lock.held and not (tmp_path / LOCK_NAME).exists()
+    ResultLock(tmp_path).acquire().release()
+
+
+def test_a_model_folder_named_two_ways_is_one_lock(tmp_path):
+    from evalkit.config import compose_config
+    from evalkit.engine.store import answers_key
+
+    model = tmp_path / "models" / "X"
+    model.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(model)
+    keys = {answers_key(compose_config([f"vllm_path={path}"]))
+            for path in (model, f"{model}/", tmp_path / "models" / "." / "X", tmp_path / "link")}
+    assert len(keys) == 1
 
 
 def test_runs_that_could_share_a_store_share_a_lock_and_others_of_the_model_do_not():
@@ -75,7 +166,7 @@ def test_runs_that_could_share_a_store_share_a_lock_and_others_of_the_model_do_n
 
 
 def test_a_sweeps_point_waits_for_the_run_holding_its_answers_then_takes_the_lock(tmp_path):
-    from evalkit.run.lock import LockHeld, result_lock
+    from evalkit.run.lock import result_lock
 
     folder = tmp_path / "model"
     other = result_lock(str(tmp_path), "model", "bbbbbbbbbbbb").acquire()  # other answers: no conflict

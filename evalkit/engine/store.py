@@ -52,8 +52,13 @@ def answers_key(cfg: Any) -> str:
     of the fingerprint that the config decides (model, tokenizer, dtype, length, parallel layout, seed, engine
     arguments but the scheduling-only ones). Coarser than the fingerprint, never finer: two runs that could
     share a store share the key."""
+    def folder(path: str | None) -> str | None:  # a local folder by its real path: `X`, `X/` or a link, one key
+        local = os.path.expanduser(path) if path else ""
+        return os.path.realpath(local) if os.path.isdir(local) else path
+
     engine_kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k not in SCHEDULING_ONLY}
-    return sha256({"engine": cfg.engine, "model": cfg.vllm_path, "tokenizer": cfg.tokenizer, "dtype": cfg.dtype,
+    return sha256({"engine": cfg.engine, "model": folder(cfg.vllm_path), "tokenizer": folder(cfg.tokenizer),
+                   "dtype": cfg.dtype,
                    "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
                    "tensor_parallel_size": cfg.tensor_parallel_size, "seed": cfg.seed,
                    "pipeline_parallel_size": cfg.pipeline_parallel_size,

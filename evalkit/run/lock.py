@@ -4,15 +4,19 @@ The key (evalkit/engine/store.py, ``answers_key``) covers what decides the reque
 runs that could write one store never run at once, while runs of one model with other answers (a sweep's
 points over dtype or context length) may share the folder: run folders are published under free names.
 
-The lock is a file created atomically (``O_CREAT | O_EXCL``, which local file systems and NFS v3+ honour)
-holding its holder's host, pid and start time, so two machines that share the file system cannot write one
-folder at once, and a refusal names the holder. A holder that died without releasing (``kill -9``, a power
-cut) leaves its file behind: on the same host a dead pid is detected and the lock taken over; from another
-host it cannot be, and the message says which file to delete once that run is known to be gone.
+The lock is the kernel's: ``fcntl.flock`` on the lock file, held for the run. The kernel drops it when its
+holder's process ends, however it ends (``kill -9``, the OOM killer, a segfault) and in whatever PID namespace
+or container it ran, so no one guesses whether a holder still lives and no lock is ever taken over. Linux's NFS
+client turns flock into NFS locks, which keep two machines that share the file system apart too, and which the
+server frees when a crashed client's lease runs out; a file system without locks is refused with one line.
+The file holds its holder's host, pid and start time, only to name it in a refusal. Its holder deletes it while
+still holding it; a waiter that then gets the lock of the deleted file finds another (or no) file at the path
+and tries again, so the lock is always the one file at the path.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -24,21 +28,10 @@ from typing import Any
 from evalkit.config import ConfigError
 
 LOCK_NAME = ".lock"
-TORN_AFTER = 30.0  # seconds: a lock file still unreadable this long after it was made was torn by a crash
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def read_holder(path: Path) -> dict[str, Any] | None:
-    """The holder written in a lock file, or None when the file is gone or unreadable."""
+    """The holder written in a lock file, or None when the file is gone, unreadable or still being written."""
     try:
         holder = json.loads(path.read_text())
         return holder if isinstance(holder, dict) else None
@@ -46,13 +39,13 @@ def read_holder(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def is_stale(path: Path, holder: dict[str, Any] | None) -> bool:
-    if holder is None:
-        try:
-            return time.time() - path.stat().st_mtime > TORN_AFTER
-        except FileNotFoundError:
-            return True
-    return holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid", -1)))
+def at_path(fd: int, path: Path) -> bool:
+    """Whether the open file fd is the file at path now (not one deleted, or replaced, since it was opened)."""
+    try:
+        here, opened = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 class LockHeld(ConfigError):
@@ -67,8 +60,12 @@ class ResultLock:
         self.path = self.folder / name
         self.me = {"host": socket.gethostname(), "pid": os.getpid(),
                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        self.held = False
+        self.fd: int | None = None  # the locked lock file while held
         self.created: list[Path] = []  # folders made for the lock, deepest first: removed again if left empty
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
 
     def acquire(self, wait: float = 0.0, poll: float = 2.0) -> "ResultLock":
         """Take the lock; a live holder is waited for up to `wait` seconds (a sweep's points), then refused."""
@@ -88,43 +85,52 @@ class ResultLock:
         except OSError as error:
             raise ConfigError(f"cannot create the result folder {self.folder} ({error.strerror}); "
                               "pass output_dir= a writable folder") from None
-        for _ in range(3):
+        for _ in range(100):  # another turn only when the file was deleted between our open and our lock
+            fd = self._open()
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = read_holder(self.path)
-                if is_stale(self.path, holder):
-                    self._take_over(holder)
-                    continue
-                raise LockHeld(self._refusal(holder)) from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
-                raise ConfigError(f"cannot write to the result folder {self.folder} ({error.strerror}); "
-                                  "pass output_dir= a writable folder") from None
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(self.me))
-                f.flush()
-                os.fsync(f.fileno())
-            self.held = True
-            return self
-        raise ConfigError(f"could not take the lock {self.path}; another evalkit run keeps taking it")
+                os.close(fd)
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise LockHeld(self._refusal(read_holder(self.path))) from None
+                raise ConfigError(f"cannot lock files in the result folder {self.folder} ({error.strerror}); "
+                                  "pass output_dir= a folder on a file system with file locks") from None
+            if at_path(fd, self.path):
+                self.fd = fd
+                self._write_me()
+                return self
+            os.close(fd)  # its holder deleted it as we opened it: the path is free or holds a newer lock
+        raise ConfigError(f"could not take the lock {self.path}; other evalkit runs keep taking it")
 
-    def _take_over(self, holder: dict[str, Any] | None) -> None:
-        """Remove a stale lock, unless another process on this host already replaced it."""
-        with open(self.path.with_name(f"{self.path.name}.takeover"), "a") as guard:
-            fcntl.flock(guard, fcntl.LOCK_EX)
-            if read_holder(self.path) == holder:
-                self.path.unlink(missing_ok=True)
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)  # not inherited by the run's processes
+        except OSError as error:
+            raise ConfigError(f"cannot write to the result folder {self.folder} ({error.strerror}); "
+                              "pass output_dir= a writable folder") from None
+
+    def _write_me(self) -> None:
+        """Name this process in the file, for the refusals of others (the lock itself is the flock)."""
+        data = json.dumps(self.me).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+        os.fsync(self.fd)
 
     def _refusal(self, holder: dict[str, Any] | None) -> str:
         who = (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
                if holder else "a run whose lock file is being written")
         return (f"another evalkit run ({who}) is writing to {self.folder}; wait for it to finish, or pass "
-                f"output_dir= or model_name= for a separate folder (if that run is gone, delete {self.path})")
+                f"output_dir= or model_name= for a separate folder (its lock {self.path} frees itself when it ends)")
 
     def release(self) -> None:
-        if self.held and read_holder(self.path) == self.me:
-            self.path.unlink(missing_ok=True)
-        self.held = False
+        if self.fd is not None:
+            try:
+                if at_path(self.fd, self.path):  # ours: deleted while still locked (see the module docstring)
+                    self.path.unlink(missing_ok=True)
+            finally:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)  # also for a process forked while it was held
+                os.close(self.fd)
+                self.fd = None
         for folder in self.created:  # a run that wrote nothing leaves nothing
             try:
                 folder.rmdir()
