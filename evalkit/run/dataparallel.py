@@ -8,7 +8,9 @@ Every engine call is split into shards balanced by tokens, one per actor by defa
 cache. Answers go back in request order, so lm-eval scores what a single engine would have returned.
 
 An actor that dies is replaced and its shard sent again; one whose engine runs out of memory is replaced
-with the next smaller settings of the run's memory back-off (``oom_retry``), the others keep theirs.
+with the next smaller settings of the run's memory back-off (``oom_retry``), the others keep theirs. An actor
+whose engine fails to start (a segfault, the kernel's OOM killer) is replaced ``REPLACEMENTS`` times, then the
+run fails with one line naming it and its last error.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from evalkit.run.progress import EngineBar
 
 log = logging.getLogger("evalkit")
 PROGRESS_EVERY = 0.5  # seconds between an actor's progress reports
-REPLACEMENTS = 3  # times one shard may lose its actor before the run fails
+REPLACEMENTS = 3  # times one shard may lose its actor, or one actor fail to start, before the run fails
 
 
 # --- sharding (pure) ---
@@ -54,6 +56,11 @@ def shard(requests: Sequence[Any], shards: int) -> list[list[int]]:
     return [sorted(g) for g in groups if g]
 
 
+def one_line(error: BaseException) -> str:
+    """A Ray error's message on one line (Ray spreads an actor's death over several)."""
+    return " ".join(str(error).split())
+
+
 def core_share(cores: Sequence[int], slot: int, slots: int) -> list[int]:
     """The slot-th of `slots` equal consecutive parts of cores (an actor's cores on a CPU-only node)."""
     per = max(1, len(cores) // slots)
@@ -69,11 +76,11 @@ def replacement_settings(settings: EvalConfig, *, kind: str | None, died: bool, 
     if kind:
         smaller = next_settings(settings, kind, policy) if policy.enabled else None
         if smaller is None:
-            raise RuntimeError(f"an engine ran out of memory and the back-off is spent: {error}") from error
+            raise RuntimeError(f"an engine ran out of memory and the back-off is spent: {one_line(error)}") from error
         return smaller
     if died:
         return settings
-    raise RuntimeError(f"an engine failed: {error}") from error
+    raise RuntimeError(f"an engine failed: {one_line(error)}") from error
 
 
 # --- inside an actor ---
@@ -192,8 +199,12 @@ class DataParallelEngine(TokenizerSide):
         self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
         self.descriptions: list[dict[str, Any]] = [{} for _ in self.actors]
         self.replaced = 0
-        for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
-            self._started(i, ref)
+        try:
+            for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
+                self._started(i, ref)
+        except BaseException:
+            self._end()
+            raise
         hosts = Counter(p["host"] for p in self.places)
         print(f"evalkit: {len(self.actors)} engines on Ray ({', '.join(f'{n} on {h}' for h, n in hosts.items())}), "
               f"requests shared by tokens", file=sys.stderr, flush=True)
@@ -202,14 +213,19 @@ class DataParallelEngine(TokenizerSide):
         return self.actors[i].start.remote(self.settings[i], self.model_dir, *self.slots[i])
 
     def _started(self, i: int, ref: Any) -> None:
-        """Wait for actor i's engine; a memory failure restarts it with the next smaller settings."""
+        """Wait for actor i's engine. One that fails to start is replaced (after a memory failure, with the next
+        smaller settings) REPLACEMENTS times at most; then the run fails, naming the actor and its last error."""
         import ray
 
-        while True:
+        for tries in range(1, REPLACEMENTS + 2):
             try:
                 self.descriptions[i] = ray.get(ref)
                 return
             except ray.exceptions.RayError as error:
+                if tries > REPLACEMENTS:
+                    place = self.places[i]
+                    raise RuntimeError(f"engine {i} (pid {place['pid']} on {place['host']}) did not start in "
+                                       f"{tries} tries; last: {one_line(error)}") from error
                 self._replace(i, error)
                 ref = self._start(i)
 
@@ -256,7 +272,7 @@ class DataParallelEngine(TokenizerSide):
                     losses[tuple(indexes)] += 1
                     if losses[tuple(indexes)] > REPLACEMENTS:
                         raise RuntimeError(f"a shard of {len(indexes)} requests lost its engine "
-                                           f"{REPLACEMENTS + 1} times; last: {error}") from error
+                                           f"{REPLACEMENTS + 1} times; last: {one_line(error)}") from error
                     self._replace(i, error)
                     self._started(i, self._start(i))
                     waiting.insert(0, indexes)
@@ -293,9 +309,15 @@ class DataParallelEngine(TokenizerSide):
         try:
             ray.get([a.close.remote() for a in self.actors], timeout=60)
         except ray.exceptions.RayError as error:
-            log.warning("closing the engines: %s", error)
+            log.warning("closing the engines: %s", one_line(error))
         finally:
-            for actor in self.actors:
-                ray.kill(actor, no_restart=True)
-            if self.connected_here:
-                ray.shutdown()
+            self._end()
+
+    def _end(self) -> None:
+        """Stop every actor, and Ray where this pool started it."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        if self.connected_here:
+            ray.shutdown()
