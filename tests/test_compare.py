@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from evalkit.compare import paired as compare
+from evalkit.compare import scoring
+from evalkit.compare.verdict import Tolerances
 from evalkit.config import EvalConfig
 from evalkit.run.evaluate import evaluate
 from tests.fake_engine import FakeEngine
@@ -65,12 +67,14 @@ def task_runs(tmp_path_factory):
 
 def test_identical_runs_of_12_documents_are_inconclusive_and_exit_zero(runs, capsys):
     table, details = compare.compare_runs(compare.load_run(runs["ref"]), compare.load_run(runs["same"]))
-    # no document flips, but 12 documents cannot show a change below 0.02: Tango's interval is +-0.243
+    # no document flips, but 12 documents cannot show a change below 0.02: Tango's 90% interval is +-0.184
     assert set(table.verdict) == {"inconclusive"} and (table["diff"] == 0).all()
-    assert set(table.method) == {"tango"} and table.ci_high.min() == pytest.approx(3.8415 / (12 + 3.8415), abs=1e-4)
+    assert set(table.method) == {"tango"} and table.ci_high.min() == pytest.approx(2.7055 / (12 + 2.7055), abs=1e-4)
     assert all(not d.generations for d in details)
     assert compare.main([str(runs["ref"]), str(runs["same"])]) == 0
-    assert "with no flips, ±0.02 needs about 189 documents" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "with no flips, ±0.02 needs about 149 documents" in out
+    assert f"Holm-adjusted over all {len(table)} rows" in out and "at most 0.05 (family-wise)" in out
 
 
 def test_a_broken_candidate_is_worse_with_its_flips_and_divergences(runs, capsys):
@@ -159,6 +163,10 @@ def test_perplexity_is_compared_through_its_own_aggregation(task_runs):
     items = [tuple(s["word_perplexity"]) for s in cand.samples["evalkit_cmp_rolling"].values()]
     assert rows.loc["word_perplexity", "candidate"] == pytest.approx(
         math.exp(-sum(ll for ll, _ in items) / sum(words for _, words in items)))
+    # unbounded metrics: relative tolerance (2% of the reference's score), diff = candidate / reference - 1
+    assert rows.relative.all() and (rows.tolerance == 0.02).all()
+    assert rows.loc["word_perplexity", "diff"] == pytest.approx(
+        -(rows.loc["word_perplexity", "candidate"] / rows.loc["word_perplexity", "reference"] - 1))
     assert (rows["diff"] < 0).all() and (rows.ci_high < -0.02).all()  # lower is better: higher is worse
     assert set(rows.verdict) == {"worse"}
 
@@ -172,7 +180,7 @@ def test_a_group_pools_its_subtasks_documents_by_size(task_runs):
     # lm-eval's size-weighted group score: (10 + 6) / 40 = 0.4, not the subtasks' plain mean (1.0 + 0.2) / 2
     assert (group.n, group.reference, group.candidate) == (40, 1.0, pytest.approx(lm_eval)) and lm_eval == 0.4
     assert (group.mcnemar_b, group.mcnemar_c, group.method, group.verdict) == (24, 0, "tango", "worse")
-    assert "pooled" in group.note
+    assert "pooled (weight_by_size" in group.note
 
 
 def test_corpus_metrics_stored_as_json_lists_go_through_lm_evals_aggregation():
@@ -185,12 +193,15 @@ def test_corpus_metrics_stored_as_json_lists_go_through_lm_evals_aggregation():
              for i, t in enumerate(texts)]
     results = {"configs": {"t": {"metric_list": [{"metric": "bleu", "aggregation": "bleu"}]}},  # f1: the default
                "higher_is_better": {"t": {"bleu": True, "f1": True}}}
-    settings = dict(tolerance=0.02, confidence=0.95, iterations=200, seed=0)
+    settings = dict(confidence=0.95, iterations=200, seed=0)
     for metric, aggregation in [("bleu", "bleu"), ("f1", "f1")]:
         ref, cand = compare.metric_values(pairs, metric)
         assert all(isinstance(v, tuple) for v in ref + cand)
-        row = compare.compare_values(results, "t", metric, ref, cand, higher_is_better=True, settings=settings)
+        row = scoring.compare_values(results, "t", metric, ref, cand, higher_is_better=True,
+                                     tolerances=Tolerances(), settings=settings)
         assert row["reference"] == pytest.approx(get_aggregation(aggregation)(ref))
         assert row["candidate"] == pytest.approx(get_aggregation(aggregation)(cand))
-        assert row["diff"] == pytest.approx(row["candidate"] - row["reference"]) and row["diff"] < 0
+        relative = row["candidate"] / row["reference"] - 1 if metric == "bleu" else row["candidate"] - row["reference"]
+        assert row["relative"] == (metric == "bleu")  # BLEU is 0-100: relative; F1 is 0-1: absolute
+        assert row["diff"] == pytest.approx(relative) and row["diff"] < 0
         assert row["ci_low"] < row["ci_high"] and row["method"].startswith("bootstrap ")

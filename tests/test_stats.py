@@ -3,10 +3,16 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from scipy.stats import multinomial
+
+from evalkit.compare import tost
 from evalkit.compare.stats import (Interval, compare_paired, documents_needed, is_binary, mcnemar_exact, orient,
-                           paired_bootstrap, paired_bootstrap_aggregate, resamples, tango_interval, verdict, z_value)
+                                   paired_bootstrap, paired_bootstrap_aggregate, resamples, tango_interval,
+                                   tost_p_values, z_value)
+from evalkit.compare.verdict import decide
 
 Z2 = z_value(0.95) ** 2
 
@@ -79,10 +85,17 @@ def test_tango_at_the_edges_and_mirrored():
         tango_interval(b=3, c=3, n=5)
 
 
+def one_row(comparison, higher_is_better=True, alpha=0.05):
+    """The verdict of a comparison standing alone (a family of one row)."""
+    row = pd.DataFrame([{**comparison.__dict__, "higher_is_better": higher_is_better}])
+    return decide([row], alpha)[0].verdict.iloc[0]
+
+
 def test_documents_the_tolerance_needs():
-    assert documents_needed(0.02) == 189  # smallest n with z^2 / (n + z^2) < 0.02
-    assert verdict(tango_interval(0, 0, 188), 0.02) == "inconclusive"
-    assert verdict(tango_interval(0, 0, 189), 0.02) == "equivalent"
+    # the asymptotic score test would need z^2 (1 - tol) / tol = 133 documents at 0.02; the exact one, 149
+    assert documents_needed(0.02) == 149
+    assert tost.tango_p(0, 0, 148, -0.02, "above") >= 0.05 > tost.tango_p(0, 0, 149, -0.02, "above")
+    assert documents_needed(0.1) == 29
 
 
 @pytest.mark.parametrize("n, expected", [(12, "inconclusive"), (40, "inconclusive"), (300, "equivalent")])
@@ -90,7 +103,41 @@ def test_identical_documents_need_enough_of_them(n, expected):
     ref = np.array([1, 0] * (n // 2))
     comparison = compare_paired(ref, ref.copy(), aggregate=np.mean, aggregate_name="mean", by_mean=True,
                                 higher_is_better=True, tolerance=0.02)
-    assert (comparison.method, comparison.diff, comparison.verdict) == ("tango", 0.0, expected)
+    assert (comparison.method, comparison.diff, one_row(comparison)) == ("tango", 0.0, expected)
+
+
+def rejection_probability(n, pb, pc, rejects):
+    """P(rejects(b, c)) when each of n documents is right in the reference only with probability pb, in the
+    candidate only with pc: every table of n documents, weighted by its multinomial probability."""
+    return sum(multinomial.pmf([b, c, n - b - c], n, [pb, pc, 1 - pb - pc])
+               for b in range(n + 1) for c in range(n + 1 - b) if rejects(b, c))
+
+
+@pytest.mark.parametrize("tolerance", [0.02, 0.05, 0.1, 0.2])
+@pytest.mark.parametrize("pc", [0.0, 0.005, 0.02, 0.1])  # pc = 0: no document can improve; b = c = 0 likely
+def test_at_40_documents_the_one_sided_tests_keep_their_level(tolerance, pc):
+    """What "at most 5 % false alarms" claims, at the boundary of each null hypothesis (the worst case), on 40
+    documents: the asymptotic score test reaches 7.1 % there (tolerance 0.05, pc 0.02); the exact one may not."""
+    n, pb = 40, pc + tolerance  # true difference -tolerance: not worse beyond it, and not equivalent
+    worse = rejection_probability(n, pb, pc, lambda b, c: tost.tango_p(b, c, n, -tolerance, "below") < 0.05)
+    equivalent = rejection_probability(n, pb, pc, lambda b, c: max(
+        tost.tango_p(b, c, n, -tolerance, "above"), tost.tango_p(b, c, n, tolerance, "below")) < 0.05)
+    assert worse <= 0.05 and equivalent <= 0.05
+
+
+def test_no_discordant_pair_in_40_documents_shows_equivalence_only_where_it_may():
+    # b = c = 0 of 40: within +-0.1 shown (1 - 0.9^40 = 98.5 % of candidates 0.1 worse would have flipped one)
+    assert max(tost.tango_p(0, 0, 40, -0.1, "above"), tost.tango_p(0, 0, 40, 0.1, "below")) < 0.05
+    assert tost.tango_p(0, 0, 40, -0.02, "above") > 0.05  # within +-0.02: 0.98^40 = 45 % would show no flip
+    assert tost.tango_p(0, 0, 40, -0.1, "above") >= 0.9 ** 40  # never below the chance of the table itself
+
+
+def test_exact_p_values_match_a_hand_enumeration():
+    # H1: diff < 0 from b = 3, c = 0 of 3 documents: under the null (pc = pb = p) the tables at least as extreme
+    # are b = 3 (p^3) and... only that one; the p-value is the largest p^3 on the boundary, p <= 1/2: 1/8
+    assert tost.tango_p(3, 0, 3, 0.0, "below") == pytest.approx(0.125, abs=1e-6)
+    assert tost.tango_p(0, 3, 3, 0.0, "above") == pytest.approx(0.125, abs=1e-6)
+    assert tost.tango_p(3, 0, 3, 0.0, "above") == pytest.approx(1.0)
 
 
 def test_bootstrap_of_a_constant_difference_is_a_point_and_no_evidence():
@@ -98,7 +145,8 @@ def test_bootstrap_of_a_constant_difference_is_a_point_and_no_evidence():
     assert (interval.diff, interval.low, interval.high) == (0.25, 0.25, 0.25)
     same = compare_paired(np.full(30, 0.5), np.full(30, 0.5), aggregate=np.mean, aggregate_name="mean",
                           by_mean=True, higher_is_better=True, tolerance=0.02, iterations=200)
-    assert (same.method, same.verdict) == ("bootstrap", "inconclusive") and "zero-width" in same.note
+    assert (same.method, one_row(same)) == ("bootstrap", "inconclusive") and "zero-width" in same.note
+    assert same.p_worse == same.p_equivalent == 1.0  # no evidence of anything
 
 
 def test_bootstrap_matches_the_normal_approximation():
@@ -147,14 +195,15 @@ def test_aggregate_of_tuples_is_compared_through_the_aggregation_lower_is_better
                                 by_mean=False, higher_is_better=False, tolerance=0.02, iterations=400)
     expected = weighted_perplexity(cand) - weighted_perplexity(ref)  # higher perplexity: worse
     assert comparison.diff == pytest.approx(-expected) and comparison.ci_high < 0
-    assert (comparison.method, comparison.verdict) == ("bootstrap weighted_perplexity", "worse")
+    assert (comparison.method, one_row(comparison, higher_is_better=False)) == ("bootstrap weighted_perplexity",
+                                                                                "worse")
 
 
 def test_unknown_direction_is_never_oriented_and_a_fall_is_changed():
     ref, cand = np.ones(20), np.array([1.0] * 12 + [0.0] * 8)  # 1.0 -> 0.6
     comparison = compare_paired(ref, cand, aggregate=np.mean, aggregate_name="mean", by_mean=True,
                                 higher_is_better=None, tolerance=0.02)
-    assert comparison.diff == pytest.approx(-0.4) and comparison.verdict == "changed"
+    assert comparison.diff == pytest.approx(-0.4) and one_row(comparison, higher_is_better=None) == "changed"
     assert "direction unknown" in comparison.note
     assert orient(Interval(0.1, 0.05, 0.2, 0.95), None) == Interval(0.1, 0.05, 0.2, 0.95)
 
@@ -162,29 +211,18 @@ def test_unknown_direction_is_never_oriented_and_a_fall_is_changed():
 def test_a_metric_lm_eval_cannot_aggregate_is_not_compared():
     comparison = compare_paired([1.0], [0.0], aggregate=None, aggregate_name="<function agg>", by_mean=False,
                                 higher_is_better=True, tolerance=0.02)
-    assert comparison.verdict == "inconclusive" and "not in lm-eval's registry" in comparison.note
+    assert one_row(comparison) == "inconclusive" and "not in lm-eval's registry" in comparison.note
 
 
-@pytest.mark.parametrize("low, high, higher_is_better, expected", [
-    (-0.019, 0.019, True, "equivalent"),
-    (-0.015, -0.005, True, "equivalent"),  # significantly lower, but within tolerance: non-inferior
-    (0.0, 0.0, True, "inconclusive"),  # zero width: no evidence of anything
-    (0.01, 0.01, None, "inconclusive"),
-    (-0.02, 0.01, True, "inconclusive"),  # touches the edge: not shown to be within it
-    (-0.01, 0.02, True, "inconclusive"),
-    (-0.05, 0.03, True, "inconclusive"),
-    (-0.03, -0.001, True, "worse"),
-    (-0.05, -0.021, True, "worse"),
-    (0.001, 0.05, True, "better"),
-    (0.021, 0.05, True, "better"),
-    (-0.05, -0.021, None, "changed"),
-    (0.021, 0.05, None, "changed"),
-    (-0.015, -0.005, None, "equivalent"),
-    (-0.05, 0.03, None, "inconclusive"),
-])
-def test_verdict_at_the_edges_of_the_tolerance(low, high, higher_is_better, expected):
-    interval = Interval(diff=(low + high) / 2, low=low, high=high, confidence=0.95)
-    assert verdict(interval, 0.02, higher_is_better) == expected
+def test_tost_p_values_are_oriented_and_read_both_bounds():
+    below = {-0.02: 0.9, 0.02: 0.01, 0.0: 0.4}.__getitem__  # p(H1: diff < t), candidate - reference
+    above = {-0.02: 0.03, 0.02: 0.99, 0.0: 0.6}.__getitem__
+    up = tost_p_values(below, above, tolerance=0.02, higher_is_better=True)
+    assert up == {"p_worse": 0.9, "p_better": 0.99, "p_equivalent": 0.03, "p_lower": 0.4, "p_higher": 0.6}
+    down = tost_p_values(below, above, tolerance=0.02, higher_is_better=False)  # oriented = -(raw)
+    assert down == {"p_worse": 0.99, "p_better": 0.9, "p_equivalent": 0.03, "p_lower": 0.6, "p_higher": 0.4}
+    unknown = tost_p_values(below, above, tolerance=0.02, higher_is_better=None)
+    assert unknown["p_worse"] == pytest.approx(1.0) and math.isnan(unknown["p_better"])  # min(0.9, 0.99) * 2, capped
 
 
 def test_is_binary():

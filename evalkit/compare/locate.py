@@ -227,11 +227,11 @@ def explain_jobs(jobs: list[why.Differing], ref_pass: Pass, cand_pass: Pass, *, 
 
 
 def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], *, ref_overrides: Sequence[str] = (),
-           cand_overrides: Sequence[str] = (), near_tie: float = why.NEAR_TIE, floor: float = why.NOISE_FLOOR,
+           cand_overrides: Sequence[str] = (), near_tie: float = why.NEAR_TIE, floor: float | None = why.NOISE_FLOOR,
            floor_source: str = "default", top_k: int = TOP_K) -> list[why.Localisation]:
     """Every changed document of each candidate against the reference, located and classified (why.py).
     Engines start only where generations differ, every one checked before the first starts; a LocateError
-    says what to pass."""
+    says what to pass (floor None: no floor known for these runs, an error once something must be classified)."""
     from evalkit.compare.paired import check_like_for_like
 
     reference = reference if isinstance(reference, Run) else load_run(reference)
@@ -243,6 +243,10 @@ def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], 
     ref_choice = engine_choice(reference, ref_overrides, side="reference") if everything else None
     choices = [engine_choice(c, cand_overrides, side="candidate") if jobs else None
                for c, (jobs, _) in zip(candidates, found)]
+    if floor is None and (everything or any(why.choice_changes(reference.samples, c.samples, near_tie=near_tie,
+                                                               floor=0.0) for c in candidates)):
+        raise LocateError(f"--locate: {floor_source}; pass --noise RUN_A RUN_B (two runs of the candidate's config, "
+                          "python -m evalkit.compare.noise) to measure the floor for these runs")
     ref_pass = engine_pass(ref_choice, everything, top_k=top_k) if everything else None
     out = []
     for candidate, choice, (jobs, skipped) in zip(candidates, choices, found):
@@ -275,13 +279,28 @@ def add_arguments(parser: Any) -> None:
                                 "engine=hf")
 
 
+def default_floor_applies(run: Run) -> str | None:
+    """None when the default floor (measured on CPU float32) fits the run, else why not."""
+    section = run.results.get("evalkit") or {}
+    engine, config = section.get("engine") or {}, section.get("config") or {}
+    dtype = (engine.get("engine_args") or {}).get("dtype") or config.get("dtype")
+    if (engine.get("hardware") or {}).get("gpus"):
+        return f"run {run.name} ran on a GPU"
+    return None if dtype == "float32" else f"run {run.name} ran in dtype {dtype or 'unknown'}"
+
+
 def from_args(args: Any, reference: Run, candidates: list[Run]) -> dict[Path, why.Localisation]:
-    """--locate as main runs it: candidate folder -> its Localisation, the floor from --noise when given."""
-    floor, source = why.NOISE_FLOOR, "default: float32 batch noise measured in this project"
+    """--locate as main runs it: candidate folder -> its Localisation, the floor from --noise when given; the
+    default floor only for CPU float32 runs (None otherwise: locate() asks for --noise if it needs a floor)."""
+    floor, source = why.NOISE_FLOOR, "default: float32 batch noise measured in this project on CPU"
+    unfit = next(filter(None, map(default_floor_applies, [reference, *candidates])), None)
+    if unfit and not args.noise:
+        floor, source = None, f"the default noise floor ({why.NOISE_FLOOR:g} nats) was measured on CPU float32 and {unfit}"
     if args.noise:
         measured = why.noise_floor(load_run(args.noise[0]).samples, load_run(args.noise[1]).samples)
         if measured is None:
-            source = "default: the --noise runs recorded no log-likelihoods to measure it"
+            floor, source = (None, "the --noise runs recorded no log-likelihoods to measure a floor from") if unfit \
+                else (floor, "default: the --noise runs recorded no log-likelihoods to measure it")
         else:
             floor, source = measured, "--noise: max per-choice log-likelihood difference between the two noise runs"
     found = locate(reference, candidates, ref_overrides=args.ref_engine, cand_overrides=args.cand_engine,

@@ -1,17 +1,20 @@
 """Stage 5, compare: is a candidate run as accurate as a reference run, document by document?
 
-Both runs must have seen the same documents with the same prompts (checked with lm-eval's per-sample
-``doc_hash`` and ``prompt_hash``); unlike-for-like input is refused. For every task, filter and metric, and for
-every group (its subtasks' documents pooled), the difference gets an interval and a verdict against the
-tolerance (``stats.verdict``): Tango's score interval and McNemar's exact test for 0/1 metrics averaged over
-documents, a paired bootstrap of the mean difference for other averaged metrics, and for corpus-level
-metrics (perplexity, BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation, named in
-results.json. A metric whose direction (``higher_is_better``) is unknown is compared unoriented. The
-sample-level view lists flipped documents, diverging generations, finish-reason and length shifts, and
-log-probability drift on log-likelihood tasks.
+Both runs must have seen the same tasks at the same versions, the same documents, prompts and targets (lm-eval's
+``versions`` and per-sample ``doc_hash``, ``prompt_hash`` and ``target_hash``); unlike-for-like input is refused.
+For every task, filter and metric, and for every group score lm-eval recorded (scored as lm-eval scores it,
+evalkit/compare/scoring.py), the difference gets an interval and the p-values of the one-sided tests against
+the row's tolerance (absolute for 0-1 metrics, relative for unbounded ones): Tango's score and McNemar's exact
+test for 0/1 metrics averaged over documents, a paired bootstrap of the mean difference for other averaged
+metrics, and for corpus-level metrics (perplexity, BLEU, F1, ...) a paired bootstrap of the metric's own
+lm-eval aggregation. Verdicts are Holm-adjusted over every row (evalkit/compare/verdict.py), so the exit code
+is a family-wise test at --alpha. A metric whose direction (``higher_is_better``) is unknown is compared
+unoriented. The sample-level view lists flipped documents, diverging generations, finish-reason and length
+shifts, and log-probability drift on log-likelihood tasks.
 
 Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]
-[--locate]`` (``--locate``: why each changed document changed, evalkit/compare/locate.py).
+[--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--locate]`` (``--locate``: why each changed document
+changed, evalkit/compare/locate.py).
 """
 
 from __future__ import annotations
@@ -20,15 +23,14 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from evalkit.compare import stats
-
-AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
-
+from evalkit.compare import scoring, stats, verdict
+from evalkit.compare.scoring import compare_values, group_rows
+from evalkit.compare.verdict import FAILING, Tolerances  # noqa: F401 (FAILING: the verdicts that exit 1)
 
 class CompareError(ValueError):
     """The two runs cannot be compared (missing files, different tasks, documents or prompts)."""
@@ -66,8 +68,14 @@ def load_run(path: str | Path) -> Run:
 
 
 def check_like_for_like(reference: Run, candidate: Run) -> None:
+    """Same tasks at the same versions, documents, few-shot counts, prompts and targets; a CompareError if not."""
     if set(reference.samples) != set(candidate.samples):
         raise CompareError(f"different tasks: {sorted(reference.samples)} vs {sorted(candidate.samples)}")
+    versions = [run.results.get("versions") or {} for run in (reference, candidate)]
+    for name in sorted(set(versions[0]) | set(versions[1])):
+        if versions[0].get(name) != versions[1].get(name):
+            raise CompareError(f"{name}: task version {versions[0].get(name)} vs {versions[1].get(name)}; the runs "
+                               "used different task definitions")
     for task, ref in reference.samples.items():
         cand = candidate.samples[task]
         if set(ref) != set(cand):
@@ -78,10 +86,10 @@ def check_like_for_like(reference: Run, candidate: Run) -> None:
             raise CompareError(f"{task}: different few-shot counts {shots[0]} vs {shots[1]}")
         for key, sample in ref.items():
             other = cand[key]
-            for hash_key in ("doc_hash", "prompt_hash"):
+            for hash_key in ("doc_hash", "prompt_hash", "target_hash"):
                 if sample.get(hash_key) != other.get(hash_key):
                     raise CompareError(f"{task}: document {key[0]} differs ({hash_key}); the runs did not "
-                                       "see the same documents and prompts")
+                                       "see the same documents, prompts and answers")
 
 
 @dataclass
@@ -165,72 +173,14 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
     return detail
 
 
-def aggregation(results: dict[str, Any], task: str, metric: str) -> tuple[str, Callable[[list], float] | None]:
-    """(name, function) of the aggregation the task's metric_list names in results.json, else lm-eval's
-    default for the metric; the function is None when lm-eval's registry does not know the name."""
-    from lm_eval.api.registry import get_aggregation, get_metric_aggregation
-
-    entries = ((results.get("configs") or {}).get(task) or {}).get("metric_list") or []
-    named = next((e.get("aggregation") for e in entries if isinstance(e, dict) and e.get("metric") == metric), None)
-    if named is not None:
-        return str(named), get_aggregation(named) if isinstance(named, str) else None
-    default = get_metric_aggregation(metric)
-    return getattr(default, "__name__", "none"), default
-
-
-def direction(results: dict[str, Any], task: str, metric: str) -> bool | None:
-    """higher_is_better as results.json records it; None (unknown) when missing or null, never a guess."""
-    value = ((results.get("higher_is_better") or {}).get(task) or {}).get(metric)
-    return value if isinstance(value, bool) else None
-
-
-def compare_values(results: dict[str, Any], task: str, metric: str, ref: list[Any], cand: list[Any], *,
-                   higher_is_better: bool | None, settings: dict[str, Any]) -> dict[str, Any]:
-    """One row's statistics (stats.compare_paired) with the aggregation the task gives the metric."""
-    from lm_eval.api.registry import get_aggregation
-
-    name, agg = aggregation(results, task, metric)
-    return asdict(stats.compare_paired(ref, cand, aggregate=agg, aggregate_name=name,
-                                       by_mean=agg is get_aggregation("mean"), higher_is_better=higher_is_better,
-                                       aggregate_iterations=AGGREGATE_ITERATIONS, **settings))
-
-
-def leaf_tasks(group_subtasks: dict[str, list[str]], group: str) -> list[str]:
-    """The tasks under a group, through nested groups (mmlu -> mmlu_stem -> mmlu_abstract_algebra)."""
-    return [leaf for sub in group_subtasks.get(group, [])
-            for leaf in (leaf_tasks(group_subtasks, sub) if sub in group_subtasks else [sub])]
-
-
-def group_rows(results: dict[str, Any], values: dict[str, dict[tuple[str, str], tuple[list, list]]],
-               settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per group, filter and metric shared by all its tasks: their documents pooled, so each counts once
-    (lm-eval's size-weighted group mean). Only mean-aggregated metrics pool; lm-eval groups average scores."""
-    from lm_eval.api.registry import get_aggregation
-
-    subtasks, rows = results.get("group_subtasks") or {}, []
-    for group in sorted(subtasks):
-        tasks = leaf_tasks(subtasks, group)
-        if not tasks or any(t not in values for t in tasks):
-            continue
-        for filt, metric in sorted(set.intersection(*(set(values[t]) for t in tasks))):
-            if any(aggregation(results, t, metric)[1] is not get_aggregation("mean") for t in tasks):
-                continue
-            ref = [v for t in tasks for v in values[t][(filt, metric)][0]]
-            cand = [v for t in tasks for v in values[t][(filt, metric)][1]]
-            own, leaves = direction(results, group, metric), {direction(results, t, metric) for t in tasks}
-            known = own if own is not None else leaves.pop() if len(leaves) == 1 else None
-            row = compare_values(results, tasks[0], metric, ref, cand, higher_is_better=known, settings=settings)
-            pooled = f"group: {len(ref)} documents of {len(tasks)} tasks pooled (size-weighted)"
-            rows.append({"task": group, "filter": filt, "metric": metric, "n": len(ref), **row,
-                         "note": "; ".join(filter(None, [pooled, row["note"]]))})
-    return rows
-
-
-def compare_runs(reference: Run, candidate: Run, *, tolerance: float = 0.02, confidence: float = 0.95,
+def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerances = 0.02, confidence: float = 0.95,
                  iterations: int = 10_000, seed: int = 0) -> tuple[pd.DataFrame, list[TaskDetail]]:
-    """One row per task (then group), filter and metric (see ROW_COLUMNS), and the sample-level details."""
+    """One row per task (then group), filter and metric (see ROW_COLUMNS) with verdicts Holm-adjusted over its
+    rows (verdict.decide; alpha = 1 - confidence), and the sample-level details. A float tolerance is the
+    absolute one, relative metrics keeping their default."""
     check_like_for_like(reference, candidate)
-    settings = dict(tolerance=tolerance, confidence=confidence, iterations=iterations, seed=seed)
+    tolerances = tolerance if isinstance(tolerance, Tolerances) else Tolerances(absolute=tolerance)
+    settings = dict(confidence=confidence, iterations=iterations, seed=seed)
     results, rows, details = reference.results, [], []
     values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
     for task in sorted(reference.samples):
@@ -241,19 +191,59 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float = 0.02, con
             for metric in metrics:
                 ref, cand = values[task][(filt, metric)] = metric_values(pairs, metric)
                 rows.append({"task": task, "filter": filt, "metric": metric, "n": len(pairs), **compare_values(
-                    results, task, metric, ref, cand, higher_is_better=direction(results, task, metric),
-                    settings=settings)})
+                    results, task, metric, ref, cand, higher_is_better=scoring.direction(results, task, metric),
+                    tolerances=tolerances, settings=settings)})
             details.append(task_detail(task, filt, pairs, {m: values[task][(filt, m)] for m in metrics}))
-    rows += group_rows(results, values, settings)
-    return pd.DataFrame(rows, columns=ROW_COLUMNS), details
+    rows += group_rows((results, candidate.results), values, tolerances=tolerances, settings=settings)
+    unused = tolerances.unused({(r["task"], r["metric"]) for r in rows})
+    if unused:
+        raise CompareError(f"--tolerance-for {', '.join(unused)}: no such task/metric compared")
+    (table,) = verdict.decide([pd.DataFrame(rows, columns=ROW_COLUMNS[:-3])], 1.0 - confidence)
+    return table[ROW_COLUMNS], details
 
 
-ROW_COLUMNS = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high",
-               "mcnemar_b", "mcnemar_c", "mcnemar_p", "method", "verdict", "note"]
-FAILING = ("worse", "changed")  # verdicts that make the command exit 1
+ROW_COLUMNS = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high", "tolerance",
+               "relative", "higher_is_better", "mcnemar_b", "mcnemar_c", "mcnemar_p", "method", "p_worse", "p_better",
+               "p_equivalent", "p_lower", "p_higher", "note", "p_worse_holm", "p_equivalent_holm", "verdict"]
+
+
+def tolerances_from(args: Any) -> Tolerances:
+    try:
+        overrides = dict(verdict.parse_override(text) for text in args.tolerance_for)
+    except ValueError as error:
+        raise CompareError(str(error)) from None
+    return Tolerances(absolute=args.tolerance, relative=args.relative_tolerance, overrides=overrides)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("reference", help="reference run folder (or its results.json)")
+    parser.add_argument("candidates", nargs="+", help="candidate run folder(s), e.g. every point of a sweep")
+    parser.add_argument("--tolerance", type=float, default=0.02,
+                        help="largest acceptable change of a 0-1 metric (accuracy, exact match), absolute (default 0.02)")
+    parser.add_argument("--relative-tolerance", type=float, default=0.02, metavar="FRACTION",
+                        help="largest acceptable change of an unbounded metric (perplexity, BLEU, bits_per_byte, any "
+                             "score outside [-1, 1]) as a fraction of the reference's score (default 0.02: 2%%)")
+    parser.add_argument("--tolerance-for", action="append", default=[], metavar="TASK/METRIC=VALUE",
+                        help="the tolerance of one task (or group) and metric, either may be *: absolute "
+                             "(mmlu/acc=0.01) or relative with %% (wikitext/word_perplexity=5%%); repeatable")
+    parser.add_argument("--alpha", type=float, default=0.05,
+                        help="family-wise false-alarm rate: the chance that a candidate with no change beyond the "
+                             "tolerance anywhere fails (exit 1), Holm over every row compared (default 0.05)")
+    parser.add_argument("--iterations", type=int, default=10_000, help="bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--noise", nargs=2, metavar=("RUN_A", "RUN_B"),
+                        help="two runs of one config (python -m evalkit.compare.noise) to show the engine's own variation")
+
+
+def noise_columns(args: Any, tolerances: Tolerances) -> pd.DataFrame:
+    table, _ = compare_runs(load_run(args.noise[0]), load_run(args.noise[1]), tolerance=tolerances,
+                            iterations=args.iterations, seed=args.seed)
+    return table[["task", "filter", "metric", "diff", "mcnemar_b", "mcnemar_c"]].rename(columns={
+        "diff": "noise_diff", "mcnemar_b": "noise_b", "mcnemar_c": "noise_c"})
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0, or 1 when a row of any candidate is worse (or changed) family-wise at --alpha, or 2 on bad input."""
     import argparse
     import sys
 
@@ -261,39 +251,30 @@ def main(argv: list[str] | None = None) -> int:
     from evalkit.run import results
 
     parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("reference", help="reference run folder (or its results.json)")
-    parser.add_argument("candidates", nargs="+", help="candidate run folder(s), e.g. every point of a sweep")
-    parser.add_argument("--tolerance", type=float, default=0.02, help="largest acceptable change, metric units")
-    parser.add_argument("--confidence", type=float, default=0.95)
-    parser.add_argument("--iterations", type=int, default=10_000, help="bootstrap resamples")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    parser.add_argument("--noise", nargs=2, metavar=("RUN_A", "RUN_B"),
-                        help="two runs of one config (python -m evalkit.compare.noise) to show the engine's own variation")
+    add_arguments(parser)
     locate.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        reference = load_run(args.reference)
-        noise = None
-        if args.noise:
-            table, _ = compare_runs(load_run(args.noise[0]), load_run(args.noise[1]), tolerance=args.tolerance,
-                                    iterations=args.iterations, seed=args.seed)
-            noise = table[["task", "filter", "metric", "diff", "mcnemar_b", "mcnemar_c"]].rename(columns={
-                "diff": "noise_diff", "mcnemar_b": "noise_b", "mcnemar_c": "noise_c"})
-        worst, candidates = 0, [load_run(path) for path in args.candidates]
+        if not 0 < args.alpha < 0.5:
+            raise CompareError(f"--alpha {args.alpha}: must lie in (0, 0.5)")
+        tolerances, confidence = tolerances_from(args), 1.0 - args.alpha
+        reference, candidates = load_run(args.reference), [load_run(path) for path in args.candidates]
+        noise = noise_columns(args, tolerances) if args.noise else None
         why = locate.from_args(args, reference, candidates) if args.locate else {}
-        for candidate in candidates:
-            table, details = compare_runs(reference, candidate, tolerance=args.tolerance,
-                                          confidence=args.confidence, iterations=args.iterations, seed=args.seed)
+        compared = [compare_runs(reference, candidate, tolerance=tolerances, confidence=confidence,
+                                 iterations=args.iterations, seed=args.seed) for candidate in candidates]
+        tables = verdict.decide([table for table, _ in compared], args.alpha)  # one family: every candidate's rows
+        for candidate, table, (_, details) in zip(candidates, tables, compared):
             text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
-                                   confidence=args.confidence, noise=noise, why=why.get(candidate.path))
+                                   confidence=confidence, noise=noise, why=why.get(candidate.path),
+                                   family=sum(map(len, tables)), comparisons=len(tables))
             images = {**report.plots(table, details, args.tolerance), **report.why_plots(why.get(candidate.path))}
             page = report.html_page(text, report.with_noise(table, noise), images)
             stem = f"compare-vs-{reference.path.parent.name}-{reference.path.name}"
             written = results.write_beside(candidate.path, {f"{stem}.md": text, f"{stem}.html": page})
             print(text)
             print(f"\nwritten: {', '.join(map(str, written))}")
-            worst = max(worst, 1 if table["verdict"].isin(FAILING).any() else 0)
-        return worst
+        return verdict.gate(tables)
     except CompareError as error:
         print(f"evalkit.compare: error: {error}", file=sys.stderr)
         return 2

@@ -57,28 +57,42 @@ def with_noise(table: pd.DataFrame, noise: pd.DataFrame | None) -> pd.DataFrame:
     return table if noise is None else table.merge(noise, on=["task", "filter", "metric"], how="left")
 
 
-def header(table: pd.DataFrame, *, tolerance: float, confidence: float) -> list[str]:
-    """What the numbers are, how many documents the tolerance needs, and the verdict counts."""
+SHOWN = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high", "tolerance",
+         "mcnemar_b", "mcnemar_c", "p_worse_holm", "p_equivalent_holm", "method", "verdict"]
+
+
+def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: int | None = None,
+           comparisons: int = 1) -> list[str]:
+    """What the numbers are, what the exit code controls, how many documents the tolerance needs, the verdicts."""
+    alpha, family = 1.0 - confidence, len(table) if family is None else family
     counts = table["verdict"].value_counts().to_dict()
-    lines = [f"- tolerance ±{tolerance} (metric units); {confidence:.0%} intervals: Tango's score interval for 0/1 "
-             "metrics (method `tango`), a paired bootstrap for the others (`bootstrap`: mean difference; "
-             "`bootstrap <aggregation>`: the metric's own lm-eval aggregation); `diff` is candidate − reference, "
-             "negated where lower is better, so positive means better unless the note says the direction is unknown"]
+    over = f"{family} rows" + (f" of {comparisons} comparisons" if comparisons > 1 else "")
+    lines = [f"- exit code 1 when any row is `worse` (or `changed`, direction unknown): verdicts are Holm-adjusted "
+             f"over all {over}, so a candidate with no change beyond the tolerance fails with probability at most "
+             f"{alpha:g} (family-wise); `p_worse_holm`, `p_equivalent_holm`: the adjusted p-values",
+             f"- tolerance per row (`tolerance`): ±{tolerance} absolute for 0-1 metrics, relative (a fraction of the "
+             "reference's score; `diff` is then candidate / reference − 1) for unbounded ones, as `--tolerance-for` "
+             f"sets them; {1 - 2 * alpha:.0%} intervals (the two one-sided tests' reading): Tango's score interval "
+             "for 0/1 metrics (method `tango`, p-values exact up to 500 documents), a paired bootstrap for the "
+             "others (`bootstrap`: mean difference; `bootstrap <aggregation>`: the metric's own lm-eval "
+             "aggregation); `diff` is candidate − reference, negated where lower is better, so positive means "
+             "better unless the note says the direction is unknown"]
     if 0 < tolerance < 1:
         needed = stats.documents_needed(tolerance, confidence=confidence)
         fewer = sorted(set(table.loc[(table["method"] == "tango") & (table["n"] < needed), "task"]))
         lines.append(f"- with no flips, ±{tolerance} needs about {needed} documents to show `equivalent` on a 0/1 "
-                     "metric; " + (f"fewer here: {', '.join(fewer)}" if fewer else "every 0/1 row here has that many"))
+                     "metric alone (more when many rows share the family); "
+                     + (f"fewer here: {', '.join(fewer)}" if fewer else "every 0/1 row here has that many"))
     return lines + ["- verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
 
 
 def markdown(reference: str, candidate: str, table: pd.DataFrame, details: list[TaskDetail], *,
              tolerance: float, confidence: float, noise: pd.DataFrame | None = None,
-             why: Localisation | None = None) -> str:
-    shown = with_noise(table, noise).drop(columns=["note"])
+             why: Localisation | None = None, family: int | None = None, comparisons: int = 1) -> str:
+    shown = with_noise(table[[c for c in SHOWN if c in table.columns]], noise)
     notes = [f"- {r.task} / {r.metric} ({r.filter}): {r.note}" for r in table.itertuples() if r.note]
     lines = ["# evalkit compare", "", f"- reference: `{reference}`", f"- candidate: `{candidate}`",
-             *header(table, tolerance=tolerance, confidence=confidence), "",
+             *header(table, tolerance=tolerance, confidence=confidence, family=family, comparisons=comparisons), "",
              shown.to_markdown(index=False, floatfmt=".4g"), ""]
     if notes:
         lines += ["Notes:", "", *notes, ""]
@@ -203,15 +217,17 @@ def plots(table: pd.DataFrame, details: list[TaskDetail], tolerance: float) -> d
 
     images: dict[str, str] = {}
     table = table[table["ci_low"].notna() & table["ci_high"].notna()]  # rows not compared have no interval
-    labels = [f"{r.task} / {r.metric} ({r.filter})" for r in table.itertuples()]
+    labels = [f"{r.task} / {r.metric} ({r.filter}) [{r.verdict}]" for r in table.itertuples()]
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(labels) + 1.5))
     y = range(len(labels))
-    ax.axvspan(-tolerance, tolerance, color="tab:green", alpha=0.15, label=f"tolerance ±{tolerance}")
+    unit = table["tolerance"] if "tolerance" in table else tolerance  # each row in units of its own tolerance
+    diff, low, high = table["diff"] / unit, table["ci_low"] / unit, table["ci_high"] / unit
+    ax.axvspan(-1, 1, color="tab:green", alpha=0.15, label="within the tolerance")
     ax.axvline(0, color="black", linewidth=0.8)
-    ax.errorbar(table["diff"], list(y), xerr=[table["diff"] - table["ci_low"], table["ci_high"] - table["diff"]],
-                fmt="o", capsize=4)
+    ax.errorbar(diff, list(y), xerr=[diff - low, high - diff], fmt="o", capsize=4)
     ax.set_yticks(list(y), labels)
-    ax.set_xlabel("candidate - reference, oriented: positive is better (unless the direction is unknown)")
+    ax.set_xlabel("(candidate - reference) / the row's tolerance, oriented: positive is better "
+                  "(unless the direction is unknown)")
     ax.set_title("Score differences with their intervals")
     ax.legend(loc="best")
     images["Score differences"] = _png(fig)

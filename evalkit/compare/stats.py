@@ -13,7 +13,9 @@
   interval of the difference off the percentiles. The statistic is the mean paired difference, or for
   corpus-level metrics (perplexity, BLEU, F1, ...) the metric's own aggregation of the candidate's resample
   minus that of the reference's, on the same resampled documents. Resamples are drawn in bounded chunks.
-* The verdict is a non-inferiority/equivalence reading of the interval against a tolerance, not "p > 0.05".
+* The p-values of the one-sided tests against the tolerance (evalkit/compare/tost.py) go with each interval;
+  evalkit/compare/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
+* A relative comparison (unbounded metrics: perplexity, BLEU, ...) bootstraps candidate / reference - 1.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import binomtest, norm
 
-VERDICTS = ("equivalent", "better", "worse", "changed", "inconclusive")
+from evalkit.compare import tost
+
 MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
 
 
@@ -87,11 +90,19 @@ def tango_interval(b: int, c: int, n: int, *, confidence: float = 0.95) -> Inter
 
 
 def documents_needed(tolerance: float, *, confidence: float = 0.95) -> int:
-    """Fewest documents whose Tango interval with no flips, +-z^2/(n+z^2), fits inside +-tolerance."""
+    """Fewest documents that, with none flipping, show a 0/1 metric equivalent within +-tolerance on their own:
+    the two one-sided tests (tost.tango_p, exact up to tost.EXACT_DOCUMENTS) at alpha = 1 - confidence."""
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance {tolerance} must lie in (0, 1) for 0/1 metrics")
-    z2 = z_value(confidence) ** 2
-    return math.floor(z2 * (1 - tolerance) / tolerance) + 1
+    alpha = 1.0 - confidence
+    shown = lambda n: tost.tango_p(0, 0, n, -tolerance, "above") < alpha  # noqa: E731 (symmetric at b = c = 0)
+    low, high = 1, 2
+    while not shown(high):
+        low, high = high, high * 2
+    while high - low > 1:  # shown(high) holds, shown(low) does not (or low = 1)
+        middle = (low + high) // 2
+        low, high = (low, middle) if shown(middle) else (middle, high)
+    return high if not shown(low) else low
 
 
 def resamples(n: int, iterations: int, *, seed: int, max_cells: int = MAX_CELLS) -> Iterator[np.ndarray]:
@@ -112,6 +123,12 @@ def _percentiles(diff: float, statistics: np.ndarray, confidence: float) -> Inte
     return Interval(diff=float(diff), low=float(low), high=float(high), confidence=confidence)
 
 
+def bootstrap_means(delta: np.ndarray, *, iterations: int, seed: int, max_cells: int = MAX_CELLS) -> np.ndarray:
+    """The mean of each resample of the paired differences delta."""
+    return np.concatenate([delta[idx].mean(axis=1)
+                           for idx in resamples(len(delta), iterations, seed=seed, max_cells=max_cells)])
+
+
 def paired_bootstrap(reference: np.ndarray, candidate: np.ndarray, *, iterations: int = 10_000,
                      confidence: float = 0.95, seed: int = 0, higher_is_better: bool | None = True,
                      max_cells: int = MAX_CELLS) -> Interval:
@@ -119,9 +136,26 @@ def paired_bootstrap(reference: np.ndarray, candidate: np.ndarray, *, iterations
     delta = np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
     if len(delta) == 0:
         raise ValueError("no paired documents to compare")
-    means = np.concatenate([delta[idx].mean(axis=1)
-                            for idx in resamples(len(delta), iterations, seed=seed, max_cells=max_cells)])
+    means = bootstrap_means(delta, iterations=iterations, seed=seed, max_cells=max_cells)
     return orient(_percentiles(delta.mean(), means, confidence), higher_is_better)
+
+
+def aggregate_statistics(reference: Sequence[Any], candidate: Sequence[Any], aggregate: Callable[[list[Any]], float],
+                         *, iterations: int, seed: int, relative: bool = False,
+                         max_cells: int = MAX_CELLS) -> tuple[float, np.ndarray]:
+    """aggregate(candidate) - aggregate(reference) (relative: their ratio - 1) and the same over paired resamples."""
+    if len(reference) == 0 or len(reference) != len(candidate):
+        raise ValueError(f"need paired documents, got {len(reference)} and {len(candidate)}")
+
+    def statistic(ref: list[Any], cand: list[Any]) -> float:
+        return aggregate(cand) / aggregate(ref) - 1.0 if relative else aggregate(cand) - aggregate(ref)
+
+    with warnings.catch_warnings():  # resamples of one class make sklearn's F1/MCC warn, once per resample
+        warnings.simplefilter("ignore")
+        statistics = np.array([statistic([reference[i] for i in row], [candidate[i] for i in row])
+                               for idx in resamples(len(reference), iterations, seed=seed, max_cells=max_cells)
+                               for row in idx], dtype=float)
+    return statistic(list(reference), list(candidate)), statistics
 
 
 def paired_bootstrap_aggregate(reference: Sequence[Any], candidate: Sequence[Any],
@@ -133,14 +167,8 @@ def paired_bootstrap_aggregate(reference: Sequence[Any], candidate: Sequence[Any
     For corpus-level metrics whose per-document values are not scores (perplexity's (log-likelihood,
     words), BLEU's (reference, prediction), ...): each resample draws the same documents for both runs.
     """
-    if len(reference) == 0 or len(reference) != len(candidate):
-        raise ValueError(f"need paired documents, got {len(reference)} and {len(candidate)}")
-    diff = aggregate(list(candidate)) - aggregate(list(reference))
-    with warnings.catch_warnings():  # resamples of one class make sklearn's F1/MCC warn, once per resample
-        warnings.simplefilter("ignore")
-        statistics = np.array([aggregate([candidate[i] for i in row]) - aggregate([reference[i] for i in row])
-                               for idx in resamples(len(reference), iterations, seed=seed, max_cells=max_cells)
-                               for row in idx], dtype=float)
+    diff, statistics = aggregate_statistics(reference, candidate, aggregate, iterations=iterations, seed=seed,
+                                            max_cells=max_cells)
     return orient(_percentiles(diff, statistics, confidence), higher_is_better)
 
 
@@ -167,26 +195,21 @@ def all_binary(*runs: Sequence[Any]) -> bool:
     return all_scalar(*runs) and all(is_binary(np.asarray(values, dtype=float)) for values in runs)
 
 
-def verdict(interval: Interval, tolerance: float, higher_is_better: bool | None = True) -> str:
-    """Read the interval against +-tolerance (in the metric's units):
+def tost_p_values(below: Callable[[float], float], above: Callable[[float], float], *, tolerance: float,
+                  higher_is_better: bool | None) -> dict[str, float]:
+    """The one-sided p-values the verdicts are made of, oriented (positive is better), from below(t) = p(H1:
+    diff < t) and above(t) = p(H1: diff > t) on the candidate - reference scale. Direction unknown: p_worse is
+    for a change beyond the tolerance either way (the smaller side, doubled), and there is no p_better."""
+    if higher_is_better is False:  # oriented diff = -(candidate - reference)
+        below, above = (lambda t, f=above: f(-t)), (lambda t, f=below: f(-t))
+    p = {"p_worse": below(-tolerance), "p_better": above(tolerance),
+         "p_equivalent": max(above(-tolerance), below(tolerance)), "p_lower": below(0.0), "p_higher": above(0.0)}
+    if higher_is_better is None:
+        p["p_worse"], p["p_better"] = min(1.0, 2 * min(p["p_worse"], p["p_better"])), math.nan
+    return p
 
-    equivalent    the whole interval lies inside (-tolerance, +tolerance)
-    worse         the whole interval lies below 0 and reaches -tolerance or beyond
-    better        the whole interval lies above 0 and reaches +tolerance or beyond
-    changed       instead of worse/better when the metric's direction is unknown (higher_is_better None):
-                  the interval is candidate - reference, unoriented; exits 1 like worse
-    inconclusive  anything else: the interval straddles 0 and a tolerance edge (more documents needed),
-                  or has zero width (a bootstrap whose resamples never differ is no evidence either way)
-    """
-    if not interval.high > interval.low:
-        return "inconclusive"
-    if -tolerance < interval.low and interval.high < tolerance:
-        return "equivalent"
-    if interval.high < 0 or interval.low > 0:
-        if higher_is_better is None:
-            return "changed"
-        return "worse" if interval.high < 0 else "better"
-    return "inconclusive"
+
+NO_EVIDENCE = {"p_worse": 1.0, "p_better": 1.0, "p_equivalent": 1.0, "p_lower": 1.0, "p_higher": 1.0}
 
 
 @dataclass(frozen=True)
@@ -196,25 +219,52 @@ class Comparison:
     reference: float  # the metric over the reference run's documents (its aggregation)
     candidate: float
     diff: float  # Interval.diff: oriented so that positive is better, unless the direction is unknown
-    ci_low: float
+    ci_low: float  # the (1 - 2 alpha) interval: inside +-tolerance exactly when TOST shows equivalence
     ci_high: float
     mcnemar_b: int | None  # 0/1 metrics: documents right only in the reference
     mcnemar_c: int | None  # ... right only in the candidate
     mcnemar_p: float | None
     method: str | None  # "tango", "bootstrap" (mean difference) or "bootstrap <aggregation>"
-    verdict: str
-    note: str  # why a verdict is weaker than it looks ("" when nothing to say)
+    p_worse: float  # one-sided p-values (tost_p_values), before any adjustment for the number of rows
+    p_better: float
+    p_equivalent: float
+    p_lower: float
+    p_higher: float
+    note: str  # why a reading is weaker than it looks ("" when nothing to say)
+
+
+def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: float,
+           higher_is_better: bool | None) -> tuple[Interval, tuple, dict[str, float]]:
+    b, c, p = mcnemar_exact(ref, cand)
+    n = len(ref)
+    interval = orient(tango_interval(b, c, n, confidence=2 * confidence - 1), higher_is_better)
+    return interval, (b, c, p), tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below"),
+                                              lambda t: tost.tango_p(b, c, n, t, "above"),
+                                              tolerance=tolerance, higher_is_better=higher_is_better)
+
+
+def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, confidence: float,
+                      higher_is_better: bool | None) -> tuple[Interval, dict[str, float]]:
+    """The (1 - 2 alpha) percentile interval and the one-sided p-values of a bootstrap distribution."""
+    interval = orient(_percentiles(diff, statistics, 2 * confidence - 1), higher_is_better)
+    if not interval.high > interval.low:  # a point, or NaN: no evidence of anything
+        return interval, dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
+    return interval, tost_p_values(lambda t: tost.bootstrap_p(statistics, t, "below"),
+                                   lambda t: tost.bootstrap_p(statistics, t, "above"),
+                                   tolerance=tolerance, higher_is_better=higher_is_better)
 
 
 def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggregate: Callable[[list], float] | None,
                    aggregate_name: str, by_mean: bool, higher_is_better: bool | None, tolerance: float,
-                   confidence: float = 0.95, iterations: int = 10_000, aggregate_iterations: int = 1_000,
-                   seed: int = 0) -> Comparison:
-    """Pick the interval for one metric's paired per-document values and read its verdict.
+                   relative: bool = False, confidence: float = 0.95, iterations: int = 10_000,
+                   aggregate_iterations: int = 1_000, seed: int = 0) -> Comparison:
+    """The interval and the one-sided p-values for one metric's paired per-document values.
 
-    by_mean (the metric's aggregation is the mean) with 0/1 values: Tango's interval and McNemar's test;
-    with other numbers: the bootstrap of the mean difference; anything else (perplexity's (ll, words),
-    BLEU's (ref, pred), or a non-mean aggregation): the bootstrap of the aggregation itself.
+    by_mean (the metric's aggregation is the mean) with 0/1 values: Tango's interval, McNemar's test and the
+    exact p-values (tost.py); with other numbers: the bootstrap of the mean difference; anything else
+    (perplexity's (ll, words), BLEU's (ref, pred), a non-mean aggregation) or relative (tolerance a fraction
+    of the reference's score): the bootstrap of the aggregation itself. confidence is 1 - alpha: the
+    interval is the (1 - 2 alpha) one that the two one-sided tests at alpha read.
     """
     nan, notes = math.nan, [] if higher_is_better is not None else [
         "direction unknown (higher_is_better null): diff is candidate - reference, unoriented"]
@@ -222,29 +272,27 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
     try:
         if aggregate is None:
             raise ValueError(f"aggregation {aggregate_name!r} is not in lm-eval's registry")
-        if by_mean and all_scalar(reference, candidate):
-            ref, cand = np.asarray(reference, dtype=float), np.asarray(candidate, dtype=float)
-            scores = (float(ref.mean()), float(cand.mean()))
-            if all_binary(ref, cand):
-                mcnemar, method = mcnemar_exact(ref, cand), "tango"
-                interval = orient(tango_interval(mcnemar[0], mcnemar[1], len(ref), confidence=confidence),
-                                  higher_is_better)
-            else:
-                method = "bootstrap"
-                interval = paired_bootstrap(ref, cand, iterations=iterations, confidence=confidence, seed=seed,
-                                            higher_is_better=higher_is_better)
+        scores = (float(aggregate(list(reference))), float(aggregate(list(candidate))))
+        settings = dict(tolerance=tolerance, confidence=confidence, higher_is_better=higher_is_better)
+        if by_mean and not relative and all_binary(reference, candidate):
+            method = "tango"
+            interval, mcnemar, p = _tango(np.asarray(reference, dtype=float), np.asarray(candidate, dtype=float),
+                                          **settings)
+        elif by_mean and not relative and all_scalar(reference, candidate):
+            method, delta = "bootstrap", np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
+            interval, p = bootstrap_reading(float(delta.mean()),
+                                            bootstrap_means(delta, iterations=iterations, seed=seed), **settings)
         else:
             method = f"bootstrap {aggregate_name}"
-            scores = (float(aggregate(list(reference))), float(aggregate(list(candidate))))
-            interval = paired_bootstrap_aggregate(reference, candidate, aggregate, confidence=confidence, seed=seed,
-                                                  iterations=min(iterations, aggregate_iterations),
-                                                  higher_is_better=higher_is_better)
+            interval, p = bootstrap_reading(*aggregate_statistics(
+                reference, candidate, aggregate, relative=relative, iterations=min(iterations, aggregate_iterations),
+                seed=seed), **settings)
     except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError) as error:
-        return Comparison(*scores, nan, nan, nan, *mcnemar, method, "inconclusive",
-                          "; ".join(notes + [f"not compared: {error}"]))
+        return Comparison(*scores, nan, nan, nan, *mcnemar, method, **NO_EVIDENCE,
+                          note="; ".join(notes + [f"not compared: {error}"]))
     if math.isnan(interval.low) or math.isnan(interval.high):
         notes.append("no interval: the values or their aggregation are NaN")
     elif not interval.high > interval.low:
         notes.append("zero-width interval: the resampled differences never vary, which is no evidence of equivalence")
-    return Comparison(*scores, interval.diff, interval.low, interval.high, *mcnemar, method,
-                      verdict(interval, tolerance, higher_is_better), "; ".join(notes))
+    return Comparison(*scores, interval.diff, interval.low, interval.high, *mcnemar, method, **p,
+                      note="; ".join(notes))

@@ -30,7 +30,7 @@ measured here, bfloat16 against float32 on the embedded model moved the log-prob
 prompts by 0.008 nats at the median, 0.07 at the 90th percentile and 0.16 at most (and tied the two tokens
 exactly at every flip). ``--near-tie`` changes it."""
 
-NOISE_FLOOR = 1e-4
+NOISE_FLOOR = 1e-4  # applied to CPU float32 runs only (locate.default_floor_applies)
 """Nats: the largest log-probability difference a float32 engine shows on the same requests in another
 batch arrangement, as measured in this project (scheduling settings and shuffled request order on the CPU
 engine: 2.7e-05 at most, README "Runs that survive"; the tests allow 1e-4). Drift above it before the

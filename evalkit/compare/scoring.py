@@ -1,0 +1,147 @@
+"""One row of the comparison: a metric's lm-eval aggregation and direction, its tolerance, its statistics; and
+groups scored as lm-eval 0.4.13 scores them (lm_eval/api/group.py ``Group.aggregate``): for each metric in the
+group's ``aggregate_metric_list``, ``aggregate_subtask_metrics`` over its leaf tasks, the leaves' scores
+weighted by their documents (``weight_by_size: true``) or equally. results.json does not keep the group's
+config, so which weighting lm-eval applied is read off the group score it recorded in each run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any, Callable
+
+import numpy as np
+
+from evalkit.compare import stats
+from evalkit.compare.verdict import Tolerance, Tolerances
+
+AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
+Values = dict[str, dict[tuple[str, str], tuple[list, list]]]  # task -> (filter, metric) -> (reference, candidate)
+
+
+def aggregation(results: dict[str, Any], task: str, metric: str) -> tuple[str, Callable[[list], float] | None]:
+    """(name, function) of the aggregation the task's metric_list names in results.json, else lm-eval's
+    default for the metric; the function is None when lm-eval's registry does not know the name."""
+    from lm_eval.api.registry import get_aggregation, get_metric_aggregation
+
+    entries = ((results.get("configs") or {}).get(task) or {}).get("metric_list") or []
+    named = next((e.get("aggregation") for e in entries if isinstance(e, dict) and e.get("metric") == metric), None)
+    if named is not None:
+        return str(named), get_aggregation(named) if isinstance(named, str) else None
+    default = get_metric_aggregation(metric)
+    return getattr(default, "__name__", "none"), default
+
+
+def is_mean(results: dict[str, Any], task: str, metric: str) -> bool:
+    from lm_eval.api.registry import get_aggregation
+
+    return aggregation(results, task, metric)[1] is get_aggregation("mean")
+
+
+def direction(results: dict[str, Any], task: str, metric: str) -> bool | None:
+    """higher_is_better as results.json records it; None (unknown) when missing or null, never a guess."""
+    value = ((results.get("higher_is_better") or {}).get(task) or {}).get(metric)
+    return value if isinstance(value, bool) else None
+
+
+def _score(aggregate: Callable[[list], float] | None, values: list[Any]) -> float:
+    try:
+        return float(aggregate(list(values))) if aggregate is not None else math.nan
+    except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError):
+        return math.nan
+
+
+def compare_values(results: dict[str, Any], task: str, metric: str, ref: list[Any], cand: list[Any], *,
+                   higher_is_better: bool | None, tolerances: Tolerances, settings: dict[str, Any],
+                   row_name: str | None = None) -> dict[str, Any]:
+    """One row's statistics (stats.compare_paired) with the aggregation the task gives the metric and the
+    tolerance of the row (row_name: the group a row of pooled documents stands for)."""
+    name, agg = aggregation(results, task, metric)
+    tolerance = tolerances.of(row_name or task, metric, _score(agg, ref))
+    row = asdict(stats.compare_paired(ref, cand, aggregate=agg, aggregate_name=name, by_mean=is_mean(results, task, metric),
+                                      higher_is_better=higher_is_better, tolerance=tolerance.value,
+                                      relative=tolerance.relative, aggregate_iterations=AGGREGATE_ITERATIONS,
+                                      **settings))
+    return {**row, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative}
+
+
+def leaf_tasks(group_subtasks: dict[str, list[str]], group: str) -> list[str]:
+    """The tasks under a group, through nested groups (mmlu -> mmlu_stem -> mmlu_abstract_algebra)."""
+    return [leaf for sub in group_subtasks.get(group, [])
+            for leaf in (leaf_tasks(group_subtasks, sub) if sub in group_subtasks else [sub])]
+
+
+def weight_by_size(runs: tuple[dict[str, Any], dict[str, Any]], group: str, key: str, tasks: list[str],
+                   sizes: list[int]) -> bool | None:
+    """Whether lm-eval weighted the leaves by size for the group score it recorded under key ("acc,none") in
+    both runs: the weighting whose mean of the leaves' recorded scores is that score in both. None when it
+    recorded none, or one that neither weighting gives (not a mean of its leaves)."""
+    fits: set[bool] = {True, False}
+    for results in runs:
+        recorded = ((results.get("groups") or {}).get(group) or {}).get(key)
+        scores = [((results.get("results") or {}).get(t) or {}).get(key) for t in tasks]
+        if not all(isinstance(v, (int, float)) for v in [recorded, *scores]):
+            return None
+        means = {True: np.average(scores, weights=sizes), False: float(np.mean(scores))}
+        fits &= {w for w, value in means.items() if math.isclose(recorded, value, rel_tol=1e-9, abs_tol=1e-12)}
+    return None if not fits else (True in fits)  # both fit (equal sizes or scores): lm-eval's default, by size
+
+
+def stratified_row(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
+                   weights: list[float], *, tolerance: Tolerance, higher_is_better: bool | None,
+                   settings: dict[str, Any]) -> dict[str, Any]:
+    """A group whose score is a weighted mean of its leaves' aggregations: the same weighted mean of the
+    differences, bootstrapped with each leaf's documents resampled within it (the leaves are strata)."""
+    w = np.asarray(weights, dtype=float) / float(np.sum(weights))
+    aggregates = [aggregation(results, t, metric)[1] for t in tasks]
+    scores = [[_score(agg, side) for side in pair] for agg, pair in zip(aggregates, pairs)]
+    reference, candidate = (float(np.dot(w, [s[i] for s in scores])) for i in (0, 1))
+    iterations, statistics = settings["iterations"], np.zeros(settings["iterations"])
+    for k, (wt, agg, (ref, cand)) in enumerate(zip(w, aggregates, pairs)):
+        rows = np.concatenate(list(stats.resamples(len(ref), iterations, seed=settings["seed"] + k)))
+        if is_mean(results, tasks[k], metric) and stats.all_scalar(ref, cand):
+            statistics += wt * (np.asarray(cand, dtype=float) - np.asarray(ref, dtype=float))[rows].mean(axis=1)
+        else:
+            statistics += wt * np.array([agg([cand[i] for i in r]) - agg([ref[i] for i in r]) for r in rows])
+    interval, p = stats.bootstrap_reading(candidate - reference, statistics, tolerance=tolerance.value,
+                                          confidence=settings["confidence"], higher_is_better=higher_is_better)
+    return {"reference": reference, "candidate": candidate, "diff": interval.diff, "ci_low": interval.low,
+            "ci_high": interval.high, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None,
+            "method": "bootstrap stratified", **p, "higher_is_better": higher_is_better, "tolerance": tolerance.value,
+            "relative": False, "note": ""}
+
+
+def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group: str, key: str, *,
+              tolerances: Tolerances, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The row of one group score lm-eval recorded (key "metric,filter"), or None when it cannot be scored."""
+    results, metric, filt = runs[0], *key.split(",", 1)
+    tasks = [t for t in leaf_tasks(results.get("group_subtasks") or {}, group) if (filt, metric) in values.get(t, {})]
+    pairs = [values[t][(filt, metric)] for t in tasks]
+    weighted = weight_by_size(runs, group, key, tasks, [len(ref) for ref, _ in pairs]) if tasks else None
+    if weighted is None:
+        return None
+    own, leaves = direction(results, group, metric), {direction(results, t, metric) for t in tasks}
+    known = own if own is not None else leaves.pop() if len(leaves) == 1 else None
+    n = sum(len(ref) for ref, _ in pairs)
+    if weighted and all(is_mean(results, t, metric) for t in tasks):
+        ref, cand = [v for pair in pairs for v in pair[0]], [v for pair in pairs for v in pair[1]]
+        row = compare_values(results, tasks[0], metric, ref, cand, higher_is_better=known, tolerances=tolerances,
+                             settings=settings, row_name=group)
+        how = f"{n} documents of {len(tasks)} tasks pooled (weight_by_size: lm-eval's size-weighted mean)"
+    else:
+        row = stratified_row(results, tasks, metric, pairs, [len(r) for r, _ in pairs] if weighted else [1] * len(tasks),
+                             tolerance=tolerances.of(group, metric, math.nan), higher_is_better=known, settings=settings)
+        how = f"{len(tasks)} tasks' scores averaged " + ("by size" if weighted else "equally (weight_by_size: false)")
+    return {"task": group, "filter": filt, "metric": metric, "n": n, **row,
+            "note": "; ".join(filter(None, [f"group: {how}", row["note"]]))}
+
+
+def group_rows(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, *, tolerances: Tolerances,
+               settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row per group score lm-eval recorded in the reference's results.json ("groups"), as it computed it."""
+    recorded = runs[0].get("groups") or {}
+    rows = [group_row(runs, values, group, key, tolerances=tolerances, settings=settings)
+            for group in sorted(recorded) for key in sorted(recorded[group])
+            if "," in key and "_stderr," not in key and isinstance(recorded[group][key], (int, float))]
+    return [row for row in rows if row is not None]

@@ -1,0 +1,111 @@
+"""Verdicts from the one-sided tests, family-wise over every row of a comparison, and the tolerance of each row.
+Pure functions, no I/O.
+
+Each row carries the p-values of its one-sided tests against its tolerance (stats.tost_p_values). Every kind of
+claim (worse, better, equivalent, lower, higher) is Holm-adjusted over all the rows compared at once (Holm 1979,
+"A simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70), valid whatever the rows'
+dependence (a group and its subtasks share documents), so the chance that any row is wrongly called `worse`, and
+the command wrongly exits 1, is at most alpha:
+
+worse         shown beyond -tolerance (p_worse)                                                      exits 1
+changed       direction unknown: shown beyond the tolerance either way                                exits 1
+better        shown beyond +tolerance (p_better)
+lower/higher  shown inside +-tolerance (p_equivalent) and shown below/above 0 (p_lower/p_higher)
+equivalent    shown inside +-tolerance, no difference from 0 shown
+inconclusive  none of these shown (too few documents, or a zero-width bootstrap: no evidence either way)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+FAILING = ("worse", "changed")  # verdicts that make the command exit 1
+VERDICTS = ("worse", "changed", "better", "lower", "higher", "equivalent", "inconclusive")
+UNBOUNDED = frozenset({"perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "bleu", "chrf", "ter"})
+"""Metrics with no fixed 0-1 range, compared relatively by default (lm-eval's BLEU, chrF and TER are 0-100+)."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    value: float
+    relative: bool  # a fraction of the reference's score, the difference compared as candidate / reference - 1
+
+    def __str__(self) -> str:
+        return f"±{self.value:g}" + (" rel" if self.relative else "")
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """The tolerance of each row: absolute for 0-1 metrics, relative for unbounded ones, overridden per task/metric."""
+
+    absolute: float = 0.02
+    relative: float = 0.02
+    overrides: dict[tuple[str, str], Tolerance] = field(default_factory=dict)  # (task or *, metric or *)
+
+    def unused(self, rows: set[tuple[str, str]]) -> list[str]:
+        """Overrides that match no (task, metric) compared: a misspelt name."""
+        return [f"{t}/{m}" for t, m in self.overrides
+                if not any(t in ("*", task) and m in ("*", metric) for task, metric in rows)]
+
+    def of(self, task: str, metric: str, reference_score: float) -> Tolerance:
+        for key in ((task, metric), (task, "*"), ("*", metric)):
+            if key in self.overrides:
+                return self.overrides[key]
+        outside = not math.isnan(reference_score) and not -1.0 <= reference_score <= 1.0
+        if metric in UNBOUNDED or outside:
+            return Tolerance(self.relative, relative=True)
+        return Tolerance(self.absolute, relative=False)
+
+
+def parse_override(text: str) -> tuple[tuple[str, str], Tolerance]:
+    """TASK/METRIC=VALUE (either name may be *): VALUE absolute, or relative with a % (5% = 0.05 of the reference)."""
+    try:
+        names, value = text.rsplit("=", 1)
+        task, metric = names.split("/", 1)
+        relative = value.strip().endswith("%")
+        number = float(value.strip().rstrip("%")) / (100 if relative else 1)
+    except ValueError:
+        raise ValueError(f"--tolerance-for {text!r}: expected TASK/METRIC=VALUE, e.g. mmlu/acc=0.01 or "
+                         "wikitext/word_perplexity=5%") from None
+    if not task or not metric or not number > 0:
+        raise ValueError(f"--tolerance-for {text!r}: needs a task, a metric and a tolerance above 0")
+    return (task, metric), Tolerance(number, relative)
+
+
+def holm(p_values: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values (NaN: no test, adjusted to 1): reject where adjusted < alpha."""
+    p = np.where(np.isnan(np.asarray(p_values, dtype=float)), 1.0, np.asarray(p_values, dtype=float))
+    m, order = len(p), np.argsort(p, kind="stable")
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(np.maximum.accumulate((m - np.arange(m)) * p[order]), 1.0)
+    return adjusted
+
+
+P_COLUMNS = ("p_worse", "p_better", "p_equivalent", "p_lower", "p_higher")
+
+
+def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
+    """Every row of every table one family: Holm-adjusted p-values (p_worse_holm, p_equivalent_holm columns) and
+    the verdicts they show at alpha."""
+    if not tables or all(t.empty for t in tables):
+        return [t.assign(verdict=pd.Series(dtype=object), p_worse_holm=np.nan, p_equivalent_holm=np.nan)
+                for t in tables]
+    rows = pd.concat(tables, ignore_index=True)
+    shown = {c: holm(rows[c].to_numpy(dtype=float)) for c in P_COLUMNS}
+    unknown = rows["higher_is_better"].isna().to_numpy()
+    worse, better, inside = (shown[c] < alpha for c in ("p_worse", "p_better", "p_equivalent"))
+    verdicts = np.select(
+        [worse & unknown, worse, better, inside & (shown["p_lower"] < alpha), inside & (shown["p_higher"] < alpha),
+         inside], ["changed", "worse", "better", "lower", "higher", "equivalent"], default="inconclusive")
+    rows = rows.assign(verdict=verdicts, p_worse_holm=shown["p_worse"], p_equivalent_holm=shown["p_equivalent"])
+    bounds = np.cumsum([0] + [len(t) for t in tables])
+    return [rows.iloc[a:b].reset_index(drop=True) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def gate(tables: list[pd.DataFrame]) -> int:
+    """The exit code: 1 when any row's verdict fails (decide() made it family-wise), else 0."""
+    return int(any(t["verdict"].isin(FAILING).any() for t in tables))
