@@ -22,8 +22,9 @@ class GenRequest:
 
     @property
     def greedy(self) -> bool:
-        """Whether the answer is a function of the request alone (no sampling): identical requests may share it."""
-        return float(dict(self.sampling).get("temperature", 0.0) or 0.0) == 0.0
+        """Whether the answer is a function of the request alone (no sampling): identical requests may share it.
+        A request that names no temperature gets vLLM's default, 1.0: it samples."""
+        return float(dict(self.sampling).get("temperature", 1.0)) < 1e-5  # vLLM's _SAMPLING_EPS
 
 
 @dataclass(frozen=True)

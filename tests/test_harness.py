@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from evalkit.contracts import GenRequest
 from evalkit.harness.budget import PromptTooLong
 from evalkit.harness.lm import EvalkitLM, strip_thinking
 from tests.fake_engine import BOS, FakeEngine
@@ -120,8 +121,10 @@ def test_a_tasks_own_sampling_settings_reach_the_engine_and_overrides_win():
     kwargs = {"until": "\n", "do_sample": True, "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 7}
     EvalkitLM(engine, model_name="m", max_tokens=100).generate_until([instance("t", 0, "q", dict(kwargs))])
     sent = engine.generated[0]
-    assert dict(sent.sampling) == {"temperature": 0.8, "top_p": 0.9, "skip_special_tokens": False,
-                                   "spaces_between_special_tokens": False}
+    settings = dict(sent.sampling)
+    assert isinstance(settings.pop("seed"), int)  # a sampled request's own seed (below)
+    assert settings == {"temperature": 0.8, "top_p": 0.9, "skip_special_tokens": False,
+                        "spaces_between_special_tokens": False}
     assert sent.max_tokens == 7 and sent.stop == ("\n", "\x02") and not sent.greedy
     EvalkitLM(engine, model_name="m", max_tokens=5, temperature=0.0, sampling_kwargs={"top_p": 1.0}).generate_until(
         [instance("t", 0, "q", dict(kwargs))])
@@ -130,6 +133,45 @@ def test_a_tasks_own_sampling_settings_reach_the_engine_and_overrides_win():
     EvalkitLM(engine, model_name="m", max_tokens=100).generate_until(
         [instance("t", 0, "q", {"until": [], "temperature": 0.5, "do_sample": False})])
     assert dict(engine.generated[2].sampling)["temperature"] == 0.0  # do_sample false means greedy (lm-eval)
+
+
+@pytest.mark.parametrize("gen_kwargs, temperature", [
+    ({"until": []}, 0.0),  # neither do_sample nor temperature: greedy, as normalize_gen_kwargs documents
+    ({"until": [], "do_sample": False}, 0.0),
+    ({"until": [], "do_sample": True}, 1.0),  # sampling at vLLM's default, said explicitly
+    ({"until": [], "temperature": 0.7}, 0.7),
+])
+def test_every_generation_names_its_temperature(gen_kwargs, temperature):
+    engine = FakeEngine()
+    lm = EvalkitLM(engine, model_name="m", max_tokens=8)
+    lm.generate_until([instance("t", 0, "q", gen_kwargs)])
+    (sent,) = engine.generated
+    assert dict(sent.sampling)["temperature"] == temperature and sent.greedy == (temperature == 0.0)
+    assert ("seed" in dict(sent.sampling)) == (temperature > 0)
+    (task,) = lm.effective_sampling()["t"]
+    assert task["settings"]["temperature"] == temperature and task["requests"] == 1 and "seed" not in task["settings"]
+
+
+def test_a_request_without_temperature_is_read_as_sampled_as_vllm_samples_it():
+    assert not GenRequest(prompt_ids=(1,), max_tokens=1).greedy
+    assert GenRequest(prompt_ids=(1,), max_tokens=1, sampling=(("temperature", 0.0),)).greedy
+
+
+def test_sampled_draws_get_seeds_from_the_run_seed_the_request_and_its_draw_number():
+    def seeds(seed, prompts, repeats=4):
+        engine = FakeEngine()
+        lm = EvalkitLM(engine, model_name="m", max_tokens=8, seed=seed)
+        lm.generate_until([instance("t", i, p, {"until": [], "do_sample": True, "temperature": 0.8})
+                           for i, p in enumerate(prompts) for _ in range(repeats)])
+        return [dict(r.sampling)["seed"] for r in engine.generated]
+
+    first = seeds(1, ["a", "b"])
+    assert len(set(first)) == 8  # repeats draw distinct samples
+    assert seeds(1, ["a", "b"]) == first and seeds(7, ["a", "b"]) != first
+    assert seeds(1, ["b", "a"]) == first[4:] + first[:4]  # a draw's seed does not depend on the order
+    own = EvalkitLM(FakeEngine(), model_name="m", max_tokens=8)
+    own.generate_until([instance("t", 0, "q", {"until": [], "do_sample": True, "seed": 5})])
+    assert dict(own.engine.generated[0].sampling)["seed"] == 5  # a task's own seed is kept
 
 
 def test_prompts_get_the_tokenizers_default_bos_unless_they_start_with_it():

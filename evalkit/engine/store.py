@@ -5,8 +5,9 @@ requests finishes (flushed and fsync'ed); a kill at any instant loses at most th
 torn last line is cut off on reading, so the next append starts on a line of its own. Identical requests
 share one answer when greedy and keep one each when sampled (:meth:`ResumableEngine._key`). The file name
 is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
-change outputs, the library versions and evalkit's own answer code; each line is keyed by a hash of the
-exact request and records the settings of the try that computed it. Settings that only change scheduling or memory
+change outputs, the model runner and kernel-selecting environment, the library versions, the hardware and
+evalkit's own answer code; each line is keyed by a hash of the exact request and the scoring path
+(``fast_scoring``) and records the settings of the try that computed it. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
 ``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
 """
@@ -25,8 +26,22 @@ from typing import Any, Callable, Sequence
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
 
 SCHEDULING_ONLY = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-                   "swap_space", "cpu_offload_gb", "disable_log_stats", "kv_cache_memory_bytes"}
-SMALL_FILE = 16 << 20  # model files up to this size are hashed by content; larger ones by size and mtime
+                   "swap_space", "cpu_offload_gb", "disable_log_stats", "kv_cache_memory_bytes",
+                   # how the ranks of one engine are started (a data-parallel actor of TP > 1 picks "mp"): the
+                   # same kernels on the same devices, so a run resumes whatever data_parallel_size
+                   "distributed_executor_backend"}
+# Environment variables that only place or time work, recorded in describe() but not hashed. Every other
+# VLLM_* variable is hashed: they select kernels and runners (VLLM_ATTENTION_BACKEND, VLLM_USE_V2_MODEL_RUNNER,
+# VLLM_BATCH_INVARIANT, ...), and one not listed here is safer hashed than not.
+SCHEDULING_ENV = {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE",
+                  "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_LEVEL",
+                  "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH", "VLLM_HOST_IP", "VLLM_PORT",
+                  "VLLM_RPC_TIMEOUT", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_NO_USAGE_STATS",
+                  "VLLM_DO_NOT_TRACK", "VLLM_USAGE_SOURCE", "VLLM_ENGINE_ITERATION_TIMEOUT_S",
+                  "VLLM_ALLOW_LONG_MAX_MODEL_LEN"}
+SMALL_FILE = 16 << 20  # model files up to this size are hashed on every start; larger ones once (large_file_sha256)
+# The hardware facts that decide kernels; the OS release, core count and host name are recorded, not hashed.
+HARDWARE_KEYS = ("machine", "cpu_model", "cpu_bf16", "gpus")
 
 
 def sha256(obj: Any) -> str:
@@ -41,10 +56,18 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# evalkit's own modules that shape a request or read the engine's answer: an upgrade that changes any of them
-# may change answers, so their content is part of the fingerprint.
-ANSWER_CODE = ("contracts.py", "harness/budget.py", "harness/lm.py", "engine/vllm_engine.py", "engine/hf_engine.py",
-               "engine/store.py")
+# evalkit's own code that shapes a request or reads the engine's answer: every module of these packages, and
+# these modules. An upgrade that changes any of them may change answers, so their content is part of the
+# fingerprint (tests/test_store.py fails when a module the run uses to build requests or read answers is not).
+ANSWER_PACKAGES = ("engine", "harness")
+ANSWER_MODULES = ("contracts.py", "run/dataparallel.py")
+
+
+def answer_code() -> list[str]:
+    """The modules of the answer code, relative to the evalkit package."""
+    package = Path(__file__).resolve().parent.parent
+    found = {str(p.relative_to(package)) for name in ANSWER_PACKAGES for p in (package / name).rglob("*.py")}
+    return sorted(found | set(ANSWER_MODULES))
 
 
 def answers_key(cfg: Any) -> str:
@@ -68,7 +91,7 @@ def answers_key(cfg: Any) -> str:
 
 def code_signature() -> dict[str, str]:
     package = Path(__file__).resolve().parent.parent
-    return {name: file_sha256(package / name) for name in ANSWER_CODE}
+    return {name: file_sha256(package / name) for name in answer_code()}
 
 
 def hub_revision(model_id: str, revision: str | None = None, cache: str | Path | None = None) -> str | None:
@@ -81,6 +104,31 @@ def hub_revision(model_id: str, revision: str | None = None, cache: str | Path |
     return ref.read_text().strip() if ref.is_file() else None
 
 
+def digest_cache() -> Path:
+    from evalkit.engine.embedded import cache_dir
+
+    return cache_dir() / "file-digests.json"
+
+
+def large_file_sha256(path: Path, cache: Path | None = None) -> str:
+    """The content hash of a large file, computed once: kept by (path, size, mtime, inode), so a same-shape
+    checkpoint copied with ``cp -p`` (same size and mtime, another inode) is hashed anew."""
+    cache = cache or digest_cache()
+    stat = path.stat()
+    key = json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino])
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = file_sha256(path)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, cache)  # another process's entries may be lost; they are recomputed, never wrong
+    return known[key]
+
+
 def model_files(model_dir: str, revision: str | None = None) -> dict[str, Any]:
     """A content signature of a model folder; a hub id signs as itself and the commit it resolved to."""
     root = Path(model_dir)
@@ -88,29 +136,29 @@ def model_files(model_dir: str, revision: str | None = None) -> dict[str, Any]:
         return {"id": model_dir, "revision": hub_revision(model_dir, revision)}
     files = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        stat = path.stat()
-        if stat.st_size <= SMALL_FILE:
-            files[str(path.relative_to(root))] = file_sha256(path)
-        else:
-            files[str(path.relative_to(root))] = [stat.st_size, stat.st_mtime_ns]
+        small = path.stat().st_size <= SMALL_FILE
+        files[str(path.relative_to(root))] = file_sha256(path) if small else large_file_sha256(path)
     return files
 
 
 def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
-    """Hash of what decides an answer: model files (or a hub model's commit), output-changing settings,
-    library versions, hardware, and evalkit's own request-building and answer-reading code.
+    """Hash of what decides an answer: model files (or a hub model's commit), output-changing settings, the
+    model runner and kernel-selecting environment, library versions, the hardware that picks kernels, and
+    evalkit's own request-building and answer-reading code.
 
-    description is Engine.describe(): engine_args, versions, hardware."""
+    description is Engine.describe(): engine_args, model_runner, environment, versions, hardware."""
     engine_args = description.get("engine_args", {})
     settings = {k: v for k, v in engine_args.items() if k not in SCHEDULING_ONLY and k not in ("model", "tokenizer")}
     tokenizer = engine_args.get("tokenizer")
+    hardware = description.get("hardware") or {}
+    environment = {k: v for k, v in (description.get("environment") or {}).items() if k not in SCHEDULING_ENV}
     return sha256({"engine": description.get("name", "vllm"),
                    "model": model_files(model_dir, engine_args.get("revision")),
                    "tokenizer": (model_files(tokenizer, engine_args.get("tokenizer_revision"))
                                  if tokenizer and tokenizer != model_dir else None),
-                   "settings": settings, "sampling": description.get("sampling"),
-                   "versions": description.get("versions"), "hardware": description.get("hardware"),
-                   "code": code_signature()})
+                   "settings": settings, "model_runner": description.get("model_runner"),
+                   "environment": environment, "versions": description.get("versions"),
+                   "hardware": {k: hardware.get(k) for k in HARDWARE_KEYS}, "code": code_signature()})
 
 
 class RequestStore:
@@ -162,18 +210,19 @@ class ResumableEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def _key(self, request: Any) -> str:
-        """The request's hash; a sampled one also counts how often it was asked this run (a task's
-        ``repeats``, or two tasks with one prompt), so each draw keeps its own answer. Greedy ones share."""
-        key = sha256({"kind": type(request).__name__, **asdict(request)})
+    def _key(self, request: Any, path: dict[str, Any] | None = None) -> str:
+        """The request's hash, with the scoring path that answers it (``fast``); a sampled one also counts how
+        often it was asked this run (a task's ``repeats``, or two tasks with one prompt), so each draw keeps its
+        own answer. Greedy ones share."""
+        key = sha256({"kind": type(request).__name__, **asdict(request), **(path or {})})
         if isinstance(request, GenRequest) and not request.greedy:
             self._draws[key] += 1
             key = sha256({"request": key, "draw": self._draws[key]})
         return key
 
     def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
-             progress: Progress | None) -> list:
-        keys = [self._key(r) for r in requests]
+             progress: Progress | None, path: dict[str, Any] | None = None) -> list:
+        keys = [self._key(r, path) for r in requests]
         first: dict[str, int] = {}  # each missing answer once, however often it is asked
         for i, k in enumerate(keys):
             if k not in self.store.answers:
@@ -204,7 +253,8 @@ class ResumableEngine:
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
               fast: bool = True) -> list[Scored]:
-        return self._run(requests, functools.partial(self._engine.score, fast=fast), lambda a: Scored(**a), progress)
+        return self._run(requests, functools.partial(self._engine.score, fast=fast), lambda a: Scored(**a), progress,
+                         path={"fast": fast})
 
     def close(self) -> None:
         self._engine.close()

@@ -14,6 +14,14 @@ from collections import Counter
 from typing import Any, Sequence
 
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.engine.logprob_reads import (BadRead, chunked, next_token_scores, read_next_token, read_prompt_rows,
+                                          read_token_id_rows, scored_positions)
+
+MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
+
+
+class ScoringError(RuntimeError):
+    """vLLM returned log-probabilities that do not answer the request, twice: nothing of it is scored."""
 
 
 def package_version(*names: str) -> str | None:
@@ -48,10 +56,22 @@ def accelerators() -> tuple[str, int]:
     return "cpu", os.cpu_count() or 1
 
 
+def cpu_model() -> tuple[str | None, bool]:
+    """The processor's model name and whether it has avx512_bf16 (bfloat16 answers differ between the two)."""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return platform.processor() or None, False
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    return (names[0] if names else platform.processor() or None), "avx512_bf16" in text
+
+
 def hardware() -> dict[str, Any]:
     import torch
 
+    model, bf16 = cpu_model()
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor(),
+                            "machine": platform.machine(), "cpu_model": model, "cpu_bf16": bf16,
                             "cpu_count": os.cpu_count()}
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -67,18 +87,6 @@ def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | 
 
     extra = {"add_bos_token": add_bos_token} if add_bos_token is not None else {}
     return get_tokenizer(path, trust_remote_code=trust_remote_code, **extra)
-
-
-def read_prompt_logprobs(request: ScoreRequest, flat: Any) -> Scored:
-    """Sum and greediness of ids[start:] from vLLM's flat prompt log-probabilities (prompt_logprobs=1: each
-    position holds the token itself first, then the top-1)."""
-    total, greedy = 0.0, True
-    for position in range(max(request.start, 1), len(request.ids)):
-        first, end = flat.start_indices[position], flat.end_indices[position]
-        value = flat.logprobs[first]
-        total += value
-        greedy = greedy and value >= max(flat.logprobs[first:end])
-    return Scored(logprob=total, is_greedy=greedy)
 
 
 class TokenizerSide:
@@ -149,12 +157,19 @@ class VLLMEngine(TokenizerSide):
         self.args.update(engine_kwargs)
         self.max_model_len = max_model_len
         self.choices = list(choices)  # what evalkit.engine.tuning filled in, for the record
-        # what the scoring paths did: single_token (scored from one context request), contexts (those requests),
-        # prompt_logprobs (scored from their own prompt), cache_hits (of those, read a cached prefix), resubmitted
+        # what the scoring paths did: single_token (scored from one context's next token), contexts (those
+        # contexts), context_requests (the requests sent for them), prompt_logprobs (scored from their own
+        # prompt), cache_hits (of those, read a cached prefix), resubmitted (V1 rows the cache covered, sent
+        # again), mismatched (reads that failed their check, sent again), runner_v1 / runner_v2 (which layout)
         self.scoring: Counter[str] = Counter()
         self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
                                         add_bos_token=add_bos_token)
+        # the VLLM_* variables the engine started under (evalkit.engine.tuning sets some only for the start)
+        self.environment = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
         self.llm = LLM(**self.args)
+        # Which model runner computes prompt log-probabilities: "v2" (vLLM 0.32's default wherever Triton is,
+        # so every CUDA machine) returns only the rows it computed; "v1" (the CPU build) one row per position.
+        self.runner = "v2" if getattr(self.llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1"
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
@@ -173,36 +188,40 @@ class VLLMEngine(TokenizerSide):
         ]
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *, fast: bool = True,
-              single_token: bool | None = None, reuse_prefix: bool | None = None) -> list[Scored]:
+              paths: tuple[str, ...] | None = None) -> list[Scored]:
         """Log-probabilities of ids[start:] given ids[:start], from the model's raw logits (no sampling).
 
         Three paths, each giving the same numbers (tests/test_engine.py):
 
-        * **single token** (a continuation of one token, the common multiple-choice case): the context is sent
-          once, with every choice's token in ``logprob_token_ids``; the next-token distribution gives them
-          all, and the greedy token beside them.
-        * **shared prefix**: prompt log-probabilities, reading vLLM's prefix cache, so the choices of one
-          question (kept adjacent, as lm-eval orders them) prefill their common context once. Positions
-          read from the cache have no log-probabilities: a result is kept only when the cache stopped
-          before the continuation (``num_cached_tokens``), and resubmitted without the cache otherwise.
-        * **plain**: prompt log-probabilities of the whole sequence, no cache (``fast=False``).
+        * ``next_token`` (a continuation of one token, the common multiple-choice case): the context is sent
+          once, with every choice's token in ``logprob_token_ids`` (at most 128 per request, more are split);
+          the next-token distribution gives them all, and the greedy token beside them.
+        * ``shared_prefix``: prompt log-probabilities reading vLLM's prefix cache, so the choices of one
+          question (kept adjacent, as lm-eval orders them) prefill their common context once. On the V2 runner
+          the request asks vLLM's own API for rows from the continuation on (``prompt_logprob_start``,
+          ``prompt_logprob_token_ids``); on V1 a result whose cache reached the continuation
+          (``num_cached_tokens``) is resubmitted without the cache, as its rows there were never written.
+        * plain: prompt log-probabilities of the whole sequence, no cache (``fast=False``).
 
-        single_token and reuse_prefix choose the first two paths one by one (for tests); by default both follow fast.
+        paths names the fast paths to take (tests choose them one by one); by default both when fast, none
+        otherwise. Every read is checked against the request (evalkit/engine/logprob_reads.py): a read that
+        fails is resubmitted without the cache and counted (``scoring["mismatched"]``); a second failure
+        raises :class:`ScoringError`.
 
         is_greedy as lm-eval's vllm backend reads it: each scored token must have the highest log-probability
         at its position, a tie counting as greedy (the token comes first in vLLM's logprob dict there).
         """
         if not requests:
             return []
-        single_token = fast if single_token is None else single_token
-        reuse_prefix = fast if reuse_prefix is None else reuse_prefix
-        single = [i for i, r in enumerate(requests) if single_token and len(r.ids) - r.start == 1 and r.start >= 1]
-        chosen = set(single)
-        rest = [i for i in range(len(requests)) if i not in chosen]
+        chosen = set(("next_token", "shared_prefix") if fast else ()) if paths is None else set(paths)
+        single = [i for i, r in enumerate(requests)
+                  if "next_token" in chosen and len(r.ids) - r.start == 1 and r.start >= 1]
+        taken = set(single)
+        rest = [i for i in range(len(requests)) if i not in taken]
         scored: list[Scored | None] = [None] * len(requests)
         for i, result in zip(single, self._score_next_token([requests[i] for i in single])):
             scored[i] = result
-        for i, result in zip(rest, self._score_prompts([requests[i] for i in rest], reuse_prefix)):
+        for i, result in zip(rest, self._score_prompts([requests[i] for i in rest], "shared_prefix" in chosen)):
             scored[i] = result
         if progress:
             progress.advance(len(requests), sum(len(r.ids) for r in requests))
@@ -214,43 +233,82 @@ class VLLMEngine(TokenizerSide):
         contexts: dict[tuple[int, ...], set[int]] = {}
         for r in requests:
             contexts.setdefault(r.ids[:r.start], set()).add(r.ids[r.start])
-        order = list(contexts)
-        params = [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, flat_logprobs=True,
-                                 logprob_token_ids=sorted(contexts[c])) for c in order]
-        outputs = self.llm.generate([{"prompt_token_ids": list(c)} for c in order], params, use_tqdm=False)
-        self.scoring.update(single_token=len(requests), contexts=len(order))
-        next_token: dict[tuple[int, ...], dict[int, float]] = {}
-        for context, out in zip(order, outputs):
-            flat = out.outputs[0].logprobs
-            span = range(flat.start_indices[0], flat.end_indices[0])
-            next_token[context] = {flat.token_ids[k]: flat.logprobs[k] for k in span}
-        scored = []
-        for r in requests:
-            entries = next_token[r.ids[:r.start]]
-            value = entries[r.ids[r.start]]
-            scored.append(Scored(logprob=value, is_greedy=value >= max(entries.values())))
-        return scored
+        asks = [(c, ids) for c in contexts for ids in chunked(sorted(contexts[c]), MAX_LOGPROB_TOKEN_IDS)]
 
-    def _score_prompts(self, requests: Sequence[ScoreRequest], reuse_prefix: bool) -> list[Scored]:
+        def send(batch, read_cache: bool):
+            params = [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, flat_logprobs=True,
+                                     logprob_token_ids=ids, skip_reading_prefix_cache=not read_cache)
+                      for _, ids in batch]
+            return self.llm.generate([{"prompt_token_ids": list(c)} for c, _ in batch], params, use_tqdm=False)
+
+        entries: dict[tuple[int, ...], dict[int, float]] = {}
+        again = []
+        for (context, ids), out in zip(asks, send(asks, True)):
+            try:
+                entries.setdefault(context, {}).update(read_next_token(context, ids, out.outputs[0].logprobs))
+            except BadRead:
+                again.append((context, ids))
+        for (context, ids), out in zip(again, send(again, False) if again else []):
+            entries.setdefault(context, {}).update(self._second_read(
+                lambda: read_next_token(context, ids, out.outputs[0].logprobs), len(context)))
+        self.scoring.update(single_token=len(requests), contexts=len(contexts), context_requests=len(asks),
+                            mismatched=len(again))
+        return next_token_scores(requests, entries)
+
+    def _prompt_params(self, request: ScoreRequest, read_cache: bool) -> Any:
+        """prompt_logprobs=1 (the token and the top-1 of each row); on V2, also vLLM's fixed-id scores of the
+        request's own tokens from the first scored position on."""
         from vllm import SamplingParams
 
+        extra: dict[str, Any] = {}
+        if self.runner == "v2":
+            first_row = scored_positions(request).start - 1
+            extra = {"prompt_logprob_start": first_row,
+                     "prompt_logprob_token_ids": [[t] for t in request.ids[first_row + 1:]]}
+        return SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False,
+                              flat_logprobs=True, skip_reading_prefix_cache=not read_cache, **extra)
+
+    def _read_prompt(self, request: ScoreRequest, out: Any) -> Scored:
+        rows = read_prompt_rows(request, out.prompt_logprobs)
+        if self.runner == "v2":
+            return read_token_id_rows(request, getattr(out, "prompt_token_id_logprobs", None),
+                                      scored_positions(request).start - 1, greedy=rows.is_greedy)
+        return rows
+
+    def _score_prompts(self, requests: Sequence[ScoreRequest], read_cache: bool) -> list[Scored]:
         if not requests:
             return []
-
-        def params(read_cache: bool):
-            return SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False,
-                                  flat_logprobs=True, skip_reading_prefix_cache=not read_cache)
-
         prompts = [{"prompt_token_ids": list(r.ids)} for r in requests]
-        outputs = self.llm.generate(prompts, params(reuse_prefix), use_tqdm=False)
-        # rows up to num_cached_tokens were read from the cache and carry no log-probabilities
-        again = [i for i, (r, out) in enumerate(zip(requests, outputs)) if (out.num_cached_tokens or 0) >= max(r.start, 1)]
+        outputs = self.llm.generate(prompts, [self._prompt_params(r, read_cache) for r in requests], use_tqdm=False)
+        scored: list[Scored | None] = [None] * len(requests)
+        uncached, mismatched = [], []
+        for i, (r, out) in enumerate(zip(requests, outputs)):
+            if self.runner == "v1" and (out.num_cached_tokens or 0) >= scored_positions(r).start:
+                uncached.append(i)  # V1 never wrote the rows the cache covered
+                continue
+            try:
+                scored[i] = self._read_prompt(r, out)
+            except BadRead:
+                mismatched.append(i)
+        again = uncached + mismatched
         if again:
-            for i, out in zip(again, self.llm.generate([prompts[i] for i in again], params(False), use_tqdm=False)):
-                outputs[i] = out
-        self.scoring.update(prompt_logprobs=len(requests), resubmitted=len(again),
+            resent = self.llm.generate([prompts[i] for i in again],
+                                       [self._prompt_params(requests[i], False) for i in again], use_tqdm=False)
+            for i, out in zip(again, resent):
+                scored[i] = self._second_read(lambda: self._read_prompt(requests[i], out), len(requests[i].ids))
+        self.scoring.update(prompt_logprobs=len(requests), resubmitted=len(uncached), mismatched=len(mismatched),
                             cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
-        return [read_prompt_logprobs(r, out.prompt_logprobs) for r, out in zip(requests, outputs)]
+        self.scoring[f"runner_{self.runner}"] += len(requests)
+        return scored  # type: ignore[return-value]
+
+    @staticmethod
+    def _second_read(read: Any, prompt_tokens: int) -> Any:
+        try:
+            return read()
+        except BadRead as error:
+            raise ScoringError(f"vLLM's log-probabilities for a {prompt_tokens}-token request failed their "
+                               f"check twice, the second time without the prefix cache ({error}); nothing of it "
+                               "was scored") from None
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         from vllm import SamplingParams
@@ -262,7 +320,10 @@ class VLLMEngine(TokenizerSide):
         outputs = self.llm.generate([{"prompt_token_ids": list(r.ids)} for r in requests], params, use_tqdm=False)
         traces = []
         for r, out in zip(requests, outputs):
-            rows = [out.prompt_logprobs[p] for p in range(max(r.start, 1), len(r.ids))]
+            if out.prompt_logprobs is None or len(out.prompt_logprobs) != len(r.ids):
+                raise ScoringError(f"vLLM returned {len(out.prompt_logprobs or [])} prompt rows for a "
+                                   f"{len(r.ids)}-token trace request (no cache was read)")
+            rows = [out.prompt_logprobs[p] for p in scored_positions(r)]
             traces.append(TokenTrace(
                 logprobs=tuple(row[token].logprob for row, token in zip(rows, r.ids[max(r.start, 1):])),
                 top=tuple(tuple(sorted(((t, lp.logprob) for t, lp in row.items()), key=lambda e: -e[1])[:top_k])
@@ -271,6 +332,7 @@ class VLLMEngine(TokenizerSide):
 
     def describe(self) -> dict[str, Any]:
         return {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
+                "model_runner": self.runner, "environment": dict(self.environment),
                 "versions": library_versions(), "hardware": hardware()}
 
     def close(self) -> None:

@@ -15,9 +15,11 @@ results stage merges into the per-sample output: raw text, finish reason, token 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Callable
 
 from lm_eval.api.model import TemplateLM
@@ -41,6 +43,8 @@ def strip_thinking(text: str, end_marker: str) -> str:
     return "" if start_marker != end_marker and start_marker in text else text
 
 
+VLLM_DEFAULT_TEMPERATURE = 1.0  # vllm.SamplingParams' temperature when none is given
+
 # What lm-eval's vllm backend adds to every generation's SamplingParams (its "HF defaults").
 OUTPUT_DEFAULTS = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
 
@@ -58,11 +62,21 @@ def generation_settings(gen_kwargs: dict[str, Any], *, eos: str | None, max_toke
     settings = dict(normalize_gen_kwargs(gen_kwargs, default_max_gen_toks=max_tokens))
     until = handle_stop_sequences(settings.pop("until", None), eos=eos)
     requested = min(int(settings.pop("max_gen_toks")), max_tokens)
+    if "temperature" not in settings:
+        # normalize_gen_kwargs documents greedy (0.0) for a task that sets neither do_sample nor temperature, but
+        # leaves the key out, so vLLM would sample at its default 1.0: evalkit sends what it means, either way.
+        settings["temperature"] = VLLM_DEFAULT_TEMPERATURE if settings.get("do_sample") else 0.0
     settings.pop("do_sample", None)
     settings = OUTPUT_DEFAULTS | settings | dict(sampling_kwargs or {})
     if temperature is not None:
         settings["temperature"] = temperature
     return settings, until, requested
+
+
+def sampled_seed(seed: int, content: str, draw: int) -> int:
+    """A 31-bit seed for draw number draw (from 1) of a request whose content is given."""
+    digest = hashlib.sha256(f"{seed}\n{draw}\n{content}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 class EvalkitLM(TemplateLM):
@@ -83,6 +97,7 @@ class EvalkitLM(TemplateLM):
         thinking_end: str = "</think>",
         order_seed: int | None = None,
         fast_scoring: bool = True,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -97,6 +112,9 @@ class EvalkitLM(TemplateLM):
         self.thinking_end = thinking_end
         self.order_seed = order_seed
         self.fast_scoring = fast_scoring  # passed to every engine.score call
+        self.seed = seed  # every sampled request's own seed derives from it (sampled_seed)
+        self._draws: Counter[str] = Counter()  # sampled requests seen so far in this run, by content
+        self.sampling: dict[str, dict[str, int]] = defaultdict(Counter)  # task -> effective settings -> requests
         # (task, doc_id) -> records of that document's requests, in request order
         self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
         self._pending: list[Any] = []
@@ -201,6 +219,22 @@ class EvalkitLM(TemplateLM):
         return totals
 
     # --- generation ---
+    def _seeded(self, request: GenRequest) -> GenRequest:
+        """The request with its own seed: a function of the run's seed, the request and how many identical
+        requests came before it in this run (a task's ``repeats`` draws distinct samples). So a draw depends
+        on nothing else evalkit chooses: not on batch order, the engine's process, nor a data-parallel shard."""
+        content = json.dumps([request.prompt_ids, request.max_tokens, request.stop, request.sampling], default=str)
+        self._draws[content] += 1
+        seed = sampled_seed(self.seed, content, self._draws[content])
+        return GenRequest(prompt_ids=request.prompt_ids, max_tokens=request.max_tokens, stop=request.stop,
+                          sampling=tuple(sorted((*request.sampling, ("seed", seed)))))
+
+    def effective_sampling(self) -> dict[str, list[dict[str, Any]]]:
+        """For results.json: each task's generation settings as the engine received them (seeds aside), with
+        how many requests had each."""
+        return {task: [{"settings": json.loads(k), "requests": n} for k, n in sorted(found.items())]
+                for task, found in self.sampling.items()}
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         eos = self.engine.decode([self.eot_token_id])
         batch: list[GenRequest] = []
@@ -218,8 +252,13 @@ class EvalkitLM(TemplateLM):
             # A reasoning model writes the task's stops (often "\n\n") inside its thinking section: stop
             # only at EOS then, and apply the task's stops to the answer once the thinking is removed.
             engine_stop = [s for s in until if s == eos] if self.strip_thinking else until
-            batch.append(GenRequest(prompt_ids=tuple(ids[plan.keep_from:]), max_tokens=plan.max_tokens,
-                                    stop=tuple(engine_stop), sampling=tuple(sorted(settings.items()))))
+            request = GenRequest(prompt_ids=tuple(ids[plan.keep_from:]), max_tokens=plan.max_tokens,
+                                 stop=tuple(engine_stop), sampling=tuple(sorted(settings.items())))
+            if not request.greedy and "seed" not in settings:
+                request = self._seeded(request)
+            batch.append(request)
+            self.sampling[instance.task_name][json.dumps(
+                {k: v for k, v in request.sampling if k != "seed"}, sort_keys=True)] += 1
             records.append(RequestRecord(kind="generate_until", prompt_tokens=len(ids) - plan.keep_from,
                                          requested_max_tokens=requested, max_tokens=plan.max_tokens,
                                          clamped=plan.clamped, truncated_tokens=plan.truncated))

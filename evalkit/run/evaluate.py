@@ -11,6 +11,7 @@ import os
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from evalkit.engine import preflight
 from evalkit.run import results
 from evalkit.engine import store
 from evalkit.engine import tuning
+from evalkit import versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.harness.lm import EvalkitLM
@@ -185,6 +187,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
 
     attempts: earlier tries of this run that failed for lack of memory (supervise.py), for the record."""
     watch = Stopwatch()
+    untested_versions = versions.check()  # one line where vLLM or lm-eval is not a tested version
     model_dir, manager, tasks = prepare(cfg, check_devices=check_devices, watch=watch)
     run_id = results.new_run_id()
     try:
@@ -205,8 +208,11 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
                        add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
                        sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
                        strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
-                       order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring)
+                       order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed)
+        scoring_before = Counter(getattr(engine, "scoring", None) or {})
         outcome = score_with_lm_eval(cfg, lm, manager, tasks)
+        scoring = Counter(getattr(engine, "scoring", None) or {})
+        scoring.subtract(scoring_before)
         watch.lap("evaluate")
     finally:
         engine.close()
@@ -215,7 +221,11 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     section: results.EvalkitSection = {
         "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
         "engine": {**description, "model_dir": model_dir}, "prompting": prompting(cfg, lm), "timings": timings,
+        "untested_versions": untested_versions,
         "counts": results.count_records(lm.records),
+        "sampling": lm.effective_sampling(),
+        "scoring": {"fast_scoring": cfg.fast_scoring, "model_runner": description.get("model_runner"),
+                    **{k: v for k, v in sorted(scoring.items()) if v}},
         "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=fingerprint),
         "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,
                                           "seconds": timings["total"]}],

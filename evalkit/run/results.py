@@ -64,9 +64,13 @@ class EvalkitSection(TypedDict):
     model_name: str
     config: dict[str, Any]  # the resolved config, as given
     engine: dict[str, Any]  # engine_args actually passed to vllm.LLM, versions, hardware
+    untested_versions: list[str]  # vLLM, lm-eval outside the tested versions: "vllm 0.33.0 (tested: 0.32.0)"
     prompting: Prompting  # special tokens, chat template settings, seeds, sampling overrides
     timings: dict[str, Any]  # seconds per stage, and engine_calls: seconds in the engine per request kind
     counts: dict[str, TaskCounts]  # per task
+    sampling: dict[str, list[dict[str, Any]]]  # per task: each generation setting as the engine got it, with its count
+    scoring: dict[str, Any]  # fast_scoring, the model runner ("v1" | "v2"), requests per scoring path, cache hits,
+    #   resubmitted (V1 rows the cache covered, sent again), mismatched (reads that failed their check, sent again)
     provenance: dict[str, Any]  # content hashes: config, model fingerprint, each task's documents and prompts
     resume: dict[str, Any] | None  # request store file, answers reused from it and computed now
     attempts: list[dict[str, Any]]  # every try of this run: settings, status, error, seconds (OOM back-off)

@@ -1,0 +1,202 @@
+"""evalkit/engine/logprob_reads.py on prompt log-probabilities built as vLLM 0.32's two model runners build them.
+
+The rows come from vLLM's own code where it runs on a CPU (the V1 sampler's ``compute_logprobs`` and
+``gather_logprobs``, ``LogprobsTensors``, the output side's ``LogprobsProcessor``); V2's Triton kernels do not,
+so their arithmetic is torch's while the layout (which rows, in which order, when emitted) follows the lines
+cited. Each case is read by the same function the engine uses, and either gives the exact sum and greediness
+of a reference computed from the logits, or raises BadRead: never a wrong number.
+Run: pytest tests/test_logprob_reads.py
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.logprobs import append_logprobs_for_next_position, create_sample_logprobs
+from vllm.v1.engine.logprobs import LogprobsProcessor
+from vllm.v1.outputs import LogprobsTensors
+from vllm.v1.sample.sampler import Sampler
+
+from evalkit.contracts import ScoreRequest
+from evalkit.engine.logprob_reads import (BadRead, chunked, next_token_scores, read_next_token, read_prompt_rows,
+                                          read_token_id_rows)
+
+VOCAB = 40
+IDS = (3, 17, 5, 22, 9, 31, 14, 8, 26, 11, 35, 2)  # distinct and never 0, the id of never-written rows
+REQUEST = ScoreRequest(ids=IDS, start=8)  # context 8 tokens, continuation 4
+LOGITS = torch.randn(len(IDS), VOCAB, generator=torch.Generator().manual_seed(0)) * 3  # row h predicts ids[h+1]
+
+
+def expected(request=REQUEST):
+    table = LOGITS.log_softmax(-1)
+    values = [table[p - 1, request.ids[p]].item() for p in range(max(request.start, 1), len(request.ids))]
+    greedy = all(table[p - 1].argmax().item() == request.ids[p] for p in range(max(request.start, 1), len(request.ids)))
+    return sum(values), greedy
+
+
+def flat_prompt_logprobs(tensors: LogprobsTensors | None):
+    """What reaches RequestOutput.prompt_logprobs: vLLM's LogprobsProcessor with flat_logprobs=True
+    (vllm/v1/engine/logprobs.py from_new_request, _update_prompt_logprobs, pop_prompt_logprobs)."""
+    request = SimpleNamespace(sampling_params=SamplingParams(prompt_logprobs=1, flat_logprobs=True, max_tokens=1))
+    processor = LogprobsProcessor.from_new_request(None, request)
+    if tensors is not None:
+        processor._update_prompt_logprobs(tensors)
+    return processor.pop_prompt_logprobs()
+
+
+def v1_layout(steps, prompt_len=len(IDS)):
+    """vllm/v1/worker/gpu_model_runner.py _get_prompt_logprobs_dict (lines 5306-5413), the CPU build's runner:
+    one LogprobsTensors.empty_cpu(prompt_len - 1, k + 1) per request (5342), then per scheduled step
+    (num_computed_tokens, num_scheduled) the rows start_idx = num_computed_tokens on (5348-5361) are written
+    through the V1 sampler (5388-5391) into chunk_slice (5394-5401). Rows no step writes are left as
+    allocated: fresh pages, read here as zeros (the log-prob 0, is_greedy-true rows the issue saw)."""
+    tensors = LogprobsTensors.empty_cpu(prompt_len - 1, 2)
+    for t in tensors[:3]:
+        t.zero_()
+    tokens = torch.tensor(IDS)
+    for computed, scheduled in steps:
+        start_tok = computed + 1
+        num_logits = min(scheduled, prompt_len - start_tok)
+        if num_logits <= 0:
+            continue
+        scores = Sampler.compute_logprobs(LOGITS[computed:computed + num_logits])
+        token_ids, logprobs, ranks, *_ = Sampler.gather_logprobs(scores, 1, tokens[start_tok:start_tok + num_logits])
+        chunk = slice(computed, computed + num_logits)
+        tensors.logprob_token_ids[chunk].copy_(token_ids)
+        tensors.logprobs[chunk].copy_(logprobs)
+        tensors.selected_token_ranks[chunk].copy_(ranks)
+    return flat_prompt_logprobs(tensors)
+
+
+def v2_rows(computed, scheduled, prompt_len=len(IDS)):
+    """The rows of one step of vllm/v1/worker/gpu/sample/prompt_logprob.py compute_prompt_logprobs (120-222):
+    one per computed position, each scoring the token after it (target_pos = num_computed_tokens + 1 + block,
+    line 252), the token's own log-probability first, then the top-1 (compute_topk_scores; Triton there, torch
+    here); the last prompt row dropped when the prompt ends in this step (lines 175-192)."""
+    last = computed + scheduled
+    positions = range(computed, last if last < prompt_len else prompt_len - 1)
+    if not positions:
+        return None
+    logprobs = LOGITS[list(positions)].log_softmax(-1)
+    targets = torch.tensor([IDS[p + 1] for p in positions])
+    own = logprobs.gather(-1, targets[:, None])
+    top = logprobs.max(-1)
+    ranks = (logprobs > own).sum(-1) + 1
+    return LogprobsTensors(logprob_token_ids=torch.stack([targets, top.indices], -1).to(torch.int32),
+                           logprobs=torch.cat([own, top.values[:, None]], -1), selected_token_ranks=ranks)
+
+
+def v2_layout(steps, prompt_len=len(IDS)):
+    """Every step's rows, kept while the prompt is chunked and concatenated when it ends (lines 208-222)."""
+    rows = [r for r in (v2_rows(c, n, prompt_len) for c, n in steps) if r is not None]
+    return flat_prompt_logprobs(LogprobsTensors.cat(rows) if rows else None)
+
+
+def v2_token_id_scores(steps, first_row, prompt_len=len(IDS)):
+    """compute_prompt_token_id_logprobs (lines 69-118) with prompt_logprob_token_ids = the request's own tokens
+    from prompt_logprob_start = first_row: None when the first prefill starts past first_row (lines 92-98, a
+    prefix-cache hit into the scored rows), else rows first_row .. prompt_len - 2."""
+    scores = None
+    for computed, scheduled in steps:
+        if scores is None:
+            if computed > first_row:
+                return None
+            scores = np.full((prompt_len - 1 - first_row, 1), np.nan, dtype=np.float32)
+        lo, hi = max(first_row, computed), min(computed + scheduled, prompt_len - 1)
+        for row in range(lo, hi):
+            scores[row - first_row, 0] = LOGITS[row].log_softmax(-1)[IDS[row + 1]].item()
+    return scores
+
+
+# steps as (num_computed_tokens when scheduled, tokens scheduled)
+NO_HIT = [(0, 12)]
+HIT_IN_CONTEXT = [(4, 8)]  # 4 tokens from the prefix cache, all before the continuation (start 8)
+HIT_INTO_CONTINUATION = [(10, 2)]  # the cache reached two scored positions
+CHUNKED = [(0, 5), (5, 4), (9, 3)]
+RESUMED = [(2, 3), (9, 3)]  # preempted after 5 tokens; resumed from a larger cache hit (9): rows 5-8 never computed
+
+
+@pytest.mark.parametrize("steps", [NO_HIT, HIT_IN_CONTEXT, CHUNKED], ids=["no hit", "hit in context", "chunked"])
+@pytest.mark.parametrize("layout", [v1_layout, v2_layout], ids=["V1", "V2"])
+def test_rows_that_answer_the_request_give_the_exact_sum(layout, steps):
+    scored = read_prompt_rows(REQUEST, layout(steps))
+    total, greedy = expected()
+    assert scored.logprob == pytest.approx(total, abs=1e-5) and scored.is_greedy == greedy
+
+
+@pytest.mark.parametrize("steps", [HIT_INTO_CONTINUATION, RESUMED], ids=["hit into continuation", "resumed"])
+@pytest.mark.parametrize("layout", [v1_layout, v2_layout], ids=["V1", "V2"])
+def test_rows_never_computed_or_shifted_are_refused(layout, steps):
+    with pytest.raises(BadRead):
+        read_prompt_rows(REQUEST, layout(steps))
+
+
+def test_the_old_read_by_absolute_position_was_wrong_on_v2_after_a_cache_hit():
+    """What evalkit read before: flat.start_indices[position] on V2's rows after a hit inside the context
+    takes other positions' values (or runs off the end), while the offset read is exact."""
+    flat = v2_layout(HIT_IN_CONTEXT)
+    absolute = [flat.logprobs[flat.start_indices[p]] for p in range(8, 12) if p < len(flat.start_indices)]
+    assert len(absolute) < 4 or sum(absolute) != pytest.approx(expected()[0], abs=1e-5)
+    assert read_prompt_rows(REQUEST, flat).logprob == pytest.approx(expected()[0], abs=1e-5)
+
+
+@pytest.mark.parametrize("steps", [NO_HIT, HIT_IN_CONTEXT, CHUNKED, [(7, 5)]])
+def test_v2_token_id_scores_read_by_offset(steps):
+    first_row = REQUEST.start - 1
+    scores = v2_token_id_scores(steps, first_row)
+    greedy = read_prompt_rows(REQUEST, v2_layout(steps)).is_greedy
+    scored = read_token_id_rows(REQUEST, scores, first_row, greedy=greedy)
+    assert scored.logprob == pytest.approx(expected()[0], abs=1e-5) and scored.is_greedy == expected()[1]
+
+
+def test_v2_token_id_scores_dropped_or_misshapen_are_refused():
+    first_row = REQUEST.start - 1
+    assert v2_token_id_scores(HIT_INTO_CONTINUATION, first_row) is None
+    with pytest.raises(BadRead, match="asked for 4 rows"):
+        read_token_id_rows(REQUEST, None, first_row, greedy=True)
+    with pytest.raises(BadRead):
+        read_token_id_rows(REQUEST, v2_token_id_scores(NO_HIT, 0), first_row, greedy=True)
+    with pytest.raises(BadRead, match="not a finite value"):  # a row no chunk wrote
+        read_token_id_rows(REQUEST, v2_token_id_scores(RESUMED[:1], first_row), first_row, greedy=True)
+
+
+def test_a_whole_prompt_scored_from_position_one():
+    whole = ScoreRequest(ids=IDS, start=0)
+    for flat in (v1_layout(NO_HIT), v2_layout(CHUNKED)):
+        assert read_prompt_rows(whole, flat).logprob == pytest.approx(expected(whole)[0], abs=1e-5)
+    with pytest.raises(BadRead):
+        read_prompt_rows(whole, v2_layout(HIT_IN_CONTEXT))
+    with pytest.raises(BadRead, match="no prompt log-probabilities"):
+        read_prompt_rows(whole, None)
+
+
+def sample_logprobs(steps):
+    """Generated-token log-probabilities as vllm/v1/engine/logprobs.py _update_sample_logprobs appends them:
+    the sampled token first, then the asked ids (append_logprobs_for_next_position)."""
+    flat = create_sample_logprobs(True)
+    for ids, values in steps:
+        append_logprobs_for_next_position(flat, ids, values, [None] * len(ids), 1, len(ids) - 1)
+    return flat
+
+
+def test_next_token_entries_must_hold_every_asked_id_from_one_step():
+    context = IDS[:3]
+    flat = sample_logprobs([([7, 5, 7, 9], [-0.1, -2.0, -0.1, -3.5])])
+    entries = read_next_token(context, [5, 7, 9], flat)
+    assert entries == {7: -0.1, 5: -2.0, 9: -3.5}
+    scored = next_token_scores([ScoreRequest(ids=(*context, 5), start=3), ScoreRequest(ids=(*context, 7), start=3)],
+                               {context: entries})
+    assert [(s.logprob, s.is_greedy) for s in scored] == [(-2.0, False), (-0.1, True)]
+    with pytest.raises(BadRead, match="lack the asked ids"):
+        read_next_token(context, [5, 7, 9, 11], flat)
+    with pytest.raises(BadRead, match="2 generated steps"):
+        read_next_token(context, [5], sample_logprobs([([5, 5], [-1.0, -1.0])] * 2))
+    with pytest.raises(BadRead, match="not a finite value"):
+        read_next_token(context, [5], sample_logprobs([([5, 5], [float("nan"), float("nan")])]))
+
+
+def test_more_than_128_ids_go_in_several_requests():
+    parts = chunked(list(range(300)), 128)
+    assert [len(p) for p in parts] == [128, 128, 44] and sum(parts, []) == list(range(300))
