@@ -151,7 +151,14 @@ def test_the_command_line_exits_2_on_bad_input(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_completed_run_finds_the_run_with_this_very_config(sweep):
+def as_the_fake_engine_ran(monkeypatch):
+    """This machine describes itself as the fake engine did (no versions, no hardware): its runs are complete here."""
+    monkeypatch.setattr(sweep_points, "machine_here", dict)
+    monkeypatch.setattr(sweep_points, "described_here", lambda recorded, machine=None: recorded)
+
+
+def test_completed_run_finds_the_run_with_this_very_config(sweep, monkeypatch):
+    as_the_fake_engine_ran(monkeypatch)
     configs, out = sweep["configs"], sweep["out"]
     assert completed_run(str(out), "fake", asdict(configs[0])) == sweep["runs"][0]
     assert completed_run(str(out), "fake", asdict(configs[1])) == sweep["runs"][1]
@@ -159,7 +166,8 @@ def test_completed_run_finds_the_run_with_this_very_config(sweep):
     assert completed_run(str(out), "other", asdict(configs[0])) is None
 
 
-def test_a_point_with_a_completed_config_is_skipped_and_a_bad_one_fails(sweep, tmp_path, capsys):
+def test_a_point_with_a_completed_config_is_skipped_and_a_bad_one_fails(sweep, tmp_path, capsys, monkeypatch):
+    as_the_fake_engine_ran(monkeypatch)
     run_point(sweep["configs"][1], num=5, overrides=["max_model_len=2048"], folder=tmp_path / "5")
     (skipped,) = read_points(tmp_path)
     assert skipped.status == "skipped" and skipped.run_dir == str(sweep["runs"][1]) and skipped.error is None
@@ -209,3 +217,45 @@ def test_a_sweep_of_failing_points_goes_on_records_them_and_exits_1(tmp_path):
     table = pd.read_csv(folder / "report.csv")
     assert list(table.status) == ["failed", "failed"] and list(table.overrides) == [
         "max_model_len=100000", "max_model_len=200000"]
+
+
+def completed(out, run_id, cfg, description):
+    """A finished run folder as evaluate() leaves it, as far as completed_run reads it."""
+    from evalkit.engine.store import fingerprint
+
+    section = {"config": asdict(cfg), "engine": {**description, "model_dir": cfg.vllm_path},
+               "provenance": {"model_fingerprint": fingerprint(cfg.vllm_path, description)}}
+    (out / "m" / run_id).mkdir(parents=True)
+    (out / "m" / run_id / "results.json").write_text(json.dumps({"results": {}, "evalkit": section}))
+    return out / "m" / run_id
+
+
+def test_a_completed_run_is_skipped_only_with_the_answers_this_point_would_have(tmp_path, monkeypatch):
+    """The config alone is not enough: other library versions, another model in the folder or another vLLM
+    environment give other answers, so the point runs again (the request store's fingerprint decides)."""
+    from evalkit.sweep.points import described_here, machine_here
+
+    machine = machine_here()  # read once (a process that imports torch), the same for every look below
+    monkeypatch.setattr(sweep_points, "machine_here", lambda: machine)
+    model, out = tmp_path / "model", tmp_path / "result"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    cfg = EvalConfig(model_name="m", vllm_path=str(model), output_dir=str(out), limit=12, max_model_len=1024)
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    engine = {"name": "vllm", "engine_args": {"model": str(model), "dtype": "auto", "max_model_len": 1024},
+              "model_runner": "v1", "environment": {},
+              "choices": [{"setting": "env.VLLM_CPU_OMP_THREADS_BIND", "value": "0-1", "why": "its cores"}]}
+    here = described_here(engine)
+    assert here["environment"]["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"  # set by tuning as the engine started
+    older = {**here, "versions": {**here["versions"], "vllm": "0.31.0"}}
+    completed(out, "20260101-100000", cfg, older)
+    completed(out, "20260101-110000", cfg, {**here, "hardware": {**here["hardware"], "cpu_model": "another"}})
+    assert completed_run(str(out), "m", asdict(cfg)) is None  # an upgrade since, another machine: run again
+    same = completed(out, "20260101-090000", cfg, here)
+    assert completed_run(str(out), "m", asdict(cfg)) == same
+    assert completed_run(str(out), "m", asdict(replace(cfg, seed=7))) is None
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")  # picks other kernels
+    assert completed_run(str(out), "m", asdict(cfg)) is None
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND")
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))  # another model there now
+    assert completed_run(str(out), "m", asdict(cfg)) is None

@@ -6,8 +6,10 @@ in ``<output_dir>/<model_name>/<run id>/`` as usual. The point's Hydra folder (`
 status, each time atomically. The records are plain files, so any launcher (Hydra's sequential one, a Ray
 launcher) can write and read them; the sweep's progress line and report are built from them alone.
 
-A point whose config an earlier run in ``<output_dir>/<model_name>/`` already has (:func:`completed_run`) is
-recorded "skipped" with that run's folder: a sweep run again only runs what is missing.
+A point whose answers an earlier run in ``<output_dir>/<model_name>/`` already has (:func:`completed_run`: its
+config, and the request store's fingerprint of the model's files, library versions, hardware, vLLM environment
+and evalkit's answer code) is recorded "skipped" with that run's folder: a sweep run again only runs what is
+missing, and after an upgrade, on other hardware or with another model in the folder it runs again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -145,19 +149,52 @@ def plain(config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(config, default=str))
 
 
+READ_MACHINE = ("import json; from evalkit.engine.vllm_engine import hardware, library_versions; "
+           "print(json.dumps({'versions': library_versions(), 'hardware': hardware()}))")
+
+
+def machine_here() -> dict[str, Any]:
+    """The versions and hardware an engine here describes, read by describe()'s own functions in a short-lived
+    process: naming the GPUs starts CUDA, which the sweep's process must not hold while its points run."""
+    done = subprocess.run([sys.executable, "-c", READ_MACHINE], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def described_here(recorded: dict[str, Any], machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What this point's engine would describe (Engine.describe()), without starting it: a completed run's
+    description (its engine arguments, model runner and tuning choices, which an equal config decides on equal
+    versions, hardware and environment) with the versions and hardware of this machine (:func:`machine_here`)
+    and the vLLM environment of this process."""
+    here = {**recorded, **(machine or machine_here())}
+    if "environment" in recorded:  # vLLM's: the VLLM_* variables it starts under, with those tuning set
+        tuned = {c["setting"].split(".", 1)[1]: str(c["value"]) for c in recorded.get("choices") or []
+                 if str(c.get("setting", "")).startswith("env.")}
+        here["environment"] = {**{k: v for k, v in os.environ.items() if k.startswith("VLLM_")}, **tuned}
+    return here
+
+
 def completed_run(output_dir: str, model_name: str, config: dict[str, Any]) -> Path | None:
-    """The newest run folder in ``<output_dir>/<model_name>/`` whose results.json records this very config
-    (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig), or None. Run folders appear complete or not
-    at all (evalkit/run/results.py), so a results.json found here belongs to a finished run."""
-    wanted = plain(config)
-    found = None
-    for results_file in sorted((Path(output_dir) / model_name).glob("*/results.json")):
+    """The newest run folder in ``<output_dir>/<model_name>/`` that has this point's answers, or None: its
+    results.json records this very config (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig) and the
+    request store's fingerprint (``evalkit.provenance.model_fingerprint``) that this point's run would have,
+    by evalkit.engine.store.fingerprint of the model folder now and :func:`described_here`. Run folders appear
+    complete or not at all (evalkit/run/results.py), so a results.json found here belongs to a finished run.
+    Raises ConfigError when a run has the config and the model cannot be found (the run would fail alike)."""
+    from evalkit.engine.preflight import resolve_model_path
+    from evalkit.engine.store import fingerprint
+
+    wanted, model_dir, machine = plain(config), None, None
+    for results_file in sorted((Path(output_dir) / model_name).glob("*/results.json"), reverse=True):
         if results_file.parent.name.startswith("."):
             continue
         try:
-            recorded = json.loads(results_file.read_text()).get("evalkit", {}).get("config")
+            section = json.loads(results_file.read_text()).get("evalkit", {})
+            recorded = section.get("provenance", {}).get("model_fingerprint")
+            if section.get("config") != wanted or not recorded:
+                continue
         except (OSError, ValueError, AttributeError):
             continue
-        if recorded == wanted:
-            found = results_file.parent
-    return found
+        model_dir, machine = model_dir or resolve_model_path(config["vllm_path"]), machine or machine_here()
+        if recorded == fingerprint(model_dir, described_here(section.get("engine") or {}, machine)):
+            return results_file.parent
+    return None
