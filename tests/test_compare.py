@@ -327,7 +327,8 @@ def test_a_group_is_scored_with_the_weighting_lm_eval_recorded(tmp_path, weighte
 def test_no_group_row_where_lm_eval_recorded_no_group_score(tmp_path):
     tasks = {"a": (1, 0, 10), "b": (0, 0, 30)}
     groups = {"g": {"tasks": ["a", "b"], "acc,none": 0.123}}  # neither mean of its leaves: not ours to guess
-    ref, cand = (hand_run(tmp_path / "m" / s, tasks, side=s, groups=json.loads(json.dumps(groups))) for s in ("ref", "cand"))
+    ref, cand = (hand_run(tmp_path / "m" / s, tasks, side=s, groups=json.loads(json.dumps(groups)))
+                 for s in ("ref", "cand"))
     assert list(compare.compare_runs(compare.load_run(ref), compare.load_run(cand))[0].task) == ["a", "b"]
 
 

@@ -227,3 +227,11 @@ def test_tost_p_values_are_oriented_and_read_both_bounds():
 
 def test_is_binary():
     assert is_binary(np.array([0, 1, 1.0])) and not is_binary(np.array([0, 0.5]))
+
+
+def test_holm_adjusts_step_down_by_hand():
+    from evalkit.compare.verdict import holm
+
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone: 0.02, 0.03, 0.06, 0.06
+    assert holm(np.array([0.01, 0.04, 0.03, 0.005])) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm(np.array([0.2, math.nan])) == pytest.approx([0.4, 1.0])  # no test: never rejected, still counted

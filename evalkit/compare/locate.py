@@ -295,7 +295,8 @@ def from_args(args: Any, reference: Run, candidates: list[Run]) -> dict[Path, wh
     floor, source = why.NOISE_FLOOR, "default: float32 batch noise measured in this project on CPU"
     unfit = next(filter(None, map(default_floor_applies, [reference, *candidates])), None)
     if unfit and not args.noise:
-        floor, source = None, f"the default noise floor ({why.NOISE_FLOOR:g} nats) was measured on CPU float32 and {unfit}"
+        floor = None
+        source = f"the default noise floor ({why.NOISE_FLOOR:g} nats) was measured on CPU float32 and {unfit}"
     if args.noise:
         measured = why.noise_floor(load_run(args.noise[0]).samples, load_run(args.noise[1]).samples)
         if measured is None:

@@ -219,7 +219,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("reference", help="reference run folder (or its results.json)")
     parser.add_argument("candidates", nargs="+", help="candidate run folder(s), e.g. every point of a sweep")
     parser.add_argument("--tolerance", type=float, default=0.02,
-                        help="largest acceptable change of a 0-1 metric (accuracy, exact match), absolute (default 0.02)")
+                        help="largest acceptable change of a 0-1 metric (accuracy, exact match), absolute "
+                             "(default 0.02)")
     parser.add_argument("--relative-tolerance", type=float, default=0.02, metavar="FRACTION",
                         help="largest acceptable change of an unbounded metric (perplexity, BLEU, bits_per_byte, any "
                              "score outside [-1, 1]) as a fraction of the reference's score (default 0.02: 2%%)")

@@ -59,10 +59,10 @@ def compare_values(results: dict[str, Any], task: str, metric: str, ref: list[An
     tolerance of the row (row_name: the group a row of pooled documents stands for)."""
     name, agg = aggregation(results, task, metric)
     tolerance = tolerances.of(row_name or task, metric, _score(agg, ref))
-    row = asdict(stats.compare_paired(ref, cand, aggregate=agg, aggregate_name=name, by_mean=is_mean(results, task, metric),
-                                      higher_is_better=higher_is_better, tolerance=tolerance.value,
-                                      relative=tolerance.relative, aggregate_iterations=AGGREGATE_ITERATIONS,
-                                      **settings))
+    row = asdict(stats.compare_paired(ref, cand, aggregate=agg, aggregate_name=name,
+                                      by_mean=is_mean(results, task, metric), higher_is_better=higher_is_better,
+                                      tolerance=tolerance.value, relative=tolerance.relative,
+                                      aggregate_iterations=AGGREGATE_ITERATIONS, **settings))
     return {**row, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative}
 
 
@@ -130,8 +130,9 @@ def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group
                              settings=settings, row_name=group)
         how = f"{n} documents of {len(tasks)} tasks pooled (weight_by_size: lm-eval's size-weighted mean)"
     else:
-        row = stratified_row(results, tasks, metric, pairs, [len(r) for r, _ in pairs] if weighted else [1] * len(tasks),
-                             tolerance=tolerances.of(group, metric, math.nan), higher_is_better=known, settings=settings)
+        weights = [len(r) for r, _ in pairs] if weighted else [1] * len(tasks)
+        row = stratified_row(results, tasks, metric, pairs, weights, tolerance=tolerances.of(group, metric, math.nan),
+                             higher_is_better=known, settings=settings)
         how = f"{len(tasks)} tasks' scores averaged " + ("by size" if weighted else "equally (weight_by_size: false)")
     return {"task": group, "filter": filt, "metric": metric, "n": n, **row,
             "note": "; ".join(filter(None, [f"group: {how}", row["note"]]))}
