@@ -22,7 +22,7 @@ from evalkit.engine import preflight
 from evalkit.run import results
 from evalkit.engine import store
 from evalkit.engine import tuning
-from evalkit import versions
+from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.harness.lm import EvalkitLM
@@ -187,7 +187,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
 
     attempts: earlier tries of this run that failed for lack of memory (supervise.py), for the record."""
     watch = Stopwatch()
-    untested_versions = versions.check()  # one line where vLLM or lm-eval is not a tested version
+    untested_versions = check_versions()  # one line where vLLM or lm-eval is not a tested version
     model_dir, manager, tasks = prepare(cfg, check_devices=check_devices, watch=watch)
     run_id = results.new_run_id()
     try:
