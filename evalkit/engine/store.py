@@ -85,8 +85,7 @@ def answers_key(cfg: Any) -> str:
                    "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
                    "tensor_parallel_size": cfg.tensor_parallel_size, "seed": cfg.seed,
                    "pipeline_parallel_size": cfg.pipeline_parallel_size,
-                   "distributed_executor_backend": cfg.distributed_executor_backend,
-                   "engine_kwargs": engine_kwargs})[:12]
+                   "engine_kwargs": engine_kwargs})[:12]  # the executor backend is scheduling (SCHEDULING_ONLY)
 
 
 def code_signature() -> dict[str, str]:
