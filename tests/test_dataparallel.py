@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -21,7 +23,7 @@ from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.run.dataparallel import actor_resources, core_share, replacement_settings, shard
 from evalkit.run.evaluate import parallel_kwargs
 from evalkit.run.results import read_samples
-from tests.conftest import EAGER, cli_run
+from tests.conftest import EAGER, cli_run, run_dirs
 
 
 # --- pure parts ---
@@ -238,3 +240,39 @@ def test_a_data_parallel_run_gives_the_samples_and_scores_of_one_engine(tmp_path
     # the same answers as one engine's: an interrupted run resumes from the store whatever data_parallel_size
     assert dp["evalkit"]["provenance"]["model_fingerprint"] == one["evalkit"]["provenance"]["model_fingerprint"]
     assert len(dp["evalkit"]["engine"]["data_parallel"]["actors"]) == 2
+
+
+PARITY_TASKS = os.path.join(os.path.dirname(__file__), "parity_tasks")
+
+
+def draws(run_dir) -> dict:
+    """(doc, repeat) -> text of every sampled draw of parity_sampling (5 documents x 4 repeats, temperature 0.8)."""
+    return {(s["doc_id"], i): text for s in read_samples(run_dir, "parity_sampling")
+            for i, text in enumerate(s["resps"][0])}
+
+
+@pytest.mark.engine
+def test_sampled_draws_depend_on_the_seed_alone(pool, engine, tmp_path):
+    """Each sampled request carries a seed derived from `seed`, the request and its draw number: the same seed
+    gives the same draws in this process's engine (vLLM in-process, as the default run starts it, where
+    lm-eval's torch.manual_seed once reset the generator vLLM samples from), in an engine process of its own
+    (the session's) and across two data-parallel actors; another seed gives other draws."""
+    from evalkit.run.evaluate import Lent, evaluate
+
+    args = ["limit=5", "tasks=[parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]", "resume=false"]
+    cmd = [sys.executable, "-m", "evalkit", *args, "seed=1", f"output_dir={tmp_path / 'cli'}",
+           "gpu_memory_utilization=0.2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (in_process,) = run_dirs(tmp_path / "cli" / "smollm2-135m-instruct")
+    runs = {name: evaluate(compose_config([*args, f"output_dir={tmp_path / name}", f"seed={seed}"]),
+                           engine_factory=lambda c, d, e=lent: Lent(e))
+            for name, seed, lent in (("own process", 1, engine), ("seed 7", 7, engine), ("two actors", 1, pool))}
+    reference = draws(in_process)
+    assert len(reference) == 20 and len(set(reference.values())) > 10, reference
+    assert draws(runs["own process"]) == reference and draws(runs["two actors"]) == reference
+    other = draws(runs["seed 7"])
+    assert sum(other[k] != reference[k] for k in reference) >= 10, other
+    sampling = json.loads((in_process / "results.json").read_text())["evalkit"]["sampling"]["parity_sampling"]
+    assert sampling == [{"settings": {"skip_special_tokens": False, "spaces_between_special_tokens": False,
+                                      "temperature": 0.8, "top_p": 0.95}, "requests": 20}], sampling

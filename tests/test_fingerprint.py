@@ -39,6 +39,9 @@ def test_the_fingerprint_follows_outputs_not_scheduling(model):
     for scheduling in ({"engine_args": {"gpu_memory_utilization": 0.5, "max_num_seqs": 8}},
                        {"engine_args": {"distributed_executor_backend": "mp"}},  # a data-parallel actor at TP 2
                        {"environment": {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
+                       # what vLLM's CPU platform sets in a process that started an engine (a data-parallel actor)
+                       {"environment": {"VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1", "VLLM_SSM_CONV_STATE_LAYOUT": "SD",
+                                        "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}},
                        {"hardware": {"platform": "Linux-6.12.0-x86_64", "cpu_count": 4}}):  # a kernel update
         assert fingerprint(str(model), description(model, **scheduling)) == same, scheduling
     for output in ({"engine_args": {"dtype": "bfloat16"}}, {"model_runner": "v2"},

@@ -30,15 +30,21 @@ SCHEDULING_ONLY = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_to
                    # how the ranks of one engine are started (a data-parallel actor of TP > 1 picks "mp"): the
                    # same kernels on the same devices, so a run resumes whatever data_parallel_size
                    "distributed_executor_backend"}
-# Environment variables that only place or time work, recorded in describe() but not hashed. Every other
-# VLLM_* variable is hashed: they select kernels and runners (VLLM_ATTENTION_BACKEND, VLLM_USE_V2_MODEL_RUNNER,
+# Environment variables recorded in describe() but not hashed: those that only place or time work, and those
+# vLLM 0.32 sets itself from the platform and the engine's config (which the fingerprint already holds), so a
+# process that started an engine before carries them (a data-parallel actor). Every other VLLM_* variable is
+# hashed: they select kernels and runners (VLLM_ATTENTION_BACKEND, VLLM_USE_V2_MODEL_RUNNER,
 # VLLM_BATCH_INVARIANT, ...), and one not listed here is safer hashed than not.
 SCHEDULING_ENV = {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE",
                   "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_LOGGING_LEVEL",
                   "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH", "VLLM_HOST_IP", "VLLM_PORT",
                   "VLLM_RPC_TIMEOUT", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_NO_USAGE_STATS",
                   "VLLM_DO_NOT_TRACK", "VLLM_USAGE_SOURCE", "VLLM_ENGINE_ITERATION_TIMEOUT_S",
-                  "VLLM_ALLOW_LONG_MAX_MODEL_LEN"}
+                  "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+                  # set by vLLM itself: platforms/cpu.py, v1/worker/cpu_worker.py, v1/executor/ray_executor.py,
+                  # config/vllm.py
+                  "VLLM_DISABLE_SHARED_EXPERTS_STREAM", "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_DIST_IDENT",
+                  "VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE", "VLLM_USE_BREAKABLE_CUDAGRAPH"}
 SMALL_FILE = 16 << 20  # model files up to this size are hashed on every start; larger ones once (large_file_sha256)
 # The hardware facts that decide kernels; the OS release, core count and host name are recorded, not hashed.
 HARDWARE_KEYS = ("machine", "cpu_model", "cpu_bf16", "gpus")
