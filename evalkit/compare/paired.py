@@ -243,6 +243,32 @@ def noise_columns(args: Any, tolerances: Tolerances) -> pd.DataFrame:
         "diff": "noise_diff", "mcnemar_b": "noise_b", "mcnemar_c": "noise_c"})
 
 
+DESCRIPTION = """\
+Are two runs' scores the same within a tolerance, and if not, why did they change?
+
+Compares a candidate run (or several: every point of a sweep) with a reference run of the same tasks,
+documents and prompts, document by document. For every task, filter and metric it gives both scores, the
+difference with its interval, and a verdict, family-wise at --alpha over every row: worse, changed, better,
+lower, higher, equivalent or inconclusive. Below the table: the documents that flipped, where generations
+diverge, log-probability drift; --locate finds the first token where each changed generation parted and why
+(near-tie, logit drift, other). The report is printed and written next to each candidate run
+(compare-vs-<reference model>-<reference run id>.md and .html)."""
+
+EPILOG = """\
+examples:
+  python -m evalkit.compare result/qwen2-7b/20261201-101500 result/qwen2-7b/20261202-093000
+  python -m evalkit.compare REF CAND --tolerance 0.01 --tolerance-for mmlu/acc=0.005
+  python -m evalkit.compare REF SWEEP_POINT_1 SWEEP_POINT_2 --locate
+
+exit codes:
+  0  no row of any candidate is worse or changed (inconclusive rows exit 0 too: read the verdicts)
+  1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha
+  2  unusable input: a run missing or unreadable, runs not like-for-like (other tasks, versions, documents,
+     prompts or targets), a bad option, or an engine --locate cannot start
+
+more: docs/compare.md and docs/locate.md"""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit 0, or 1 when a row of any candidate is worse (or changed) family-wise at --alpha, or 2 on bad input."""
     import argparse
@@ -251,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     from evalkit.compare import locate, report
     from evalkit.run import results
 
-    parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     locate.add_arguments(parser)
     args = parser.parse_args(argv)
