@@ -174,9 +174,14 @@ def test_the_same_prompts_and_sampling_settings_reach_the_engine(sides, setting)
     assert not differ, f"{len(differ)} of {len(ours)} requests differ; first: {differ[0]}"
 
 
-def test_bos_is_added_exactly_where_the_tokenizer_adds_it(sides):
-    shipped = [ids for ids, _ in sides["shipped"][2]]
-    with_bos = [ids for ids, _ in sides["bos"][2]]
+def test_bos_is_added_exactly_where_the_tokenizer_adds_it(sides, engine):
+    """Prompts, that is: a perplexity window starts with lm-eval's prefix token whatever the tokenizer does
+    (get_rolling_token_windows), so parity_rolling's requests are left out here."""
+    def prompts(setting):
+        return [ids for ids, _ in sides[setting][2] if "; the answer is " not in engine.decode(ids)]
+
+    shipped, with_bos = prompts("shipped"), prompts("bos")
+    assert len(shipped) == len(sides["shipped"][2]) - LIMIT
     assert not any(ids[0] == BOS for ids in shipped)
     assert all(ids[0] == BOS and ids[1] != BOS for ids in with_bos)
     assert sorted(ids[1:] for ids in with_bos) == sorted(shipped)
@@ -210,11 +215,13 @@ def test_the_same_outputs_and_scores(sides, setting):
                 assert mine[metric] == ref[metric], (task, key, metric)
     print(f"\n{setting}: log-likelihood |evalkit - lm-eval vllm| max {max(diffs, default=0):.1e} "
           f"over {len(diffs)} choices and texts ({rolled} perplexity texts)")
-    assert max(diffs, default=0) <= LOGPROB_TOL and rolled == LIMIT
-    mine = json.loads((sides[setting][4] / "results.json").read_text())["results"]["parity_rolling"]
-    for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):  # aggregated from the values above
-        key = f"{metric},none"
-        assert mine[key] == pytest.approx(sides[setting][5]["parity_rolling"][key], rel=1e-4), metric
+    assert max(diffs, default=0) <= LOGPROB_TOL
+    if "parity_rolling" in ours:
+        assert rolled == LIMIT
+        mine = json.loads((sides[setting][4] / "results.json").read_text())["results"]["parity_rolling"]
+        for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):  # aggregated from the values above
+            key = f"{metric},none"
+            assert mine[key] == pytest.approx(sides[setting][5]["parity_rolling"][key], rel=1e-4), metric
 
 
 def test_a_sampling_task_gets_distinct_draws_that_a_rerun_reuses(sides, engine, embedded_model_dir):

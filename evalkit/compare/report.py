@@ -180,7 +180,9 @@ def why_header(why: Localisation) -> list[str]:
             f"- margins: lp(reference's token) - lp(candidate's token) on each engine (log-likelihoods of the two "
             f"choices in each run); near-tie: both within ±{why.near_tie} nats; logit drift: otherwise, when the "
             f"candidate's log-probabilities of the shared tokens before the divergence (max |Δ|; for choices, of "
-            f"the document's choices) moved more than the noise floor {why.floor:.3g} nats ({why.floor_source})",
+            f"the document's choices) moved more than the noise floor "
+            + (f"{why.floor:.3g} nats ({why.floor_source})" if why.floor is not None
+               else f"(none known, none needed: nothing to classify; {why.floor_source})"),
             *(f"- {side} engine: {text}" for side, text in why.engines.items()),
             f"- localisation took {seconds}" + ("" if why.engines else "; no engine started: no generation differs")]
 
