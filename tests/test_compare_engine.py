@@ -13,7 +13,7 @@ import pytest
 from evalkit.compare import paired as compare
 from evalkit.config import compose_config
 from evalkit.compare.noise import measure
-from evalkit.run.evaluate import Lent
+from evalkit.engine.lent import Lent
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine

@@ -23,7 +23,8 @@ from evalkit.compare import locate, paired, report, why
 from evalkit.config import compose_config
 from evalkit.contracts import TokenTrace
 from evalkit.harness.lm import EvalkitLM
-from evalkit.run.evaluate import Lent, evaluate
+from evalkit.engine.lent import Lent
+from evalkit.run.evaluate import evaluate
 from tests.conftest import EAGER, run_dirs
 from tests.fake_engine import FakeEngine
 from tests.test_compare import fake_run

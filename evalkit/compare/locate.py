@@ -117,7 +117,7 @@ def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineCho
 
 
 def start(choice: EngineChoice) -> Engine:
-    from evalkit.run.evaluate import start_engines
+    from evalkit.engine.factory import start_engines
 
     try:
         engine = start_engines(choice.cfg, choice.model_dir)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from evalkit.harness.budget import PromptTooLong
 from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
-from evalkit.engine.store import answers_key
+from evalkit.engine.fingerprint import answers_key
 from evalkit.run.lock import result_lock
 
 
@@ -31,7 +31,8 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     from evalkit.compare import paired as compare
-    from evalkit.run.evaluate import Lent, start_engines
+    from evalkit.engine.factory import start_engines
+    from evalkit.engine.lent import Lent
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     engines = []
