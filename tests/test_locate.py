@@ -19,7 +19,7 @@ import sys
 import pandas as pd
 import pytest
 
-from evalkit.compare import locate, paired, report, why
+from evalkit.compare import cli, locate, paired, report, runs, why
 from evalkit.config import compose_config
 from evalkit.contracts import TokenTrace
 from evalkit.harness.lm import EvalkitLM
@@ -181,7 +181,7 @@ def fake_runs(tmp_path_factory):
 
 def test_prompt_ids_rebuilt_from_the_samples_are_the_ids_the_harness_sent(fake_runs):
     ref, cand, engine = fake_runs
-    jobs, skipped = why.differing(paired.load_run(ref).samples, paired.load_run(cand).samples)
+    jobs, skipped = why.differing(runs.load_run(ref).samples, runs.load_run(cand).samples)
     assert len(jobs) == 11 and not skipped  # doc 0's answer is 13 in both
     lm = EvalkitLM(FakeEngine(adds_bos=True), model_name="fake", max_tokens=64)
     sent = {r.prompt_ids for r in engine.generated}
@@ -212,7 +212,7 @@ def test_a_run_whose_model_folder_is_gone_fails_in_one_line(tmp_path):
 ])
 def test_bad_engine_settings_fail_in_one_line_before_any_engine_starts(fake_runs, flags, message, capsys):
     ref, cand, _ = fake_runs
-    assert paired.main([str(ref), str(cand), "--locate", *flags]) == 2
+    assert cli.main([str(ref), str(cand), "--locate", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("evalkit.compare: error: ") and message in err[0], err
 
@@ -220,7 +220,7 @@ def test_bad_engine_settings_fail_in_one_line_before_any_engine_starts(fake_runs
 def test_identical_runs_need_no_engine_and_take_the_floor_from_the_noise_runs(tmp_path, capsys):
     ref, same = fake_run(tmp_path, "a", FakeEngine()), fake_run(tmp_path, "b", FakeEngine())
     shutil.rmtree(tmp_path / "model")  # no engine is started, so none is looked for
-    assert paired.main([str(ref), str(same), "--locate", "--noise", str(ref), str(same)]) == 0
+    assert cli.main([str(ref), str(same), "--locate", "--noise", str(ref), str(same)]) == 0
     out = capsys.readouterr().out
     assert "generations that differ: 0 located" in out and "no engine started: no generation differs" in out
     assert "noise floor 0 nats (--noise: max per-choice log-likelihood difference" in out
@@ -283,7 +283,7 @@ def why_rows(run_dir, reference):
 
 
 def differing_documents(reference, candidate):
-    _, details = paired.compare_runs(paired.load_run(reference), paired.load_run(candidate))
+    _, details = paired.compare_runs(runs.load_run(reference), runs.load_run(candidate))
     return sorted(g["doc_id"] for d in details for g in d.generations)
 
 

@@ -30,7 +30,7 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evalkit.compare import paired as compare
+    from evalkit.compare import cli
     from evalkit.engine.factory import start_engines
     from evalkit.engine.lent import Lent
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for engine in engines:
             engine.close()
-    compare.main([str(first), str(second)])
+    cli.main([str(first), str(second)])
     print(f"\nnoise pair: {first} {second}\n(pass to evalkit.compare as --noise {first} {second})")
     return 0
 
