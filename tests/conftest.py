@@ -36,9 +36,9 @@ def engine(embedded_model_dir):
     real.close()
 
 
-def cli_run(out, *args, env=None) -> tuple[subprocess.CompletedProcess, object]:
+def cli_run(out, *args, env=None, limit: int = 12) -> tuple[subprocess.CompletedProcess, object]:
     """`python -m evalkit limit=12 resume=false ...` into out; the completed process and its run folder."""
-    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "resume=false", *args]
+    cmd = [sys.executable, "-m", "evalkit", f"limit={limit}", f"output_dir={out}", "resume=false", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
