@@ -8,6 +8,7 @@ overrides of the product spec (``model=qwen2-7b tensor_parallel_size=4 max_token
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -18,6 +19,11 @@ from omegaconf import MISSING
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
 TASKS_DIR = PROJECT_ROOT / "tasks"
+
+
+def cache_dir() -> Path:
+    """Where evalkit keeps what it computes once: the embedded model, file digests, lm-eval's task index."""
+    return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
 
 OVERFLOW_POLICIES = ("fail", "truncate_left")
 ENGINES = ("vllm", "hf")
@@ -112,7 +118,7 @@ class EvalConfig:
     # --- output ---
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
     log_samples: bool = True
-    resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/engine/store.py)
+    resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/engine/request_store.py)
     chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
     oom_retry: OomRetry = field(default_factory=OomRetry)
 

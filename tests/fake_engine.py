@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest
+from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest, TokenTrace
 
 BOS, EOS = 1, 2
 
@@ -38,6 +38,9 @@ class FakeEngine:
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
+
+    def chat_template(self) -> str | None:
+        return None
 
     def _answer(self, prompt: str) -> str:
         if self.reply is not None:
@@ -73,6 +76,19 @@ class FakeEngine:
             logprob = sum(-0.05 if chr(t) in "aeiou" else -0.1 for t in tokens)
             out.append(Scored(logprob=logprob, is_greedy=len(tokens) == 1))
         return out
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
+        """Each scored token at its own score, ranked first; runner-up: the next code point, 1.0 lower."""
+        traces = []
+        for r in requests:
+            tokens = r.ids[max(r.start, 1):]
+            logprobs = tuple(-0.05 if chr(t) in "aeiou" else -0.1 for t in tokens)
+            top = tuple(((t, lp), (t + 1, lp - 1.0))[:top_k] for t, lp in zip(tokens, logprobs))
+            traces.append(TokenTrace(logprobs=logprobs, top=top))
+        return traces
+
+    def scoring_counts(self) -> dict[str, int]:
+        return {}
 
     def describe(self) -> dict[str, Any]:
         return {"engine_args": {"model": "fake", "max_model_len": self.max_model_len}, "versions": {}, "hardware": {}}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.compare import paired as compare
+from evalkit.compare import cli, paired
+from evalkit.compare import runs as on_disk
 from evalkit.compare import scoring
 from evalkit.compare.verdict import Tolerances
 from evalkit.config import EvalConfig
@@ -66,20 +67,20 @@ def task_runs(tmp_path_factory):
 
 
 def test_identical_runs_of_12_documents_are_inconclusive_and_exit_zero(runs, capsys):
-    table, details = compare.compare_runs(compare.load_run(runs["ref"]), compare.load_run(runs["same"]))
+    table, details = paired.compare_runs(on_disk.load_run(runs["ref"]), on_disk.load_run(runs["same"]))
     # no document flips, but 12 documents cannot show a change below 0.02: Tango's 90% interval is +-0.184
     assert set(table.verdict) == {"inconclusive"} and (table["diff"] == 0).all()
     assert set(table.method) == {"tango"} and table.ci_high.min() == pytest.approx(2.7055 / (12 + 2.7055), abs=1e-4)
     assert all(not d.generations for d in details)
-    assert compare.main([str(runs["ref"]), str(runs["same"])]) == 0
+    assert cli.main([str(runs["ref"]), str(runs["same"])]) == 0
     out = capsys.readouterr().out
     assert "with no flips, ±0.02 needs about 149 documents" in out
     assert f"Holm-adjusted over all {len(table)} rows" in out and "at most 0.05 (family-wise)" in out
 
 
 def test_a_broken_candidate_is_worse_with_its_flips_and_divergences(runs, capsys):
-    ref, cand = compare.load_run(runs["ref"]), compare.load_run(runs["broken"])
-    table, details = compare.compare_runs(ref, cand)
+    ref, cand = on_disk.load_run(runs["ref"]), on_disk.load_run(runs["broken"])
+    table, details = paired.compare_runs(ref, cand)
     arith = table[table.task == "evalkit_arith"].iloc[0]
     assert arith.verdict == "worse" and arith["diff"] == pytest.approx(-11 / 12)  # only doc 0 (14-1) is 13
     assert (arith.mcnemar_b, arith.mcnemar_c) == (11, 0) and arith.mcnemar_p == pytest.approx(2 / 2 ** 11)
@@ -90,7 +91,7 @@ def test_a_broken_candidate_is_worse_with_its_flips_and_divergences(runs, capsys
     assert (first["token_index"], first["char_index"], first["reference"], first["candidate"]) == (2, 2, "6", "3")
     facts = table[table.task == "evalkit_facts"]  # log-likelihoods: the reply changes nothing, but 12 documents
     assert set(facts.verdict) == {"inconclusive"} and set(facts.mcnemar_b) == set(facts.mcnemar_c) == {0}
-    assert compare.main([str(runs["ref"]), str(runs["broken"])]) == 1
+    assert cli.main([str(runs["ref"]), str(runs["broken"])]) == 1
     out = capsys.readouterr().out
     assert "| evalkit_arith" in out and "right -> wrong on 11" in out
     written = sorted(p.name for p in runs["broken"].iterdir() if p.name.startswith("compare-vs-"))
@@ -105,23 +106,23 @@ def test_a_broken_candidate_is_worse_with_its_flips_and_divergences(runs, capsys
 ])
 def test_unlike_for_like_is_refused(runs, task_runs, other, message, capsys):
     path = task_runs["ref"] if other == "other_tasks" else runs[other]
-    with pytest.raises(compare.CompareError, match=message):
-        compare.compare_runs(compare.load_run(runs["ref"]), compare.load_run(path))
-    assert compare.main([str(runs["ref"]), str(path)]) == 2
+    with pytest.raises(on_disk.CompareError, match=message):
+        paired.compare_runs(on_disk.load_run(runs["ref"]), on_disk.load_run(path))
+    assert cli.main([str(runs["ref"]), str(path)]) == 2
     assert capsys.readouterr().err.startswith("evalkit.compare: error: ")
 
 
 def test_a_changed_prompt_is_refused(runs, tmp_path):
-    cand = compare.load_run(runs["same"])
+    cand = on_disk.load_run(runs["same"])
     sample = cand.samples["evalkit_arith"][(3, "first-integer")]
     sample["prompt_hash"] = "0" * 64
-    with pytest.raises(compare.CompareError, match="document 3 differs \\(prompt_hash\\)"):
-        compare.compare_runs(compare.load_run(runs["ref"]), cand)
+    with pytest.raises(on_disk.CompareError, match="document 3 differs \\(prompt_hash\\)"):
+        paired.compare_runs(on_disk.load_run(runs["ref"]), cand)
 
 
 def test_not_a_run(tmp_path):
-    with pytest.raises(compare.CompareError, match="not an evalkit run"):
-        compare.load_run(tmp_path)
+    with pytest.raises(on_disk.CompareError, match="not an evalkit run"):
+        on_disk.load_run(tmp_path)
 
 
 def test_noise_command_rejects_bad_input_in_one_line(capsys):
@@ -134,19 +135,19 @@ def test_noise_command_rejects_bad_input_in_one_line(capsys):
 
 
 def test_a_fall_without_a_known_direction_is_changed_never_better(task_runs, capsys):
-    ref, cand = compare.load_run(task_runs["ref"]), compare.load_run(task_runs["cand"])
+    ref, cand = on_disk.load_run(task_runs["ref"]), on_disk.load_run(task_runs["cand"])
     assert ref.results["higher_is_better"]["evalkit_cmp_undirected"] == {"exact_match": None}
-    table, _ = compare.compare_runs(ref, cand)
+    table, _ = paired.compare_runs(ref, cand)
     row = table[table.task == "evalkit_cmp_undirected"].iloc[0]
     assert (row.reference, row.candidate, row["diff"]) == (1.0, 0.6, pytest.approx(-0.4))  # unoriented
     assert row.ci_high < -0.02 and row.verdict == "changed" and "direction unknown" in row.note
-    assert compare.main([str(task_runs["ref"]), str(task_runs["cand"])]) == 1  # the only failing row
+    assert cli.main([str(task_runs["ref"]), str(task_runs["cand"])]) == 1  # the only failing row
     assert "direction unknown (higher_is_better null)" in capsys.readouterr().out
 
 
 def test_perplexity_is_compared_through_its_own_aggregation(task_runs):
-    ref, cand = compare.load_run(task_runs["ref"]), compare.load_run(task_runs["cand"])
-    table, _ = compare.compare_runs(ref, cand)
+    ref, cand = on_disk.load_run(task_runs["ref"]), on_disk.load_run(task_runs["cand"])
+    table, _ = paired.compare_runs(ref, cand)
     rows = table[table.task == "evalkit_cmp_rolling"].set_index("metric")
     lm_eval = ref.results["results"]["evalkit_cmp_rolling"]
     for metric, aggregation in [("word_perplexity", "weighted_perplexity"),  # named in the task's metric_list
@@ -159,7 +160,7 @@ def test_perplexity_is_compared_through_its_own_aggregation(task_runs):
     for sample in cand.samples["evalkit_cmp_rolling"].values():  # a candidate 1.5 times less likely per text
         for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
             sample[metric] = [sample[metric][0] * 1.5, sample[metric][1]]
-    rows = compare.compare_runs(ref, cand)[0].set_index("metric").loc[["word_perplexity", "bits_per_byte"]]
+    rows = paired.compare_runs(ref, cand)[0].set_index("metric").loc[["word_perplexity", "bits_per_byte"]]
     items = [tuple(s["word_perplexity"]) for s in cand.samples["evalkit_cmp_rolling"].values()]
     assert rows.loc["word_perplexity", "candidate"] == pytest.approx(
         math.exp(-sum(ll for ll, _ in items) / sum(words for _, words in items)))
@@ -172,8 +173,8 @@ def test_perplexity_is_compared_through_its_own_aggregation(task_runs):
 
 
 def test_a_group_pools_its_subtasks_documents_by_size(task_runs):
-    ref, cand = compare.load_run(task_runs["group_ref"]), compare.load_run(task_runs["group_cand"])
-    table, _ = compare.compare_runs(ref, cand)
+    ref, cand = on_disk.load_run(task_runs["group_ref"]), on_disk.load_run(task_runs["group_cand"])
+    table, _ = paired.compare_runs(ref, cand)
     assert list(table.task) == ["evalkit_cmp_group_a", "evalkit_cmp_group_b", "evalkit_cmp_group"]
     group = table.iloc[-1]
     lm_eval = cand.results["groups"]["evalkit_cmp_group"]["exact_match,first-integer"]
@@ -195,7 +196,7 @@ def test_corpus_metrics_stored_as_json_lists_go_through_lm_evals_aggregation():
                "higher_is_better": {"t": {"bleu": True, "f1": True}}}
     settings = dict(confidence=0.95, iterations=200, seed=0)
     for metric, aggregation in [("bleu", "bleu"), ("f1", "f1")]:
-        ref, cand = compare.metric_values(pairs, metric)
+        ref, cand = paired.metric_values(pairs, metric)
         assert all(isinstance(v, tuple) for v in ref + cand)
         row = scoring.compare_values(results, "t", metric, ref, cand, higher_is_better=True,
                                      tolerances=Tolerances(), settings=settings)
@@ -247,9 +248,9 @@ def hand_pair(tmp_path, tasks, **kwargs):
 ])
 def test_hand_made_runs_get_the_verdict_their_table_shows(tmp_path, b, c, n, tolerance, verdict, code):
     ref, cand = hand_pair(tmp_path, {"t": (b, c, n)})
-    table, _ = compare.compare_runs(compare.load_run(ref), compare.load_run(cand), tolerance=tolerance)
+    table, _ = paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand), tolerance=tolerance)
     assert list(table.verdict) == [verdict] and (table.mcnemar_b[0], table.mcnemar_c[0]) == (b, c)
-    assert compare.main([str(ref), str(cand), "--tolerance", str(tolerance)]) == code
+    assert cli.main([str(ref), str(cand), "--tolerance", str(tolerance)]) == code
 
 
 def test_one_drop_fails_alone_and_passes_among_59_unchanged_tasks(tmp_path):
@@ -257,24 +258,24 @@ def test_one_drop_fails_alone_and_passes_among_59_unchanged_tasks(tmp_path):
     be below 0.05 / 60 = 0.00083. Five such tasks, each one of 100 documents, do not fail either: a run whose
     57 subtasks each lose 5 % of answers to noise now passes."""
     alone = hand_pair(tmp_path / "alone", {"t00": (8, 0, 100)})
-    assert compare.main(list(map(str, alone))) == 1
+    assert cli.main(list(map(str, alone))) == 1
     tasks = {f"t{i:02d}": (8, 0, 100) if i == 0 else (0, 0, 100) for i in range(60)}
     among = hand_pair(tmp_path / "among", tasks)
-    assert compare.main(list(map(str, among))) == 0
-    table, _ = compare.compare_runs(*map(compare.load_run, among))
+    assert cli.main(list(map(str, among))) == 0
+    table, _ = paired.compare_runs(*map(on_disk.load_run, among))
     assert table.p_worse[0] == pytest.approx(0.00899, abs=1e-4) and table.p_worse_holm[0] == pytest.approx(
         60 * table.p_worse[0])  # Holm: the smallest p-value times the number of rows
     big = hand_pair(tmp_path / "big", {**tasks, "t01": (40, 0, 100)})  # a real collapse still fails
-    assert compare.main(list(map(str, big))) == 1
+    assert cli.main(list(map(str, big))) == 1
 
 
 def test_several_candidates_are_one_family(tmp_path):
     ref = hand_run(tmp_path / "m" / "ref", {"t": (8, 0, 100)}, side="ref")
     cand = hand_run(tmp_path / "m" / "cand", {"t": (8, 0, 100)}, side="cand")
     same = hand_run(tmp_path / "m" / "same", {"t": (8, 0, 100)}, side="ref")
-    assert compare.main([str(ref), str(cand)]) == 1  # p_worse 0.009 < 0.05
+    assert cli.main([str(ref), str(cand)]) == 1  # p_worse 0.009 < 0.05
     # with 20 candidates, 20 rows: 0.009 * 20 > 0.05
-    assert compare.main([str(ref), str(cand), *[str(same)] * 19]) == 0
+    assert cli.main([str(ref), str(cand), *[str(same)] * 19]) == 0
 
 
 @pytest.mark.parametrize("change, message", [
@@ -289,22 +290,22 @@ def test_other_task_versions_or_targets_are_refused_in_one_line(tmp_path, capsys
         lines = (cand / "samples_t.jsonl").read_text().splitlines()
         lines[3] = lines[3].replace('"t3"', '"other"')
         (cand / "samples_t.jsonl").write_text("\n".join(lines) + "\n")
-    assert compare.main([str(ref), str(cand)]) == 2
+    assert cli.main([str(ref), str(cand)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("evalkit.compare: error: ") and message in err
 
 
 def test_tolerance_for_one_task_and_metric(tmp_path, capsys):
     ref, cand = hand_pair(tmp_path, {"t": (40, 0, 200), "u": (0, 0, 200)})
-    assert compare.main([str(ref), str(cand)]) == 1
-    assert compare.main([str(ref), str(cand), "--tolerance-for", "t/acc=0.5"]) == 0  # a 20 % drop within 50 %
-    table, _ = compare.compare_runs(*map(compare.load_run, (ref, cand)), tolerance=compare.tolerances_from(
+    assert cli.main([str(ref), str(cand)]) == 1
+    assert cli.main([str(ref), str(cand), "--tolerance-for", "t/acc=0.5"]) == 0  # a 20 % drop within 50 %
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)), tolerance=cli.tolerances_from(
         type("Args", (), {"tolerance": 0.02, "relative_tolerance": 0.02, "tolerance_for": ["*/acc=30%"]})))
     assert list(table.relative) == [True, True] and list(table.tolerance) == [0.3, 0.3]
     capsys.readouterr()
-    assert compare.main([str(ref), str(cand), "--tolerance-for", "tt/acc=0.5"]) == 2  # misspelt: refused
+    assert cli.main([str(ref), str(cand), "--tolerance-for", "tt/acc=0.5"]) == 2  # misspelt: refused
     assert "--tolerance-for tt/acc: no such task/metric compared" in capsys.readouterr().err
-    assert compare.main([str(ref), str(cand), "--tolerance-for", "t=0.5"]) == 2
+    assert cli.main([str(ref), str(cand), "--tolerance-for", "t=0.5"]) == 2
     assert "expected TASK/METRIC=VALUE" in capsys.readouterr().err
 
 
@@ -316,7 +317,7 @@ def test_a_group_is_scored_with_the_weighting_lm_eval_recorded(tmp_path, weighte
               (("ref", 1.0), ("cand", 0.75 if weighted else 0.5))}
     ref = hand_run(tmp_path / "m" / "ref", tasks, side="ref", groups=groups["ref"])
     cand = hand_run(tmp_path / "m" / "cand", tasks, side="cand", groups=groups["cand"])
-    table, _ = compare.compare_runs(compare.load_run(ref), compare.load_run(cand), iterations=500)
+    table, _ = paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand), iterations=500)
     group = table.set_index("task").loc["g"]
     assert (group.reference, group.candidate, group["diff"]) == (1.0, pytest.approx(groups["cand"]["g"]["acc,none"]),
                                                                  pytest.approx(-0.25 if weighted else -0.5))
@@ -329,7 +330,7 @@ def test_no_group_row_where_lm_eval_recorded_no_group_score(tmp_path):
     groups = {"g": {"tasks": ["a", "b"], "acc,none": 0.123}}  # neither mean of its leaves: not ours to guess
     ref, cand = (hand_run(tmp_path / "m" / s, tasks, side=s, groups=json.loads(json.dumps(groups)))
                  for s in ("ref", "cand"))
-    assert list(compare.compare_runs(compare.load_run(ref), compare.load_run(cand))[0].task) == ["a", "b"]
+    assert list(paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand))[0].task) == ["a", "b"]
 
 
 def test_locate_asks_for_noise_runs_outside_cpu_float32(tmp_path, capsys):
@@ -338,10 +339,10 @@ def test_locate_asks_for_noise_runs_outside_cpu_float32(tmp_path, capsys):
     picks = {"ref": [[[[-1.0, False]], [[-2.0, False]]]] * 2, "cand": [[[[-2.0, False]], [[-1.0, False]]]] * 2}
     runs = {s: hand_run(tmp_path / "m" / s, {"t": (0, 0, 2)}, side=s, dtype="bfloat16", resps=picks[s])
             for s in ("ref", "cand")}
-    assert compare.main([str(runs["ref"]), str(runs["cand"]), "--locate"]) == 2
+    assert cli.main([str(runs["ref"]), str(runs["cand"]), "--locate"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "measured on CPU float32 and run m/ref ran in dtype bfloat16" in err
     assert "pass --noise RUN_A RUN_B" in err
     noise = [str(runs["ref"]), str(runs["ref"])]
-    assert compare.main([str(runs["ref"]), str(runs["cand"]), "--locate", "--noise", *noise]) == 0
+    assert cli.main([str(runs["ref"]), str(runs["cand"]), "--locate", "--noise", *noise]) == 0
     assert "noise floor 0 nats (--noise" in capsys.readouterr().out

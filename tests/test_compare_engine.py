@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from evalkit.compare import paired as compare
+from evalkit.compare import cli, paired, runs
 from evalkit.config import compose_config
 from evalkit.compare.noise import measure
-from evalkit.run.evaluate import Lent
+from evalkit.engine.lent import Lent
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine
@@ -28,13 +28,13 @@ def noise_pair(engine, tmp_path_factory):
 
 def test_same_config_twice_shows_no_change(noise_pair, capsys):
     first, second = noise_pair
-    table, details = compare.compare_runs(compare.load_run(first), compare.load_run(second))
+    table, details = paired.compare_runs(runs.load_run(first), runs.load_run(second))
     print(f"\nnoise (float32, shuffled order): {sum(len(d.generations) for d in details)} generations differ, "
           f"max log-prob drift {max(d.logprob.get('max_abs', 0) for d in details):.2e}; "
           f"verdicts {dict(table.verdict.value_counts())}")
     # 20 documents cannot show equivalence at +-0.02 (that takes about 189 with no flips): inconclusive, not failing
     assert set(table.verdict) <= {"equivalent", "inconclusive"} and (table["diff"].abs() < 0.1).all()
-    assert compare.main([str(first), str(second)]) == 0
+    assert cli.main([str(first), str(second)]) == 0
 
 
 def exact_p_worse(b, c, n, tolerance):
@@ -65,14 +65,14 @@ def test_bfloat16_changes_are_found_at_sample_level(noise_pair, tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     (candidate,) = run_dirs(out / "smollm2-135m-instruct")
-    table, details = compare.compare_runs(compare.load_run(reference), compare.load_run(candidate))
+    table, details = paired.compare_runs(runs.load_run(reference), runs.load_run(candidate))
     facts = next(d for d in details if d.task == "evalkit_facts")
     arith = next(d for d in details if d.task == "evalkit_arith")
     print(f"\nfloat32 -> bfloat16: log-prob drift max {facts.logprob['max_abs']:.3g}, mean "
           f"{facts.logprob['mean_abs']:.3g}, argmax changed {facts.logprob.get('argmax_changed', 0)}; "
           f"generations differ {len(arith.generations)}/{arith.generated}; verdicts {dict(table.verdict.value_counts())}")
     assert facts.logprob["max_abs"] > 1e-3 and facts.logprob["choices"] == 4 * LIMIT
-    code = compare.main([str(reference), str(candidate), "--noise", *map(str, noise_pair)])
+    code = cli.main([str(reference), str(candidate), "--noise", *map(str, noise_pair)])
     assert set(table.method) == {"tango"}  # every row a 0/1 metric: its p-value follows from its counts alone
     p_worse = [exact_p_worse(int(r.mcnemar_b), int(r.mcnemar_c), int(r.n), 0.02) for r in table.itertuples()]
     assert table.p_worse.to_numpy() == pytest.approx(p_worse, abs=1e-3)

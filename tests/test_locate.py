@@ -19,12 +19,14 @@ import sys
 import pandas as pd
 import pytest
 
-from evalkit.compare import locate, paired, report, why
+from evalkit.compare import cli, locate, paired, report, why
+from evalkit.compare import runs as on_disk
 from evalkit.config import compose_config
 from evalkit.contracts import TokenTrace
 from evalkit.harness.lm import EvalkitLM
-from evalkit.run.evaluate import Lent, evaluate
-from tests.conftest import EAGER, run_dirs
+from evalkit.engine.lent import Lent
+from evalkit.run.evaluate import evaluate
+from tests.conftest import EAGER, cli_run
 from tests.fake_engine import FakeEngine
 from tests.test_compare import fake_run
 
@@ -180,7 +182,7 @@ def fake_runs(tmp_path_factory):
 
 def test_prompt_ids_rebuilt_from_the_samples_are_the_ids_the_harness_sent(fake_runs):
     ref, cand, engine = fake_runs
-    jobs, skipped = why.differing(paired.load_run(ref).samples, paired.load_run(cand).samples)
+    jobs, skipped = why.differing(on_disk.load_run(ref).samples, on_disk.load_run(cand).samples)
     assert len(jobs) == 11 and not skipped  # doc 0's answer is 13 in both
     lm = EvalkitLM(FakeEngine(adds_bos=True), model_name="fake", max_tokens=64)
     sent = {r.prompt_ids for r in engine.generated}
@@ -211,7 +213,7 @@ def test_a_run_whose_model_folder_is_gone_fails_in_one_line(tmp_path):
 ])
 def test_bad_engine_settings_fail_in_one_line_before_any_engine_starts(fake_runs, flags, message, capsys):
     ref, cand, _ = fake_runs
-    assert paired.main([str(ref), str(cand), "--locate", *flags]) == 2
+    assert cli.main([str(ref), str(cand), "--locate", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("evalkit.compare: error: ") and message in err[0], err
 
@@ -219,7 +221,7 @@ def test_bad_engine_settings_fail_in_one_line_before_any_engine_starts(fake_runs
 def test_identical_runs_need_no_engine_and_take_the_floor_from_the_noise_runs(tmp_path, capsys):
     ref, same = fake_run(tmp_path, "a", FakeEngine()), fake_run(tmp_path, "b", FakeEngine())
     shutil.rmtree(tmp_path / "model")  # no engine is started, so none is looked for
-    assert paired.main([str(ref), str(same), "--locate", "--noise", str(ref), str(same)]) == 0
+    assert cli.main([str(ref), str(same), "--locate", "--noise", str(ref), str(same)]) == 0
     out = capsys.readouterr().out
     assert "generations that differ: 0 located" in out and "no engine started: no generation differs" in out
     assert "noise floor 0 nats (--noise: max per-choice log-likelihood difference" in out
@@ -232,7 +234,7 @@ def test_a_bfloat16_candidate_with_nothing_to_classify_needs_no_floor(tmp_path, 
     data = json.loads((cand / "results.json").read_text())
     data["evalkit"]["engine"].setdefault("engine_args", {})["dtype"] = "bfloat16"
     (cand / "results.json").write_text(json.dumps(data))
-    assert paired.main([str(ref), str(cand), "--locate"]) == 0
+    assert cli.main([str(ref), str(cand), "--locate"]) == 0
     text = (cand / f"compare-vs-{ref.parent.name}-{ref.name}.md").read_text()
     assert "- generations that differ: 0 located" in text and "noise floor (none known, none needed" in text
 
@@ -242,13 +244,9 @@ def test_a_bfloat16_candidate_with_nothing_to_classify_needs_no_floor(tmp_path, 
 LIMIT = 20
 
 
-def cli_run(out, *overrides):
-    cmd = [sys.executable, "-m", "evalkit", f"limit={LIMIT}", "tasks=[evalkit_arith]", f"output_dir={out}",
-           "resume=false", "gpu_memory_utilization=0.25", EAGER, *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
-    return run_dir
+def arith_run(out, *overrides):
+    """The arithmetic task alone, LIMIT documents, on a quarter of the memory: its run folder."""
+    return cli_run(out, "tasks=[evalkit_arith]", "gpu_memory_utilization=0.25", EAGER, *overrides, limit=LIMIT)[1]
 
 
 def perturbed_copy(model_dir, target, layer=2, scale=1.3):
@@ -276,8 +274,8 @@ def located(engine, embedded_model_dir, tmp_path_factory):
     cfg = compose_config([f"limit={LIMIT}", "tasks=[evalkit_arith]", f"output_dir={tmp / 'f32'}", "resume=false",
                           "gpu_memory_utilization=0.25", EAGER, "dtype=float32"])
     runs = {"float32": evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine)),
-            "bfloat16": cli_run(tmp / "bf16", "dtype=bfloat16"),
-            "perturbed": cli_run(tmp / "pert", "dtype=float32", f"vllm_path={model}")}
+            "bfloat16": arith_run(tmp / "bf16", "dtype=bfloat16"),
+            "perturbed": arith_run(tmp / "pert", "dtype=float32", f"vllm_path={model}")}
     located = {name: subprocess.run([sys.executable, "-m", "evalkit.compare", str(runs["float32"]), str(runs[name]),
                                      "--locate"], capture_output=True, text=True, timeout=1200)
                for name in ("bfloat16", "perturbed")}
@@ -294,7 +292,7 @@ def why_rows(run_dir, reference):
 
 
 def differing_documents(reference, candidate):
-    _, details = paired.compare_runs(paired.load_run(reference), paired.load_run(candidate))
+    _, details = paired.compare_runs(on_disk.load_run(reference), on_disk.load_run(candidate))
     return sorted(g["doc_id"] for d in details for g in d.generations)
 
 
@@ -345,7 +343,7 @@ def test_a_vllm_candidate_against_an_hf_float32_reference(located, tmp_path):
     """The reference run on HF transformers (engine=hf, float32), the perturbed copy on vLLM as the candidate
     (its flips are guaranteed): --locate restarts each side's own engine."""
     runs, _ = located
-    hf_run = cli_run(tmp_path / "hf", "engine=hf", "dtype=float32")
+    hf_run = arith_run(tmp_path / "hf", "engine=hf", "dtype=float32")
     done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(hf_run), str(runs["perturbed"]), "--locate"],
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode in (0, 1), done.stderr[-3000:]

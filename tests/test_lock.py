@@ -143,7 +143,7 @@ def test_a_process_holds_a_lock_once_and_frees_it_on_release(tmp_path):
 
 def test_a_model_folder_named_two_ways_is_one_lock(tmp_path):
     from evalkit.config import compose_config
-    from evalkit.engine.store import answers_key
+    from evalkit.engine.fingerprint import answers_key
 
     model = tmp_path / "models" / "X"
     model.mkdir(parents=True)
@@ -155,7 +155,7 @@ def test_a_model_folder_named_two_ways_is_one_lock(tmp_path):
 
 def test_runs_that_could_share_a_store_share_a_lock_and_others_of_the_model_do_not():
     from evalkit.config import compose_config
-    from evalkit.engine.store import answers_key
+    from evalkit.engine.fingerprint import answers_key
 
     base = answers_key(compose_config([]))
     for scheduling in (["gpu_memory_utilization=0.3"], ["batch_size=4"], ["data_parallel_size=2"],

@@ -22,7 +22,8 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.run.evaluate import Lent, evaluate, seed_as_lm_eval
+from evalkit.engine.lent import Lent
+from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.harness.tasks import load_tasks
 
 pytestmark = pytest.mark.engine
@@ -141,7 +142,7 @@ def bos_model_dir(embedded_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sides(engine, embedded_model_dir, bos_model_dir, tmp_path_factory):
-    from evalkit.run.evaluate import start_vllm
+    from evalkit.engine.start import start_vllm
 
     out = tmp_path_factory.mktemp("result")
     found = {"shipped": both_sides(engine, embedded_model_dir, out / "shipped", [f"tasks=[{','.join(PLAIN)}]"]),

@@ -1,5 +1,5 @@
 """Settings left out of the resume fingerprint change scheduling and memory only, never answers: evidence on
-the real CPU engine (evalkit/engine/store.py, SCHEDULING_ONLY; README "Runs that survive").
+the real CPU engine (evalkit/engine/fingerprint.py, SCHEDULING_ONLY; README "Runs that survive").
 
 A second engine with a smaller KV cache (gpu_memory_utilization, and kv_cache_memory_bytes, which evalkit.engine.tuning
 otherwise sizes alike for both), at most 4 sequences at once (max_num_seqs)
@@ -13,7 +13,9 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.run.evaluate import Lent, evaluate, start_vllm
+from evalkit.engine.lent import Lent
+from evalkit.engine.start import start_vllm
+from evalkit.run.evaluate import evaluate
 
 pytestmark = pytest.mark.engine
 LIMIT = 20

@@ -1,11 +1,12 @@
-"""Crash-safe resume (evalkit/engine/store.py) on the deterministic fake engine. Run: pytest tests/test_store.py"""
+"""Crash-safe resume (evalkit/engine/request_store.py) on the deterministic fake engine. Run: pytest tests/test_store.py"""
 
 import json
 import pytest
 
 from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.run.results import read_samples
-from evalkit.engine.store import RequestStore, ResumableEngine, fingerprint
+from evalkit.engine.fingerprint import fingerprint
+from evalkit.engine.request_store import RequestStore, ResumableEngine
 from tests.fake_engine import FakeEngine
 from tests.test_compare import fake_run
 
@@ -101,14 +102,14 @@ def test_provenance_hashes_match_for_like_for_like_runs(tmp_path):
 
 
 def test_a_hub_models_commit(tmp_path):
-    from evalkit.engine import store
+    from evalkit.engine import fingerprint as fingerprints
 
     refs = tmp_path / "hub" / "models--org--model" / "refs"
     refs.mkdir(parents=True)
     (refs / "main").write_text("a" * 40)
-    assert store.hub_revision("org/model", cache=tmp_path / "hub") == "a" * 40
-    assert store.hub_revision("org/model", "b" * 40, cache=tmp_path / "hub") == "b" * 40  # pinned by the user
-    assert store.hub_revision("org/other", cache=tmp_path / "hub") is None
+    assert fingerprints.hub_revision("org/model", cache=tmp_path / "hub") == "a" * 40
+    assert fingerprints.hub_revision("org/model", "b" * 40, cache=tmp_path / "hub") == "b" * 40  # pinned by the user
+    assert fingerprints.hub_revision("org/other", cache=tmp_path / "hub") is None
 
 
 def test_a_score_is_kept_per_scoring_path(tmp_path):

@@ -11,7 +11,8 @@ import pytest
 
 from evalkit.config import ConfigError, EvalConfig, OomRetry
 from evalkit.run.results import attach_log
-from evalkit.run.supervise import Outcome, RunFailed, RunStopped, classify, next_settings, root_cause, run_with_retries, supervise
+from evalkit.engine.backoff import classify, next_settings
+from evalkit.run.supervise import Outcome, RunFailed, RunStopped, root_cause, run_with_retries, supervise
 
 VLLM_ERRORS = {
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": "pressure",

@@ -23,7 +23,8 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.run.evaluate import Lent, evaluate
+from evalkit.engine.lent import Lent
+from evalkit.run.evaluate import evaluate
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine

@@ -221,7 +221,7 @@ def test_a_sweep_of_failing_points_goes_on_records_them_and_exits_1(tmp_path):
 
 def completed(out, run_id, cfg, description):
     """A finished run folder as evaluate() leaves it, as far as completed_run reads it."""
-    from evalkit.engine.store import fingerprint
+    from evalkit.engine.fingerprint import fingerprint
 
     section = {"config": asdict(cfg), "engine": {**description, "model_dir": cfg.vllm_path},
                "provenance": {"model_fingerprint": fingerprint(cfg.vllm_path, description)}}

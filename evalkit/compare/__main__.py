@@ -1,6 +1,6 @@
-"""``python -m evalkit.compare REF CAND [...]``: see evalkit/compare/paired.py."""
+"""``python -m evalkit.compare REF CAND [...]``: see evalkit/compare/cli.py."""
 
-from evalkit.compare.paired import main
+from evalkit.compare.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from evalkit.compare import why
-from evalkit.compare.paired import CompareError, Run, load_run
+from evalkit.compare.runs import CompareError, Run, check_like_for_like, load_run
 from evalkit.config import ConfigError, EvalConfig, closest, schema_keys, validate
 from evalkit.contracts import Engine, TokenTrace
 
@@ -117,7 +117,7 @@ def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineCho
 
 
 def start(choice: EngineChoice) -> Engine:
-    from evalkit.run.evaluate import start_engines
+    from evalkit.engine.factory import start_engines
 
     try:
         engine = start_engines(choice.cfg, choice.model_dir)
@@ -232,8 +232,6 @@ def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], 
     """Every changed document of each candidate against the reference, located and classified (why.py).
     Engines start only where generations differ, every one checked before the first starts; a LocateError
     says what to pass (floor None: no floor known for these runs, an error once something must be classified)."""
-    from evalkit.compare.paired import check_like_for_like
-
     reference = reference if isinstance(reference, Run) else load_run(reference)
     candidates = [c if isinstance(c, Run) else load_run(c) for c in candidates]
     for candidate in candidates:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from evalkit.harness.budget import PromptTooLong
 from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
-from evalkit.engine.store import answers_key
+from evalkit.engine.fingerprint import answers_key
 from evalkit.run.lock import result_lock
 
 
@@ -30,8 +30,9 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evalkit.compare import paired as compare
-    from evalkit.run.evaluate import Lent, start_engines
+    from evalkit.compare import cli
+    from evalkit.engine.factory import start_engines
+    from evalkit.engine.lent import Lent
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     engines = []
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for engine in engines:
             engine.close()
-    compare.main([str(first), str(second)])
+    cli.main([str(first), str(second)])
     print(f"\nnoise pair: {first} {second}\n(pass to evalkit.compare as --noise {first} {second})")
     return 0
 

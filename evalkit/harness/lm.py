@@ -2,7 +2,7 @@
 
 Prompts and outputs are built as lm-eval's own ``vllm`` backend (0.4.13) builds them: text is encoded with
 the tokenizer's default special tokens (BOS for Llama, Mistral, Gemma) unless it already starts with the
-BOS text, or as ``add_bos_token`` forces; (context, continuation) pairs use ``TemplateLM._encode_pair`` and
+BOS text, or as ``add_bos_token`` forces; (context, continuation) pairs are encoded as ``TemplateLM`` encodes them (``lm_eval_compat.py``) with
 its empty-context rule; a task's own generation settings pass through lm-eval's ``normalize_gen_kwargs``;
 the decoded EOS joins the stop strings; special tokens stay in the output text, which is cut at the stops
 afterwards. Where evalkit departs from that backend on purpose (the length budget, the ``max_tokens``
@@ -27,8 +27,8 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalkit.harness.budget import plan_generation, plan_score
-from evalkit.contracts import Engine, GenRequest, RequestRecord, ScoreRequest
-from evalkit.run.progress import Progress
+from evalkit.contracts import Engine, GenRequest, RequestProgress, RequestRecord, ScoreRequest
+from evalkit.harness.lm_eval_compat import encode_pairs
 
 
 def strip_thinking(text: str, end_marker: str) -> str:
@@ -98,6 +98,7 @@ class EvalkitLM(TemplateLM):
         order_seed: int | None = None,
         fast_scoring: bool = True,
         seed: int = 0,
+        progress: Callable[[str, int], RequestProgress] | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -117,7 +118,7 @@ class EvalkitLM(TemplateLM):
         self.sampling: dict[str, dict[str, int]] = defaultdict(Counter)  # task -> effective settings -> requests
         # (task, doc_id) -> records of that document's requests, in request order
         self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
-        self._pending: list[Any] = []
+        self.progress = progress  # opens the progress of one engine call: (request kind, requests); None: silent
         self.engine_seconds: dict[str, float] = {}  # wall time of the engine calls, per request kind
 
     @functools.cached_property
@@ -149,7 +150,7 @@ class EvalkitLM(TemplateLM):
         return self.engine.encode(string, add_special_tokens=True if add_special_tokens is None else add_special_tokens)
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
-        return getattr(getattr(self.engine, "tokenizer", None), "chat_template", None) if chat_template else None
+        return self.engine.chat_template() if chat_template else None
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.engine.chat_prompt(chat_history, add_generation_prompt)
@@ -157,20 +158,21 @@ class EvalkitLM(TemplateLM):
     def _submit(self, call: Callable[..., list], items: list, label: str) -> list:
         """call(items), with one progress line for them, in an order shuffled by order_seed when set: batches
         then hold other neighbours, which is how the run-to-run noise of the engine is measured (evalkit.compare.noise)."""
-        progress = Progress(label, total=len(items))
+        progress = self.progress(label, len(items)) if self.progress else None
         order = list(range(len(items)))
         if self.order_seed is not None:
             random.Random(self.order_seed).shuffle(order)
         started = time.perf_counter()
         answers = call([items[i] for i in order], progress)
         self.engine_seconds[label] = round(self.engine_seconds.get(label, 0.0) + time.perf_counter() - started, 3)
-        progress.close()
+        if progress:
+            progress.close()
         result: list = [None] * len(items)
         for position, answer in zip(order, answers):
             result[position] = answer
         return result
 
-    def _score(self, requests: list[ScoreRequest], progress: Progress) -> list:
+    def _score(self, requests: list[ScoreRequest], progress: RequestProgress | None) -> list:
         return self.engine.score(requests, progress, fast=self.fast_scoring)
 
     def _record(self, instance: Any, record: RequestRecord) -> None:
@@ -178,21 +180,24 @@ class EvalkitLM(TemplateLM):
 
     # --- log-likelihood ---
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        self._pending = list(requests)  # TemplateLM keeps order: _loglikelihood_tokens gets them 1:1
-        try:
-            return super().loglikelihood(requests, disable_tqdm=True)
-        finally:
-            self._pending = []
+        """Each (context, continuation) encoded as TemplateLM.loglikelihood encodes it, scored with its record."""
+        return self._score_pairs(encode_pairs(self, requests), instances=requests)
 
     def _loglikelihood_tokens(self, requests, **kwargs) -> list[tuple[float, bool]]:
+        """lm-eval's entry for pairs it encoded itself: scored without per-sample records (no instances)."""
+        return self._score_pairs(requests, instances=None)
+
+    def _score_pairs(self, pairs: list, *, instances: list | None) -> list[tuple[float, bool]]:
+        """pairs: ((context, continuation), context ids, continuation ids); instances: the lm-eval requests they
+        came from, one each, whose records are kept."""
         scores = []
-        for i, (_, context_enc, continuation_enc) in enumerate(requests):
+        for i, (_, context_enc, continuation_enc) in enumerate(pairs):
             drop = plan_score(context_tokens=len(context_enc), continuation_tokens=len(continuation_enc),
                               max_model_len=self.engine.max_model_len, overflow=self.overflow)
             ids = tuple(context_enc[drop:]) + tuple(continuation_enc)
             scores.append(ScoreRequest(ids=ids, start=len(context_enc) - drop))
-            if self._pending:
-                self._record(self._pending[i], RequestRecord(
+            if instances is not None:
+                self._record(instances[i], RequestRecord(
                     kind="loglikelihood", prompt_tokens=len(ids), truncated_tokens=drop,
                     extra={"continuation_tokens": len(continuation_enc)}))
         return [(s.logprob, s.is_greedy) for s in self._submit(self._score, scores, "loglikelihood")]

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evalkit.config import TASKS_DIR, ConfigError
-from evalkit.engine.embedded import cache_dir
+from evalkit.config import TASKS_DIR, ConfigError, cache_dir
 MAP_FORMAT = 1  # bump when the cached map's records change shape
 log = logging.getLogger(__name__)
 

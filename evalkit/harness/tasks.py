@@ -22,6 +22,7 @@ import jinja2
 import yaml
 
 from evalkit.config import TASKS_DIR, ConfigError, closest
+from evalkit.harness.lm_eval_compat import build_task, full_config
 from evalkit.harness.task_index import known_names, task_manager_for
 
 DATA_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs")
@@ -99,10 +100,9 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
                 raise ConfigError(f"task_data.{name}: {name} is a group; point task_data at its tasks instead")
             loaded.append(name)  # groups and tags: lm-eval expands them
             continue
-        factory = manager._factory  # lm-eval's own loader, so includes and !function resolve as usual
-        overrides = _overrides(entry, factory._load_full_config(entry), task_data.get(name))
+        overrides = _overrides(entry, full_config(manager, entry), task_data.get(name))
         try:
-            loaded.append(factory.build(entry, overrides=overrides or None, registry=manager.task_index))
+            loaded.append(build_task(manager, entry, overrides or None))
         except Exception as error:  # datasets raises many kinds; the user needs the task and the fix
             logging.getLogger(__name__).debug("loading %s failed", name, exc_info=True)
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -7,9 +7,7 @@ length, the devices) is checked before the engine starts, because starting it ta
 from __future__ import annotations
 
 import logging
-import os
 import random
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -20,8 +18,10 @@ from omegaconf import OmegaConf
 
 from evalkit.engine import preflight
 from evalkit.run import results
-from evalkit.engine import store
-from evalkit.engine import tuning
+from evalkit.run.progress import Progress
+from evalkit.engine.fingerprint import fingerprint as model_fingerprint
+from evalkit.engine.request_store import RequestStore, ResumableEngine
+from evalkit.engine.factory import start_engines
 from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
@@ -32,57 +32,8 @@ log = logging.getLogger("evalkit")
 EngineFactory = Callable[[EvalConfig, str], Engine]
 
 
-class Lent:
-    """An engine lent to one run: the run's close() leaves it running for the next run."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def close(self) -> None:
-        pass
-
-
 class EngineStartError(RuntimeError):
     """vLLM could not start with these settings (memory, an unsupported model, a driver)."""
-
-
-def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) -> Engine:
-    """The vLLM engine for cfg, with the settings evalkit.engine.tuning fills in for this machine (printed once).
-
-    sole_engine: no other engine will live in this process (a run's try), so vLLM may run inside it."""
-    from evalkit.engine.vllm_engine import VLLMEngine
-
-    choices = tuning.choose(
-        machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
-        max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
-        pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine) if cfg.tune else []
-    engine_kwargs, env = tuning.apply(choices, {**parallel_kwargs(cfg), **cfg.engine_kwargs})
-    if cfg.distributed_executor_backend == "ray" and cfg.cluster.address:
-        env["RAY_ADDRESS"] = cfg.cluster.address  # where vLLM's Ray executor connects
-    for choice in choices:
-        print(choice.line(), file=sys.stderr, flush=True)
-    with tuning.environment(env):
-        return VLLMEngine(
-            model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
-            gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
-            max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-            add_bos_token=cfg.add_bos_token, engine_kwargs=engine_kwargs, choices=choices,
-        )
-
-
-def parallel_kwargs(cfg: EvalConfig) -> dict[str, Any]:
-    """vLLM's own parallelism beyond tensor_parallel_size, passed only where it differs from vLLM's default."""
-    kwargs: dict[str, Any] = {}
-    if cfg.pipeline_parallel_size != 1:
-        kwargs["pipeline_parallel_size"] = cfg.pipeline_parallel_size
-    if cfg.distributed_executor_backend is not None:
-        kwargs["distributed_executor_backend"] = cfg.distributed_executor_backend
-    return kwargs
 
 
 def _limit(limit: float | None) -> int | float | None:
@@ -158,29 +109,6 @@ def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
             "temperature_override": cfg.temperature, "sampling_kwargs": dict(cfg.sampling_kwargs)}
 
 
-def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
-    """The engine of a run's try: one vLLM engine in this process, the only one it holds, or
-    data_parallel_size of them in Ray actors (evalkit/run/dataparallel.py); with engine=hf, the HF
-    transformers reference engine (evalkit/engine/hf_engine.py)."""
-    if cfg.engine == "hf":
-        from evalkit.engine.hf_engine import HFEngine, check_settings
-
-        check_settings(engine_kwargs=dict(cfg.engine_kwargs), sampling_kwargs=dict(cfg.sampling_kwargs),
-                       tensor_parallel_size=cfg.tensor_parallel_size, pipeline_parallel_size=cfg.pipeline_parallel_size)
-        engine = HFEngine(model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
-                          batch_size=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-                          add_bos_token=cfg.add_bos_token, engine_kwargs=dict(cfg.engine_kwargs))
-        args, versions = engine.args, engine.describe()["versions"]
-        print(f"evalkit: engine=hf (transformers {versions['transformers']}): dtype={args['dtype']}, "
-              f"device_map={args['device_map']}, batch_size={args['max_num_seqs']}", file=sys.stderr, flush=True)
-        return engine
-    if cfg.data_parallel_size > 1:
-        from evalkit.run.dataparallel import DataParallelEngine
-
-        return DataParallelEngine(cfg, model_dir)
-    return start_vllm(cfg, model_dir, sole_engine=True)
-
-
 def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, check_devices: bool = True,
              attempts: list[dict[str, Any]] | None = None) -> Path:
     """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
@@ -200,18 +128,19 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     watch.lap("engine_start")
     try:
         description = engine.describe()
-        fingerprint = store.fingerprint(model_dir, description)
+        fingerprint = model_fingerprint(model_dir, description)
         if cfg.resume:
-            answers = store.RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
-            engine = store.ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg))
+            answers = RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
+            engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg))
         lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
                        add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
                        sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
                        strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
-                       order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed)
-        scoring_before = Counter(getattr(engine, "scoring", None) or {})
+                       order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
+                       progress=Progress)
+        scoring_before = engine.scoring_counts()  # a lent engine counts earlier runs too
         outcome = score_with_lm_eval(cfg, lm, manager, tasks)
-        scoring = Counter(getattr(engine, "scoring", None) or {})
+        scoring = Counter(engine.scoring_counts())
         scoring.subtract(scoring_before)
         watch.lap("evaluate")
     finally:

@@ -1,6 +1,6 @@
 """One run per set of answers, wherever it runs: the lock ``<output_dir>/<model_name>/.lock-<key>`` lives with the results.
 
-The key (evalkit/engine/store.py, ``answers_key``) covers what decides the request store a run writes, so two
+The key (evalkit/engine/fingerprint.py, ``answers_key``) covers what decides the request store a run writes, so two
 runs that could write one store never run at once, while runs of one model with other answers (a sweep's
 points over dtype or context length) may share the folder: run folders are published under free names.
 

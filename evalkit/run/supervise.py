@@ -20,7 +20,6 @@ where it is; bad input (a ConfigError from the try) and a stopped run leave no l
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import os
 import re
@@ -35,19 +34,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalkit.engine import preflight
-from evalkit.config import ConfigError, EvalConfig, OomRetry, memory_settings, validate
-from evalkit.engine.store import answers_key
+from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
+from evalkit.engine.backoff import classify, next_settings
+from evalkit.engine.fingerprint import answers_key
 from evalkit.run.lock import result_lock
 from evalkit.run.progress import RunLog, Terminal, show_failure
-
-# Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
-# asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization
-# would make that worse, so the back-off moves on to fewer sequences and eager mode).
-PRESSURE = re.compile(r"out of memory|OutOfMemoryError|\bMemoryError\b|Cannot allocate memory|"
-                      r"is less than desired (?:CPU|GPU) memory utilization", re.IGNORECASE)
-KV_CACHE = re.compile(r"No available memory for the cache blocks|"
-                      r"which is larger than the available KV cache memory", re.IGNORECASE)
-
 
 class RunFailed(RuntimeError):
     """A run failed for a reason other than bad input; the message says why and what was tried."""
@@ -70,15 +61,6 @@ class Outcome:
     signal: str | None = None  # SIGTERM | SIGINT, for status "stopped"
 
 
-def classify(text: str) -> str | None:
-    """"pressure", "kv_cache" or None (not a memory failure) for an error message or log tail."""
-    if KV_CACHE.search(text):
-        return "kv_cache"
-    if PRESSURE.search(text):
-        return "pressure"
-    return None
-
-
 ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
 
 
@@ -88,19 +70,6 @@ def root_cause(log: str) -> str | None:
     found = [m.group(1) + ": " + m.group(2).strip() for m in map(ERROR_LINE.search, log.splitlines()) if m]
     memory = [line for line in found if classify(line)]
     return (memory or found or [None])[-1]
-
-
-def next_settings(cfg: EvalConfig, kind: str, policy: OomRetry) -> EvalConfig | None:
-    """The next, smaller settings to try after a memory failure of this kind, or None when none are left."""
-    lower = round(cfg.gpu_memory_utilization - policy.utilization_step, 4)
-    if kind == "pressure" and lower >= policy.utilization_floor - 1e-9:
-        return dataclasses.replace(cfg, gpu_memory_utilization=lower)
-    smaller = [n for n in policy.max_num_seqs if cfg.batch_size is None or n < cfg.batch_size]
-    if smaller:
-        return dataclasses.replace(cfg, batch_size=max(smaller))
-    if policy.eager and not cfg.engine_kwargs.get("enforce_eager"):
-        return dataclasses.replace(cfg, engine_kwargs={**cfg.engine_kwargs, "enforce_eager": True})
-    return None
 
 
 def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outcome]) -> tuple[Outcome, list]:

@@ -149,7 +149,7 @@ def plain(config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(config, default=str))
 
 
-READ_MACHINE = ("import json; from evalkit.engine.vllm_engine import hardware, library_versions; "
+READ_MACHINE = ("import json; from evalkit.engine.environment import hardware, library_versions; "
            "print(json.dumps({'versions': library_versions(), 'hardware': hardware()}))")
 
 
@@ -177,11 +177,11 @@ def completed_run(output_dir: str, model_name: str, config: dict[str, Any]) -> P
     """The newest run folder in ``<output_dir>/<model_name>/`` that has this point's answers, or None: its
     results.json records this very config (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig) and the
     request store's fingerprint (``evalkit.provenance.model_fingerprint``) that this point's run would have,
-    by evalkit.engine.store.fingerprint of the model folder now and :func:`described_here`. Run folders appear
+    by evalkit.engine.fingerprint.fingerprint of the model folder now and :func:`described_here`. Run folders appear
     complete or not at all (evalkit/run/results.py), so a results.json found here belongs to a finished run.
     Raises ConfigError when a run has the config and the model cannot be found (the run would fail alike)."""
     from evalkit.engine.preflight import resolve_model_path
-    from evalkit.engine.store import fingerprint
+    from evalkit.engine.fingerprint import fingerprint
 
     wanted, model_dir, machine = plain(config), None, None
     for results_file in sorted((Path(output_dir) / model_name).glob("*/results.json"), reverse=True):

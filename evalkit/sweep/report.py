@@ -106,7 +106,7 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
                    ) -> tuple[dict[int, pd.DataFrame | str], dict[str, str]]:
     """Each completed point against the reference with evalkit.compare: point -> its table (or a word), and
     the comparison reports by file name."""
-    from evalkit.compare import paired
+    from evalkit.compare import paired, runs
     from evalkit.compare import report as compare_report
 
     verdicts: dict[int, pd.DataFrame | str] = {}
@@ -116,15 +116,15 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
     by_num = {p.num: p for p in points}
     verdicts[reference] = "reference"
     try:
-        ref = paired.load_run(by_num[reference].run_dir)
-    except paired.CompareError as error:  # no samples (log_samples=false): nothing can be compared with it
+        ref = runs.load_run(by_num[reference].run_dir)
+    except runs.CompareError as error:  # no samples (log_samples=false): nothing can be compared with it
         return {**{p.num: f"not comparable: reference {error}" for p in points}, reference: "reference"}, files
     for point in points:
         if point.num == reference or point.status not in COMPLETED or not point.run_dir:
             continue
         try:
-            table, details = paired.compare_runs(ref, paired.load_run(point.run_dir), tolerance=tolerance)
-        except paired.CompareError as error:
+            table, details = paired.compare_runs(ref, runs.load_run(point.run_dir), tolerance=tolerance)
+        except runs.CompareError as error:
             verdicts[point.num] = f"not comparable: {error}"
             continue
         verdicts[point.num] = table

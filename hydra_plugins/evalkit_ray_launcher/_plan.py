@@ -3,7 +3,7 @@
 A point takes ``devices_needed`` GPUs (tensor x pipeline x data parallel, evalkit/config.py) and
 ``cpus_per_point`` cores; Ray holds it back until they are free and sets its ``CUDA_VISIBLE_DEVICES``. A
 data-parallel point (``data_parallel_size > 1``) asks for nothing itself: its engines are Ray actors
-(evalkit/run/dataparallel.py) that take their own devices, and it is told the cluster's address to start them
+(evalkit/engine/dataparallel.py) that take their own devices, and it is told the cluster's address to start them
 on. On a cluster without GPUs (a CPU machine that declared none) points take cores only.
 
 Two things Ray cannot know keep points apart (:func:`exclusive`): evalkit's lock allows one run at a time per
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from evalkit.config import ConfigError, EvalConfig, devices_needed
-from evalkit.engine.store import answers_key
+from evalkit.engine.fingerprint import answers_key
 from evalkit.run.lock import result_lock
 
 SIZE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")

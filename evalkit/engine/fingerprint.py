@@ -1,29 +1,21 @@
-"""Crash-safe resume: every finished engine request is kept, so a rerun only computes what is missing.
+"""What decides an engine's answers, as hashes: the fingerprint that names a request store, and the lock key.
 
-Answers are appended to ``<output_dir>/<model_name>/.requests/<fingerprint>.jsonl`` as each chunk of
-requests finishes (flushed and fsync'ed); a kill at any instant loses at most the chunk in flight, and a
-torn last line is cut off on reading, so the next append starts on a line of its own. Identical requests
-share one answer when greedy and keep one each when sampled (:meth:`ResumableEngine._key`). The file name
-is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
-change outputs, the model runner and kernel-selecting environment, the library versions, the hardware and
-evalkit's own answer code; each line is keyed by a hash of the exact request and the scoring path
-(``fast_scoring``) and records the settings of the try that computed it. Settings that only change scheduling or memory
-(``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
-``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
+:func:`fingerprint` hashes the model's files (or a hub model's commit), the settings that change outputs, the
+model runner and kernel-selecting environment, the library versions, the hardware and evalkit's own answer
+code. :func:`answers_key` is the coarser key the config alone decides, before the engine starts (the run lock,
+evalkit/run/lock.py). Settings that only change scheduling or memory are left out of both
+(``SCHEDULING_ONLY``), so the OOM back-off can resume a run under smaller settings.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
+from evalkit.config import cache_dir
 
 SCHEDULING_ONLY = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
                    "swap_space", "cpu_offload_gb", "disable_log_stats", "kv_cache_memory_bytes",
@@ -64,9 +56,9 @@ def file_sha256(path: Path) -> str:
 
 # evalkit's own code that shapes a request or reads the engine's answer: every module of these packages, and
 # these modules. An upgrade that changes any of them may change answers, so their content is part of the
-# fingerprint (tests/test_store.py fails when a module the run uses to build requests or read answers is not).
+# fingerprint (tests/test_fingerprint.py fails when a module the run uses to build requests or read answers is not).
 ANSWER_PACKAGES = ("engine", "harness")
-ANSWER_MODULES = ("contracts.py", "run/dataparallel.py")
+ANSWER_MODULES = ("contracts.py",)
 
 
 def answer_code() -> list[str]:
@@ -110,8 +102,6 @@ def hub_revision(model_id: str, revision: str | None = None, cache: str | Path |
 
 
 def digest_cache() -> Path:
-    from evalkit.engine.embedded import cache_dir
-
     return cache_dir() / "file-digests.json"
 
 
@@ -164,102 +154,3 @@ def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
                    "settings": settings, "model_runner": description.get("model_runner"),
                    "environment": environment, "versions": description.get("versions"),
                    "hardware": {k: hardware.get(k) for k in HARDWARE_KEYS}, "code": code_signature()})
-
-
-class RequestStore:
-    """Append-only answers keyed by request hash, in one JSONL file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.answers: dict[str, dict[str, Any]] = {}
-        self.origins: dict[str, Any] = {}  # key -> the memory settings of the try that computed the answer
-        if self.path.is_file():
-            with open(self.path, "rb+") as f:
-                whole = 0  # bytes up to the end of the last complete line
-                for line in f:
-                    if not line.endswith(b"\n"):
-                        break  # torn by a kill mid-write: cut it, or the next append would be glued to it
-                    whole += len(line)
-                    try:
-                        entry = json.loads(line)
-                        self.answers[entry["key"]] = entry["answer"]
-                        self.origins[entry["key"]] = entry.get("by")
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        continue
-                f.truncate(whole)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def add(self, items: list[tuple[str, dict[str, Any]]], by: Any = None) -> None:
-        """Append answers, each with the settings of the try that computed them (by)."""
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps({"key": k, "answer": a, "by": by}) + "\n" for k, a in items))
-            f.flush()
-            os.fsync(f.fileno())
-        self.answers.update(items)
-        self.origins.update((k, by) for k, _ in items)
-
-
-class ResumableEngine:
-    """An Engine that answers from the store where it can and sends the rest in chunks, saving each."""
-
-    def __init__(self, engine: Any, store: RequestStore, chunk_size: int, settings: Any = None) -> None:
-        self._engine = engine
-        self.store = store
-        self.chunk_size = chunk_size
-        self.settings = settings  # this try's memory settings, recorded with each answer it computes
-        self.reused = 0
-        self.computed = 0
-        self._reused_from: Counter = Counter()  # settings (as JSON) of the tries whose answers were reused
-        self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def _key(self, request: Any, path: dict[str, Any] | None = None) -> str:
-        """The request's hash, with the scoring path that answers it (``fast``); a sampled one also counts how
-        often it was asked this run (a task's ``repeats``, or two tasks with one prompt), so each draw keeps its
-        own answer. Greedy ones share."""
-        key = sha256({"kind": type(request).__name__, **asdict(request), **(path or {})})
-        if isinstance(request, GenRequest) and not request.greedy:
-            self._draws[key] += 1
-            key = sha256({"request": key, "draw": self._draws[key]})
-        return key
-
-    def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
-             progress: Progress | None, path: dict[str, Any] | None = None) -> list:
-        keys = [self._key(r, path) for r in requests]
-        first: dict[str, int] = {}  # each missing answer once, however often it is asked
-        for i, k in enumerate(keys):
-            if k not in self.store.answers:
-                first.setdefault(k, i)
-        missing = list(first.values())
-        self.reused += len(requests) - len(missing)
-        if progress and len(missing) < len(requests):
-            progress.advance(len(requests) - len(missing))
-        self._reused_from.update(json.dumps(self.store.origins.get(k), sort_keys=True)
-                                 for k in keys if k in self.store.answers)
-        for start in range(0, len(missing), self.chunk_size):
-            chunk = missing[start:start + self.chunk_size]
-            answers = call([requests[i] for i in chunk], progress)
-            self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
-            self.computed += len(chunk)
-        return [load(self.store.answers[k]) for k in keys]
-
-    def record(self) -> dict[str, Any]:
-        """For results.json: the store, answers reused and computed, and the settings the reused ones came from."""
-        origins = [{"settings": json.loads(s), "answers": n} for s, n in sorted(self._reused_from.items())]
-        return {"store": str(self.store.path), "reused": self.reused, "computed": self.computed,
-                "reused_from": origins,
-                "other_settings": any(o["settings"] != self.settings for o in origins)}
-
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
-        return self._run(requests, self._engine.generate,
-                         lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}), progress)
-
-    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True) -> list[Scored]:
-        return self._run(requests, functools.partial(self._engine.score, fast=fast), lambda a: Scored(**a), progress,
-                         path={"fast": fast})
-
-    def close(self) -> None:
-        self._engine.close()

@@ -1,4 +1,4 @@
-"""Data parallelism on Ray: ``data_parallel_size`` vLLM engines, each in its own Ray actor, behind one Engine.
+"""Data parallelism on Ray, the pool: ``data_parallel_size`` vLLM engines, each in its own Ray actor, behind one Engine.
 
 vLLM's own ``data_parallel_size`` serves mixture-of-experts models only, and lm-eval's vllm backend builds a
 fresh ``LLM`` in a Ray task for every call. Here each actor starts its engine once and keeps it for the
@@ -10,13 +10,12 @@ cache. Answers go back in request order, so lm-eval scores what a single engine 
 An actor that dies is replaced and its shard sent again; one whose engine runs out of memory is replaced
 with the next smaller settings of the run's memory back-off (``oom_retry``), the others keep theirs. An actor
 whose engine fails to start (a segfault, the kernel's OOM killer) is replaced ``REPLACEMENTS`` times, then the
-run fails with one line naming it and its last error.
+run fails with one line naming it and its last error. The pool's pure decisions are in ``pool_plan.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import logging
 import os
 import socket
@@ -25,62 +24,16 @@ import time
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from evalkit.config import ConfigError, EvalConfig, OomRetry, devices_per_engine, memory_settings
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest
-from evalkit.engine.vllm_engine import TokenizerSide
-from evalkit.run.progress import EngineBar
+from evalkit.config import EvalConfig, devices_per_engine, memory_settings
+from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.engine.backoff import classify
+from evalkit.engine.pool_plan import REPLACEMENTS, actor_resources, core_share, one_line, replacement_settings, shard
+from evalkit.engine.engine_bar import EngineBar
+from evalkit.engine.start import start_vllm
+from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 
 log = logging.getLogger("evalkit")
 PROGRESS_EVERY = 0.5  # seconds between an actor's progress reports
-REPLACEMENTS = 3  # times one shard may lose its actor, or one actor fail to start, before the run fails
-
-
-# --- sharding (pure) ---
-def shard(requests: Sequence[Any], shards: int) -> list[list[int]]:
-    """Request indexes in `shards` groups of near-equal tokens, each in request order.
-
-    Score requests with one context form one unit (their engine shares the prefix); a generation counts its
-    prompt and its token allowance. Largest units first, each to the lightest group (LPT)."""
-    units: dict[Any, list[int]] = {}
-    cost: Counter = Counter()
-    for i, r in enumerate(requests):
-        key = ("ctx", r.ids[:r.start]) if isinstance(r, ScoreRequest) else ("req", i)
-        units.setdefault(key, []).append(i)
-        cost[key] += len(r.ids) if isinstance(r, ScoreRequest) else len(r.prompt_ids) + r.max_tokens
-    heap = [(0, g) for g in range(max(1, shards))]
-    groups: list[list[int]] = [[] for _ in heap]
-    for key in sorted(units, key=lambda k: (-cost[k], units[k][0])):
-        load, g = heapq.heappop(heap)
-        groups[g].extend(units[key])
-        heapq.heappush(heap, (load + cost[key], g))
-    return [sorted(g) for g in groups if g]
-
-
-def one_line(error: BaseException) -> str:
-    """A Ray error's message on one line (Ray spreads an actor's death over several)."""
-    return " ".join(str(error).split())
-
-
-def core_share(cores: Sequence[int], slot: int, slots: int) -> list[int]:
-    """The slot-th of `slots` equal consecutive parts of cores (an actor's cores on a CPU-only node)."""
-    per = max(1, len(cores) // slots)
-    return list(cores[slot * per:(slot + 1) * per]) or list(cores)
-
-
-def replacement_settings(settings: EvalConfig, *, kind: str | None, died: bool, error: Exception,
-                         policy: OomRetry) -> EvalConfig:
-    """The settings of the actor that replaces a failed one: the next smaller ones after a memory failure
-    (the run's back-off, one actor at a time), the same after a death. Any other failure is the run's."""
-    from evalkit.run.supervise import next_settings
-
-    if kind:
-        smaller = next_settings(settings, kind, policy) if policy.enabled else None
-        if smaller is None:
-            raise RuntimeError(f"an engine ran out of memory and the back-off is spent: {one_line(error)}") from error
-        return smaller
-    if died:
-        return settings
-    raise RuntimeError(f"an engine failed: {one_line(error)}") from error
 
 
 # --- inside an actor ---
@@ -121,8 +74,6 @@ class EngineActor:
         """Start the engine; on a node without GPUs, on this actor's share of the node's cores."""
         import ray
 
-        from evalkit.run.evaluate import start_vllm
-
         if not ray.get_gpu_ids() and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, core_share(sorted(os.sched_getaffinity(0)), slot, slots))
         if devices_per_engine(cfg) > 1 and cfg.distributed_executor_backend is None:
@@ -143,6 +94,9 @@ class EngineActor:
         progress.flush()
         return answers
 
+    def trace(self, requests: list[ScoreRequest], top_k: int) -> list[TokenTrace]:
+        return self.engine.trace(requests, top_k)
+
     def close(self) -> None:
         self.engine.close()
 
@@ -159,30 +113,12 @@ def connect(cfg: EvalConfig) -> bool:
     return True
 
 
-def actor_resources(cfg: EvalConfig, cluster: dict[str, float]) -> dict[str, float]:
-    """What one engine's actor asks Ray for: its GPUs where the cluster has GPUs, else one core (it binds
-    its share of the node's cores itself). Raises ConfigError when the engines cannot all fit at once."""
-    per_engine = devices_per_engine(cfg)
-    if cluster.get("GPU", 0) > 0:
-        wanted, have, unit = per_engine * cfg.data_parallel_size, cluster["GPU"], "GPUs"
-        resources = {"num_gpus": per_engine, "num_cpus": 1}
-    else:
-        wanted, have, unit = cfg.data_parallel_size, cluster.get("CPU", 0), "cores"
-        resources = {"num_gpus": 0, "num_cpus": 1}
-    if wanted > have:
-        raise ConfigError(f"data_parallel_size={cfg.data_parallel_size} needs {wanted:g} {unit} on the Ray cluster, "
-                          f"which has {have:g}; lower data_parallel_size or join a larger cluster (cluster.address)")
-    return resources
-
-
 class DataParallelEngine(TokenizerSide):
     """The :class:`evalkit.contracts.Engine` over ``data_parallel_size`` engine actors."""
 
     def __init__(self, cfg: EvalConfig, model_dir: str) -> None:
         import ray
         from ray.util.queue import Queue
-
-        from evalkit.engine.vllm_engine import load_tokenizer
 
         self.cfg, self.model_dir, self.max_model_len = cfg, model_dir, cfg.max_model_len
         self.connected_here = connect(cfg)
@@ -232,8 +168,6 @@ class DataParallelEngine(TokenizerSide):
     def _replace(self, i: int, error: Exception) -> None:
         """A fresh actor in place of actor i, with the settings replacement_settings gives."""
         import ray
-
-        from evalkit.run.supervise import classify
 
         kind = "pressure" if isinstance(error, ray.exceptions.OutOfMemoryError) else classify(str(error))
         died = isinstance(error, ray.exceptions.RayActorError)
@@ -295,6 +229,15 @@ class DataParallelEngine(TokenizerSide):
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
               fast: bool = True, shards: int | None = None) -> list[Scored]:
         return self._map("score", requests, progress, shards, fast)
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
+        """From the first actor alone: a trace reads no cache and samples nothing, so any engine gives it."""
+        import ray
+
+        return ray.get(self.actors[0].trace.remote(list(requests), top_k)) if requests else []
+
+    def scoring_counts(self) -> dict[str, int]:
+        return {}  # the actors' engines keep their own counts; the pool records none (as before the contract)
 
     def describe(self) -> dict[str, Any]:
         """The first engine's description (every engine runs the same arguments), and where each one ran."""

@@ -1,0 +1,121 @@
+"""``python -m evalkit.compare``: the command line over the comparison (paired.py), its localisation
+(locate.py) and its report (report.py). Exit 0, 1 when a candidate is worse (or changed) family-wise at
+--alpha (verdict.py), 2 on bad input.
+
+Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]
+[--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--locate]`` (``--locate``: why each changed document
+changed, evalkit/compare/locate.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import pandas as pd
+
+from evalkit.compare import locate, report, verdict
+from evalkit.compare.paired import compare_runs
+from evalkit.compare.runs import CompareError, load_run
+from evalkit.compare.verdict import Tolerances
+from evalkit.run import results
+
+
+DESCRIPTION = """\
+Are two runs' scores the same within a tolerance, and if not, why did they change?
+
+Compares a candidate run (or several: every point of a sweep) with a reference run of the same tasks,
+documents and prompts, document by document. For every task, filter and metric it gives both scores, the
+difference with its interval, and a verdict, family-wise at --alpha over every row: worse, changed, better,
+lower, higher, equivalent or inconclusive. Below the table: the documents that flipped, where generations
+diverge, log-probability drift; --locate finds the first token where each changed generation parted and why
+(near-tie, logit drift, other). The report is printed and written next to each candidate run
+(compare-vs-<reference model>-<reference run id>.md and .html)."""
+
+EPILOG = """\
+examples:
+  python -m evalkit.compare result/qwen2-7b/20261201-101500 result/qwen2-7b/20261202-093000
+  python -m evalkit.compare REF CAND --tolerance 0.01 --tolerance-for mmlu/acc=0.005
+  python -m evalkit.compare REF SWEEP_POINT_1 SWEEP_POINT_2 --locate
+
+exit codes:
+  0  no row of any candidate is worse or changed (inconclusive rows exit 0 too: read the verdicts)
+  1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha
+  2  unusable input: a run missing or unreadable, runs not like-for-like (other tasks, versions, documents,
+     prompts or targets), a bad option, or an engine --locate cannot start
+
+more: docs/compare.md and docs/locate.md"""
+
+
+def tolerances_from(args: Any) -> Tolerances:
+    try:
+        overrides = dict(verdict.parse_override(text) for text in args.tolerance_for)
+    except ValueError as error:
+        raise CompareError(str(error)) from None
+    return Tolerances(absolute=args.tolerance, relative=args.relative_tolerance, overrides=overrides)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("reference", help="reference run folder (or its results.json)")
+    parser.add_argument("candidates", nargs="+", help="candidate run folder(s), e.g. every point of a sweep")
+    parser.add_argument("--tolerance", type=float, default=0.02,
+                        help="largest acceptable change of a 0-1 metric (accuracy, exact match), absolute "
+                             "(default 0.02)")
+    parser.add_argument("--relative-tolerance", type=float, default=0.02, metavar="FRACTION",
+                        help="largest acceptable change of an unbounded metric (perplexity, BLEU, bits_per_byte, any "
+                             "score outside [-1, 1]) as a fraction of the reference's score (default 0.02: 2%%)")
+    parser.add_argument("--tolerance-for", action="append", default=[], metavar="TASK/METRIC=VALUE",
+                        help="the tolerance of one task (or group) and metric, either may be *: absolute "
+                             "(mmlu/acc=0.01) or relative with %% (wikitext/word_perplexity=5%%); repeatable")
+    parser.add_argument("--alpha", type=float, default=0.05,
+                        help="family-wise false-alarm rate: the chance that a candidate with no change beyond the "
+                             "tolerance anywhere fails (exit 1), Holm over every row compared (default 0.05)")
+    parser.add_argument("--iterations", type=int, default=10_000, help="bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--noise", nargs=2, metavar=("RUN_A", "RUN_B"),
+                        help="two runs of one config (python -m evalkit.compare.noise) to show the engine's own variation")
+
+
+def noise_columns(args: Any, tolerances: Tolerances) -> pd.DataFrame:
+    table, _ = compare_runs(load_run(args.noise[0]), load_run(args.noise[1]), tolerance=tolerances,
+                            iterations=args.iterations, seed=args.seed)
+    return table[["task", "filter", "metric", "diff", "mcnemar_b", "mcnemar_c"]].rename(columns={
+        "diff": "noise_diff", "mcnemar_b": "noise_b", "mcnemar_c": "noise_c"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0, or 1 when a row of any candidate is worse (or changed) family-wise at --alpha, or 2 on bad input."""
+    parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    locate.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        if not 0 < args.alpha < 0.5:
+            raise CompareError(f"--alpha {args.alpha}: must lie in (0, 0.5)")
+        tolerances, confidence = tolerances_from(args), 1.0 - args.alpha
+        reference, candidates = load_run(args.reference), [load_run(path) for path in args.candidates]
+        noise = noise_columns(args, tolerances) if args.noise else None
+        why = locate.from_args(args, reference, candidates) if args.locate else {}
+        compared = [compare_runs(reference, candidate, tolerance=tolerances, confidence=confidence,
+                                 iterations=args.iterations, seed=args.seed) for candidate in candidates]
+        tables = verdict.decide([table for table, _ in compared], args.alpha)  # one family: every candidate's rows
+        for candidate, table, (_, details) in zip(candidates, tables, compared):
+            text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
+                                   confidence=confidence, noise=noise, why=why.get(candidate.path),
+                                   family=sum(map(len, tables)), comparisons=len(tables))
+            images = {**report.plots(table, details, args.tolerance), **report.why_plots(why.get(candidate.path))}
+            page = report.html_page(text, report.with_noise(table, noise), images)
+            stem = f"compare-vs-{reference.path.parent.name}-{reference.path.name}"
+            written = results.write_beside(candidate.path, {f"{stem}.md": text, f"{stem}.html": page})
+            print(text)
+            print(f"\nwritten: {', '.join(map(str, written))}")
+        return verdict.gate(tables)
+    except CompareError as error:
+        print(f"evalkit.compare: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

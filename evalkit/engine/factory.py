@@ -1,0 +1,32 @@
+"""The engine of a run's try, chosen by its config: one vLLM engine, the data-parallel pool, or HF transformers."""
+
+from __future__ import annotations
+
+import sys
+
+from evalkit.config import EvalConfig
+from evalkit.contracts import Engine
+from evalkit.engine.start import start_vllm
+
+
+def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
+    """The engine of a run's try: one vLLM engine in this process, the only one it holds, or
+    data_parallel_size of them in Ray actors (evalkit/engine/dataparallel.py); with engine=hf, the HF
+    transformers reference engine (evalkit/engine/hf_engine.py)."""
+    if cfg.engine == "hf":
+        from evalkit.engine.hf_engine import HFEngine, check_settings
+
+        check_settings(engine_kwargs=dict(cfg.engine_kwargs), sampling_kwargs=dict(cfg.sampling_kwargs),
+                       tensor_parallel_size=cfg.tensor_parallel_size, pipeline_parallel_size=cfg.pipeline_parallel_size)
+        engine = HFEngine(model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+                          batch_size=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+                          add_bos_token=cfg.add_bos_token, engine_kwargs=dict(cfg.engine_kwargs))
+        args, versions = engine.args, engine.describe()["versions"]
+        print(f"evalkit: engine=hf (transformers {versions['transformers']}): dtype={args['dtype']}, "
+              f"device_map={args['device_map']}, batch_size={args['max_num_seqs']}", file=sys.stderr, flush=True)
+        return engine
+    if cfg.data_parallel_size > 1:
+        from evalkit.engine.dataparallel import DataParallelEngine
+
+        return DataParallelEngine(cfg, model_dir)
+    return start_vllm(cfg, model_dir, sole_engine=True)

@@ -1,0 +1,56 @@
+"""An engine lent to runs: one engine serves several runs (a noise measurement, a test session)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+
+
+class Lent:
+    """An engine lent to one run: every call goes to the engine, but the run's close() leaves it running for
+    the next run. Scoring counts are the engine's, so a run records the difference over its own calls."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.engine.encode(text, add_special_tokens)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.engine.decode(ids)
+
+    def prefix_token_id(self) -> int:
+        return self.engine.prefix_token_id()
+
+    def eos_token_id(self) -> int:
+        return self.engine.eos_token_id()
+
+    def chat_template(self) -> str | None:
+        return self.engine.chat_template()
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return self.engine.chat_prompt(messages, add_generation_prompt)
+
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
+        return self.engine.generate(requests, progress)
+
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+              fast: bool = True) -> list[Scored]:
+        return self.engine.score(requests, progress, fast=fast)
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
+        return self.engine.trace(requests, top_k)
+
+    def scoring_counts(self) -> dict[str, int]:
+        return self.engine.scoring_counts()
+
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()
+
+    def close(self) -> None:
+        pass  # the lender closes it

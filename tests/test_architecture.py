@@ -1,0 +1,47 @@
+"""The stage order as a contract (pyproject.toml, [tool.importlinter]): each stage imports only the stages
+below it, and nothing imports in a cycle, not even inside a function. Checked by import-linter over the
+package's imports, with no exception list. Run: pytest tests/test_architecture.py"""
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+               "sys.exit(lint_imports_command())", "--no-cache", "--config", str(root / "pyproject.toml")]
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, env={"PYTHONPATH": str(root),
+                          "PATH": "/usr/bin:/bin"})
+
+
+def test_the_contracts_are_the_stages_and_no_cycle_with_no_exceptions():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contracts = {c["id"]: c for c in config["contracts"]}
+    assert contracts["stages"]["type"] == "layers" and contracts["acyclic"]["type"] == "acyclic_siblings"
+    assert contracts["stages"]["layers"][-1] == "config | contracts | versions"
+    assert not any("ignore_imports" in c or "unmatched_ignore_imports_alerting" in c for c in contracts.values())
+
+
+def test_the_package_keeps_its_contracts():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout
+
+
+def test_an_upward_import_or_a_cycle_breaks_them_even_inside_a_function(tmp_path):
+    """The check is not vacuous: a copy of the package with a harness module reaching up into run/, and a
+    function-level import that closes a cycle inside engine/, fails both contracts."""
+    shutil.copytree(ROOT / "evalkit", tmp_path / "evalkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with open(tmp_path / "evalkit" / "harness" / "budget.py", "a") as f:
+        f.write("\n\ndef upward():\n    from evalkit.run import results  # noqa: F401\n")
+    with open(tmp_path / "evalkit" / "engine" / "start.py", "a") as f:
+        f.write("\n\ndef cycle():\n    from evalkit.engine import factory  # noqa: F401\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0 and "0 kept, 2 broken" in result.stdout, result.stdout + result.stderr
+    assert "evalkit.harness.budget -> evalkit.run.results" in result.stdout
+    assert ".start -> .factory" in result.stdout

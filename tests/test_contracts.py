@@ -1,0 +1,58 @@
+"""Every engine and every wrapper implements the Engine contract (evalkit/contracts.py) in full, ``trace``
+included, and none forwards through ``__getattr__`` (STYLE rule 11). Run: pytest tests/test_contracts.py
+
+Engines that need vLLM, torch or Ray to start are checked without starting them: an instance made without
+``__init__`` (given its ``max_model_len``) must pass ``isinstance(engine, Engine)``, and its methods take the
+contract's arguments."""
+
+import inspect
+
+import pytest
+
+from evalkit.contracts import Engine, ScoreRequest
+from evalkit.engine.dataparallel import DataParallelEngine
+from evalkit.engine.hf_engine import HFEngine
+from evalkit.engine.lent import Lent
+from evalkit.engine.request_store import RequestStore, ResumableEngine
+from evalkit.engine.vllm_engine import VLLMEngine
+from tests.fake_engine import FakeEngine
+
+METHODS = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
+CLASSES = [VLLMEngine, HFEngine, DataParallelEngine, ResumableEngine, Lent, FakeEngine]
+
+
+def test_the_contract_names_trace_and_the_scoring_counts():
+    assert {"trace", "score", "generate", "scoring_counts", "chat_template", "describe", "close"} <= set(METHODS)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_each_engine_class_implements_every_method_with_the_contracts_arguments(cls):
+    assert "__getattr__" not in vars(cls)
+    if isinstance(getattr(cls, "max_model_len", None), property):  # a wrapper's: its engine's (checked below)
+        assert all(callable(getattr(cls, name, None)) for name in METHODS)
+    else:
+        bare = object.__new__(cls)
+        bare.max_model_len = 1
+        assert isinstance(bare, Engine)
+    for name in METHODS:
+        wanted = [p for p in inspect.signature(getattr(Engine, name)).parameters.values()]
+        have = inspect.signature(getattr(cls, name)).parameters
+        for p in wanted:
+            assert p.name in have, f"{cls.__name__}.{name} lacks {p.name}"
+            assert (p.default is inspect.Parameter.empty) or have[p.name].default == p.default, (cls, name, p.name)
+
+
+def test_wrappers_pass_every_call_through(tmp_path):
+    """A lent engine and the resumable one answer as the engine they wrap: trace and counts included."""
+    engine = FakeEngine()
+    resumable = ResumableEngine(engine, RequestStore(tmp_path / "store.jsonl"), chunk_size=4)
+    request = [ScoreRequest(ids=(1, 97, 98), start=1)]
+    for wrapper in (Lent(engine), resumable, Lent(resumable)):
+        assert isinstance(wrapper, Engine)
+        assert wrapper.trace(request) == engine.trace(request)
+        assert wrapper.max_model_len == engine.max_model_len and wrapper.scoring_counts() == {}
+        assert wrapper.encode("ab", True) == engine.encode("ab", True) and wrapper.chat_template() is None
+    Lent(engine).close()
+    assert not engine.closed  # the lender closes it
+    resumable.close()
+    assert engine.closed

@@ -1,0 +1,43 @@
+"""The lm-eval internals evalkit relies on (evalkit/harness/lm_eval_compat.py): fails the day one moves or
+changes. Run: pytest tests/test_lm_eval_compat.py"""
+
+from importlib.metadata import version
+from pathlib import Path
+
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import TemplateLM
+from packaging.specifiers import SpecifierSet
+
+from evalkit.harness import lm_eval_compat
+from evalkit.harness.lm import EvalkitLM
+from evalkit.harness.task_index import task_manager_for
+from tests.fake_engine import BOS, FakeEngine
+
+ARITH = Path(__file__).resolve().parent.parent / "tasks" / "evalkit_arith"
+DATA = {"dataset_kwargs": {"data_files": {"test": str(ARITH / "test.jsonl")}}}  # absolute: no evalkit rewriting
+
+
+def test_the_installed_lm_eval_is_in_the_checked_range_which_pyproject_allows():
+    assert version("lm_eval") in SpecifierSet(lm_eval_compat.CHECKED)
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert f'"lm-eval{lm_eval_compat.CHECKED}"' in pyproject
+
+
+def test_the_task_loader_internals_are_where_they_were():
+    manager = task_manager_for(["evalkit_arith"])
+    entry = manager.task_index["evalkit_arith"]
+    config = lm_eval_compat.full_config(manager, entry)
+    assert config["task"] == "evalkit_arith"
+    task = lm_eval_compat.build_task(manager, entry, {"num_fewshot": 0, **DATA})
+    assert task.config.task == "evalkit_arith" and task.config.num_fewshot == 0
+
+
+def test_pairs_are_encoded_as_template_lm_encodes_them():
+    """encode_pairs against TemplateLM.loglikelihood itself, an empty context (both cases) included."""
+    lm = EvalkitLM(FakeEngine(adds_bos=True), model_name="m", max_tokens=8)
+    pairs = [("Question: 2+2?", " 4"), ("", "text"), ("", chr(BOS) + "text"), ("a b ", "c")]
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=p, idx=0) for p in pairs]
+    seen = []
+    lm._loglikelihood_tokens = lambda encoded, **kwargs: seen.extend(encoded) or [(0.0, True)] * len(encoded)
+    TemplateLM.loglikelihood(lm, requests)
+    assert lm_eval_compat.encode_pairs(lm, requests) == seen
