@@ -20,6 +20,7 @@ from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.hf_engine import score_batches
 from evalkit.engine.hf_settings import Row, check_settings, sampling_for_hf
 from evalkit.engine.factory import start_engines
+from evalkit.engine.lent import Lent
 from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.run.results import read_samples
 from tests.conftest import run_dirs
@@ -119,27 +120,13 @@ def hf(embedded_model_dir):
     engine.close()
 
 
-class Recording:
-    """An engine whose score and generate requests are written down; everything else passes through."""
+class Recording(Lent):
+    """An engine whose score and generate requests are written down; everything else passes through (Lent),
+    and closing it closes the engine."""
 
     def __init__(self, engine):
-        self.engine, self.max_model_len = engine, engine.max_model_len
+        super().__init__(engine)
         self.scored, self.generated = [], []
-
-    def encode(self, text, add_special_tokens):
-        return self.engine.encode(text, add_special_tokens)
-
-    def decode(self, ids):
-        return self.engine.decode(ids)
-
-    def prefix_token_id(self):
-        return self.engine.prefix_token_id()
-
-    def eos_token_id(self):
-        return self.engine.eos_token_id()
-
-    def chat_prompt(self, messages, add_generation_prompt):
-        return self.engine.chat_prompt(messages, add_generation_prompt)
 
     def score(self, requests, progress=None, *, fast=True):
         self.scored += requests
@@ -148,12 +135,6 @@ class Recording:
     def generate(self, requests, progress=None):
         self.generated += requests
         return self.engine.generate(requests, progress)
-
-    def trace(self, requests, top_k=5):
-        return self.engine.trace(requests, top_k)
-
-    def describe(self):
-        return self.engine.describe()
 
     def close(self):
         self.engine.close()
