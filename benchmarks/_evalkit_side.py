@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from evalkit.contracts import Engine, Generation, GenRequest, Scored, ScoreRequest
+from evalkit.contracts import Engine, Generation, GenRequest, Scored, ScoreRequest, TokenTrace
 
 
 @dataclass
@@ -34,9 +34,14 @@ class RecordingEngine:
     def max_model_len(self) -> int:
         return self.inner.max_model_len
 
-    @property
-    def tokenizer(self) -> Any:  # the harness reads the chat template from it
-        return getattr(self.inner, "tokenizer", None)
+    def chat_template(self) -> str | None:
+        return self.inner.chat_template()
+
+    def scoring_counts(self) -> dict[str, int]:
+        return self.inner.scoring_counts()
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
+        return self.inner.trace(requests, top_k)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.inner.encode(text, add_special_tokens)
