@@ -51,6 +51,48 @@ def default_run(tmp_path_factory):
     return cli_run(tmp_path_factory.mktemp("default") / "result")
 
 
+def samples_by_doc(run_dir, tasks) -> dict:
+    """task -> (doc_id, filter) -> the sample a run wrote, for comparing two runs document by document."""
+    from evalkit.run.results import read_samples
+
+    return {task: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, task)} for task in tasks}
+
+
 def run_dirs(folder) -> list:
     """The run folders in result/<model_name>/ (not the hidden request store)."""
     return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+# float32 against bfloat16 on 20 documents of each default task: one pair of runs serves tests/test_compare_engine.py
+# (sample-level differences, verdicts) and tests/test_locate.py (--locate), each run started as a user would.
+PAIR_LIMIT = 20
+PAIR_SETTINGS = ["gpu_memory_utilization=0.25", EAGER]  # what --locate restarts the reference engine with
+
+
+@pytest.fixture(scope="session")
+def noise_pair(engine, tmp_path_factory):
+    """The float32 default tasks twice on the session's engine, the second in a shuffled request order
+    (evalkit.compare.noise): the reference run, and the noise measured beside it."""
+    from evalkit.compare.noise import measure
+
+    cfg = compose_config([f"limit={PAIR_LIMIT}", f"output_dir={tmp_path_factory.mktemp('noise')}", *PAIR_SETTINGS])
+    return measure(cfg, lambda cfg, model_dir: Lent(engine))
+
+
+@pytest.fixture(scope="session")
+def bfloat16_run(tmp_path_factory):
+    """`python -m evalkit dtype=bfloat16` on the noise pair's documents: its run folder."""
+    return cli_run(tmp_path_factory.mktemp("bf16"), "dtype=bfloat16", *PAIR_SETTINGS, limit=PAIR_LIMIT)[1]
+
+
+@pytest.fixture(scope="session")
+def hf_runs(tmp_path_factory) -> list[tuple[subprocess.CompletedProcess, object]]:
+    """`python -m evalkit engine=hf dtype=float32` on the noise pair's documents, twice into one output folder
+    (the second reuses the first's stored answers): each completed process with its run folder."""
+    out = tmp_path_factory.mktemp("hf")
+    cmd = [sys.executable, "-m", "evalkit", "engine=hf", "dtype=float32", f"limit={PAIR_LIMIT}", f"output_dir={out}"]
+    done = []
+    for _ in range(2):
+        done.append(subprocess.run(cmd, capture_output=True, text=True, timeout=1200))
+        assert done[-1].returncode == 0, done[-1].stderr[-3000:]
+    return list(zip(done, run_dirs(out / "smollm2-135m-instruct")))

@@ -2,28 +2,16 @@
 
 * the same config twice, the second in a shuffled request order (evalkit.compare.noise) -> equivalent, exit 0;
 * float32 against bfloat16, a setting that must change outputs -> differences found at sample level.
+The runs are the session's (tests/conftest.py: noise_pair, bfloat16_run), shared with tests/test_locate.py.
 Run: pytest -m engine -s tests/test_compare_engine.py
 """
-
-import subprocess
-import sys
 
 import pytest
 
 from evalkit.compare import cli, paired, runs
-from evalkit.config import compose_config
-from evalkit.compare.noise import measure
-from evalkit.engine.lent import Lent
-from tests.conftest import EAGER, run_dirs
+from tests.conftest import PAIR_LIMIT as LIMIT
 
 pytestmark = pytest.mark.engine
-LIMIT = 20
-
-
-@pytest.fixture(scope="module")
-def noise_pair(engine, tmp_path_factory):
-    cfg = compose_config([f"limit={LIMIT}", f"output_dir={tmp_path_factory.mktemp('result')}"])
-    return measure(cfg, lambda cfg, model_dir: Lent(engine))
 
 
 def test_same_config_twice_shows_no_change(noise_pair, capsys):
@@ -57,14 +45,8 @@ def holm_rejects(p_values, alpha):
     return int(min(p_values) < alpha / len(p_values))
 
 
-def test_bfloat16_changes_are_found_at_sample_level(noise_pair, tmp_path):
-    reference = noise_pair[0]
-    out = tmp_path / "result"
-    cmd = [sys.executable, "-m", "evalkit", "dtype=bfloat16", f"limit={LIMIT}", f"output_dir={out}",
-           "gpu_memory_utilization=0.25", EAGER]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (candidate,) = run_dirs(out / "smollm2-135m-instruct")
+def test_bfloat16_changes_are_found_at_sample_level(noise_pair, bfloat16_run):
+    reference, candidate = noise_pair[0], bfloat16_run
     table, details = paired.compare_runs(runs.load_run(reference), runs.load_run(candidate))
     facts = next(d for d in details if d.task == "evalkit_facts")
     arith = next(d for d in details if d.task == "evalkit_arith")

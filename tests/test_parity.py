@@ -14,7 +14,6 @@ Run: pytest -m engine -s tests/test_parity.py
 """
 
 import json
-import shutil
 from importlib import metadata
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from evalkit.run.results import read_samples
 from evalkit.engine.lent import Lent
 from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.harness.tasks import load_tasks
+from tests.conftest import samples_by_doc
 
 pytestmark = pytest.mark.engine
 
@@ -89,10 +89,6 @@ def config(model_dir, out, overrides):
                            f"max_tokens={MAX_TOKENS}", f"tasks_dirs=[{PARITY_TASKS}]", *overrides])
 
 
-def samples_of(run_dir, tasks) -> dict:
-    return {task: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, task)} for task in tasks}
-
-
 def both_sides(engine, model_dir, out, overrides):
     """(evalkit's samples, lm-eval's samples, evalkit's requests, lm-eval's requests, evalkit's run folder,
     lm-eval's aggregated results).
@@ -119,7 +115,7 @@ def both_sides(engine, model_dir, out, overrides):
         engine.llm = recorder.llm
     scores = theirs["results"]
     theirs = {task: {(s["doc_id"], s["filter"]): s for s in samples} for task, samples in theirs["samples"].items()}
-    return samples_of(run_dir, cfg.tasks), theirs, ours_sent, theirs_sent, run_dir, scores
+    return samples_by_doc(run_dir, cfg.tasks), theirs, ours_sent, theirs_sent, run_dir, scores
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +145,7 @@ def sides(engine, embedded_model_dir, bos_model_dir, tmp_path_factory):
              "chat": both_sides(engine, embedded_model_dir, out / "chat", ["tasks=[parity_chat]", *CHAT])}
     fast = evaluate(config(embedded_model_dir, out / "fast", [f"tasks=[{','.join(PLAIN)}]"]),
                     engine_factory=lambda c, d: Lent(engine))  # evalkit's defaults: fast scoring
-    found["fast"] = (samples_of(fast, PLAIN), *found["shipped"][1:4], fast, found["shipped"][5])
+    found["fast"] = (samples_by_doc(fast, PLAIN), *found["shipped"][1:4], fast, found["shipped"][5])
     cfg = compose_config([f"vllm_path={bos_model_dir}", "gpu_memory_utilization=0.2",
                           "+engine_kwargs.enforce_eager=true"])
     bos_engine = start_vllm(cfg, bos_model_dir)

@@ -2,9 +2,10 @@
 the real CPU engine (evalkit/engine/fingerprint.py, SCHEDULING_ONLY; README "Runs that survive").
 
 A second engine with a smaller KV cache (gpu_memory_utilization, and kv_cache_memory_bytes, which evalkit.engine.tuning
-otherwise sizes alike for both), at most 4 sequences at once (max_num_seqs)
-and compiled (enforce_eager=false, as vLLM starts by default) answers the same documents as the session's
-(eager, vLLM's default max_num_seqs): identical generations, chosen answers and scores; log-likelihoods within
+otherwise sizes alike for both), at most 4 sequences at once (max_num_seqs), none of evalkit's automatic
+choices (tune=false: vLLM's own process layout) and compiled (enforce_eager=false, as vLLM starts by default)
+answers the same documents as the session's (tuned, eager, vLLM's default max_num_seqs): identical
+generations, chosen answers and scores; log-likelihoods within
 FLOAT_TOL (float32 sums in another order: measured 2.7e-05 nats at most).
 Run: pytest -m engine -s tests/test_scheduling.py
 """
@@ -12,30 +13,26 @@ Run: pytest -m engine -s tests/test_scheduling.py
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.run.results import read_samples
 from evalkit.engine.lent import Lent
 from evalkit.engine.start import start_vllm
 from evalkit.run.evaluate import evaluate
+from tests.conftest import samples_by_doc
 
 pytestmark = pytest.mark.engine
 LIMIT = 20
 FLOAT_TOL = 1e-4  # nats per choice
 
 
-def samples(run_dir, tasks):
-    return {t: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, t)} for t in tasks}
-
-
 def test_memory_batching_and_compilation_do_not_change_answers(engine, embedded_model_dir, tmp_path):
     base = [f"limit={LIMIT}", "resume=false"]
     cfg = compose_config([*base, f"output_dir={tmp_path / 'a'}"])
-    reference = samples(evaluate(cfg, engine_factory=lambda c, d: Lent(engine)), cfg.tasks)
-    other_cfg = compose_config([*base, f"output_dir={tmp_path / 'b'}", "gpu_memory_utilization=0.15", "batch_size=4",
+    reference = samples_by_doc(evaluate(cfg, engine_factory=lambda c, d: Lent(engine)), cfg.tasks)
+    other_cfg = compose_config([*base, f"output_dir={tmp_path / 'b'}", "tune=false", "gpu_memory_utilization=0.15", "batch_size=4",
                                 "+engine_kwargs.enforce_eager=false", f"+engine_kwargs.kv_cache_memory_bytes={2**29}"])
     other = start_vllm(other_cfg, embedded_model_dir)
-    other.progress = False
+    assert other.describe()["choices"] == []  # tune=false: no setting chosen for this machine
     try:
-        candidate = samples(evaluate(other_cfg, engine_factory=lambda c, d: Lent(other)), cfg.tasks)
+        candidate = samples_by_doc(evaluate(other_cfg, engine_factory=lambda c, d: Lent(other)), cfg.tasks)
     finally:
         other.close()
     drift, differ = [], []

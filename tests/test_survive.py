@@ -3,7 +3,8 @@
 * a real vLLM memory failure at start (more CPU memory asked for than is free) is backed off and recorded;
 * SIGKILL of a run part-way through a task, then the same command again: finished requests are not
   recomputed, and the samples equal those of an uninterrupted run;
-* after SIGTERM or SIGINT, no process of the run's group (engine core, workers) is left;
+* after SIGTERM (engine running) or SIGINT (try started), no process of the run's group (engine core,
+  workers) is left;
 * SIGKILL of the supervisor during engine start, generation and scoring: no engine process 10 s later (the
   time it took is printed per phase);
 * SIGTERM to the try alone (a scheduler's preemption) stops the run as "stopped": no retry, no memory failure.
@@ -109,7 +110,7 @@ def results(run_dir: Path) -> dict:
 def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
     out = tmp_path / "result"
     done = subprocess.run([sys.executable, "-m", "evalkit", "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
-                           "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.3",
+                           "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.75",
                            "oom_retry.utilization_floor=0.2", EAGER,
                            "tune=false"],  # vLLM sizes the KV cache by the utilization (evalkit would size it)
                           capture_output=True, text=True, timeout=1500)
@@ -118,17 +119,19 @@ def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
     attempts = results(run_dir)["evalkit"]["attempts"]
     print("\ntries:", [(a["settings"]["gpu_memory_utilization"], a["status"], a["seconds"]) for a in attempts])
     assert attempts[0]["status"] == "memory" and "less than desired CPU memory utilization" in attempts[0]["error"]
-    assert attempts[-1]["status"] == "ok" and len(attempts) >= 2
-    assert [a["settings"]["gpu_memory_utilization"] for a in attempts] == [0.99, 0.69, 0.39][:len(attempts)]
+    assert attempts[-1]["status"] == "ok"
+    assert [a["settings"]["gpu_memory_utilization"] for a in attempts] == [0.99, 0.24]  # a small cache starts fast
     assert f"succeeded on try {len(attempts)}" in done.stderr
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signals_leave_no_engine_process(tmp_path, sig, code):
+# SIGTERM and SIGINT share the supervisor's handler (evalkit/run/supervise.py): SIGTERM once the engine runs,
+# SIGINT (Ctrl-C) as soon as the try has started, before its engine (the same path, one engine start fewer)
+@pytest.mark.parametrize("sig, code, engine_up", [(signal.SIGTERM, 143, True), (signal.SIGINT, 130, False)])
+def test_signals_leave_no_engine_process(tmp_path, sig, code, engine_up):
     run = start("limit=3", f"output_dir={tmp_path / 'result'}", "gpu_memory_utilization=0.25", log=tmp_path / "log")
     session = attempt_session(run)
     deadline = time.time() + 120
-    while not engine_running(session):
+    while engine_up and not engine_running(session):
         assert time.time() < deadline, "the engine never started"
         time.sleep(0.2)
     run.send_signal(sig)

