@@ -13,7 +13,7 @@ import pytest
 from evalkit.compare import cli, paired, runs
 from evalkit.config import compose_config
 from evalkit.compare.noise import measure
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine

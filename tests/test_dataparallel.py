@@ -257,7 +257,7 @@ def test_sampled_draws_depend_on_the_seed_alone(pool, engine, tmp_path):
     gives the same draws in this process's engine (vLLM in-process, as the default run starts it, where
     lm-eval's torch.manual_seed once reset the generator vLLM samples from), in an engine process of its own
     (the session's) and across two data-parallel actors; another seed gives other draws."""
-    from evalkit.engine.lent import Lent
+    from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
 
     args = ["limit=5", "tasks=[parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]", "resume=false"]

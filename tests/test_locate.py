@@ -24,7 +24,7 @@ from evalkit.compare import runs as on_disk
 from evalkit.config import compose_config
 from evalkit.contracts import TokenTrace
 from evalkit.harness.lm import EvalkitLM
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 from evalkit.run.evaluate import evaluate
 from tests.conftest import EAGER, cli_run
 from tests.fake_engine import FakeEngine

@@ -13,7 +13,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 from evalkit.engine.start import start_vllm
 from evalkit.run.evaluate import evaluate
 
