@@ -9,10 +9,11 @@ the naive way (one ``llm.generate`` call, ``prompt_logprobs=1``, no prefix-cache
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
-from evalkit.contracts import Engine, Generation, GenRequest, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest
+from evalkit.engine.wrapper import Wrapped
 
 
 @dataclass
@@ -23,58 +24,26 @@ class Call:
     seconds: float
 
 
-@dataclass
-class RecordingEngine:
-    """The Engine protocol around another engine: records generate/score calls, forwards the rest unchanged."""
+class RecordingEngine(Wrapped):
+    """The Engine protocol around another engine: records generate/score calls, passes the rest through
+    (Wrapped), close() included."""
 
-    inner: Engine
-    calls: list[Call] = field(default_factory=list)
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.calls: list[Call] = []
 
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
+        return self._timed("generate", requests, lambda: self.engine.generate(requests, progress))
 
-    def chat_template(self) -> str | None:
-        return self.inner.chat_template()
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+              fast: bool = True) -> list[Scored]:
+        return self._timed("score", requests, lambda: self.engine.score(requests, progress, fast=fast))
 
-    def scoring_counts(self) -> dict[str, int]:
-        return self.inner.scoring_counts()
-
-    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
-        return self.inner.trace(requests, top_k)
-
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self.inner.encode(text, add_special_tokens)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.inner.decode(ids)
-
-    def prefix_token_id(self) -> int:
-        return self.inner.prefix_token_id()
-
-    def eos_token_id(self) -> int:
-        return self.inner.eos_token_id()
-
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.inner.chat_prompt(messages, add_generation_prompt)
-
-    def generate(self, requests: Sequence[GenRequest], progress: Any = None, **kwargs: Any) -> list[Generation]:
-        return self._timed("generate", self.inner.generate, requests, {"progress": progress, **kwargs})
-
-    def score(self, requests: Sequence[ScoreRequest], progress: Any = None, **kwargs: Any) -> list[Scored]:
-        return self._timed("score", self.inner.score, requests, {"progress": progress, **kwargs})
-
-    def _timed(self, kind: str, method: Any, requests: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    def _timed(self, kind: str, requests: Sequence[Any], call: Callable[[], list[Any]]) -> list[Any]:
         started = time.perf_counter()
-        answers = method(requests, **kwargs)
+        answers = call()
         self.calls.append(Call(kind, list(requests), list(answers), time.perf_counter() - started))
         return answers
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        self.inner.close()
 
     def take(self, kind: str) -> tuple[list[Any], list[Any], float, int]:
         """(requests, answers, seconds, calls) of one kind recorded since the last take; forgets them."""

@@ -92,7 +92,9 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
                  out: Path) -> tuple[dict[str, dict[str, TaskResult]], dict[str, Any]]:
     """evalkit and the raw floor on one engine: per task {"evalkit": ..., "floor": ...}, and run facts."""
     from evalkit.config import compose_config
-    from evalkit.run.evaluate import Lent, evaluate, start_vllm
+    from evalkit.engine.start import start_vllm
+    from evalkit.engine.wrapper import Lent
+    from evalkit.run.evaluate import evaluate
 
     base = [f"vllm_path={model_dir}", f"output_dir={out}", *IN_PROCESS, *overrides,
             *([f"limit={limit}"] if limit else [])]

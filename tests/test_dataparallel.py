@@ -227,7 +227,7 @@ def test_a_killed_actor_is_replaced_and_its_shard_sent_again(pool, engine):
 def test_a_data_parallel_run_gives_the_samples_and_scores_of_one_engine(pool, tmp_path, default_run):
     """The default run's documents through the pool (the pool the CLI starts for data_parallel_size=2,
     evalkit/engine/factory.py): the same results and samples as the one engine of the default run."""
-    from evalkit.engine.lent import Lent
+    from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
 
     cfg = compose_config(["limit=12", "resume=false", "data_parallel_size=2", "cluster.num_cpus=2",
@@ -262,7 +262,7 @@ def test_sampled_draws_depend_on_the_seed_alone(pool, engine, tmp_path):
     gives the same draws in this process's engine (vLLM in-process, as the default run starts it, where
     lm-eval's torch.manual_seed once reset the generator vLLM samples from), in an engine process of its own
     (the session's) and across two data-parallel actors; another seed gives other draws."""
-    from evalkit.engine.lent import Lent
+    from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
 
     args = ["limit=5", "tasks=[parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]", "resume=false"]

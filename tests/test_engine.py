@@ -13,7 +13,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 from evalkit.harness.budget import PromptTooLong
 from evalkit.harness.lm import EvalkitLM
 from evalkit.run.evaluate import evaluate

@@ -18,7 +18,7 @@ import pytest
 from evalkit.config import TASKS_DIR, compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.factory import start_engines
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Wrapped
 from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.run.results import read_samples
 
@@ -43,9 +43,9 @@ def hf(embedded_model_dir):
     engine.close()
 
 
-class Recording(Lent):
-    """An engine whose score and generate requests are written down; everything else passes through (Lent),
-    and closing it closes the engine."""
+class Recording(Wrapped):
+    """An engine whose score and generate requests are written down; everything else passes through
+    (Wrapped), and closing it closes the engine."""
 
     def __init__(self, engine):
         super().__init__(engine)
@@ -58,9 +58,6 @@ class Recording(Lent):
     def generate(self, requests, progress=None):
         self.generated += requests
         return self.engine.generate(requests, progress)
-
-    def close(self):
-        self.engine.close()
 
 
 def lm_eval_hf(model_dir, batch_size):

@@ -21,7 +21,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.harness.tasks import load_tasks
 from tests.conftest import samples_by_doc

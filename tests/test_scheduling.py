@@ -13,7 +13,7 @@ Run: pytest -m engine -s tests/test_scheduling.py
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 from evalkit.engine.start import start_vllm
 from evalkit.run.evaluate import evaluate
 from tests.conftest import samples_by_doc

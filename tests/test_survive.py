@@ -24,7 +24,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.engine.lent import Lent
+from evalkit.engine.wrapper import Lent
 from evalkit.run.evaluate import evaluate
 from tests.conftest import EAGER, run_dirs
 

@@ -32,7 +32,7 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
 def main(argv: list[str] | None = None) -> int:
     from evalkit.compare import cli
     from evalkit.engine.factory import start_engines
-    from evalkit.engine.lent import Lent
+    from evalkit.engine.wrapper import Lent
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     engines = []

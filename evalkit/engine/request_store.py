@@ -22,8 +22,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest
 from evalkit.engine.fingerprint import sha256
+from evalkit.engine.wrapper import Wrapped
 
 
 class RequestStore:
@@ -59,13 +60,14 @@ class RequestStore:
         self.origins.update((k, by) for k, _ in items)
 
 
-class ResumableEngine:
+class ResumableEngine(Wrapped):
     """An Engine that answers from the store where it can and sends the rest in chunks, saving each. generate
-    and score go through the store; everything else goes to the engine unchanged (a trace is not stored: it
-    is computed afresh for each comparison, evalkit/compare/locate.py)."""
+    and score go through the store; every other member, close() included, goes to the engine unchanged
+    (Wrapped). A trace is not stored: it is computed afresh for each comparison (evalkit/compare/locate.py).
+    scoring_counts() are the engine's: answers read from the store took no scoring path."""
 
     def __init__(self, engine: Engine, store: RequestStore, chunk_size: int, settings: Any = None) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self.store = store
         self.chunk_size = chunk_size
         self.settings = settings  # this try's memory settings, recorded with each answer it computes
@@ -112,46 +114,10 @@ class ResumableEngine:
                 "other_settings": any(o["settings"] != self.settings for o in origins)}
 
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
-        return self._run(requests, self._engine.generate,
+        return self._run(requests, self.engine.generate,
                          lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}), progress)
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
               fast: bool = True) -> list[Scored]:
-        return self._run(requests, functools.partial(self._engine.score, fast=fast), lambda a: Scored(**a), progress,
+        return self._run(requests, functools.partial(self.engine.score, fast=fast), lambda a: Scored(**a), progress,
                          path={"fast": fast})
-
-    def close(self) -> None:
-        self._engine.close()
-
-    # --- the rest of the Engine contract, unchanged ---
-    @property
-    def max_model_len(self) -> int:
-        return self._engine.max_model_len
-
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._engine.encode(text, add_special_tokens)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._engine.decode(ids)
-
-    def prefix_token_id(self) -> int:
-        return self._engine.prefix_token_id()
-
-    def eos_token_id(self) -> int:
-        return self._engine.eos_token_id()
-
-    def chat_template(self) -> str | None:
-        return self._engine.chat_template()
-
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self._engine.chat_prompt(messages, add_generation_prompt)
-
-    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
-        return self._engine.trace(requests, top_k)
-
-    def scoring_counts(self) -> dict[str, int]:
-        """The engine's: answers read from the store took no scoring path."""
-        return self._engine.scoring_counts()
-
-    def describe(self) -> dict[str, Any]:
-        return self._engine.describe()

@@ -1,4 +1,11 @@
-"""An engine lent to runs: one engine serves several runs (a noise measurement, a test session)."""
+"""Engines around an engine: the explicit pass-through every wrapper builds on, and an engine lent to runs.
+
+A wrapper (the request store, a lent engine, the benchmark's recorder) changes one or two members of the
+Engine contract and passes the rest through. :class:`Wrapped` writes that pass-through out once, member by
+member (STYLE rule 11: no ``__getattr__``), and a wrapper overrides only what it changes.
+tests/test_contracts.py checks that Wrapped defines every member of the contract, so a new one cannot be
+forgotten here and silently missing from every wrapper.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,8 @@ from typing import Any, Sequence
 from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 
 
-class Lent:
-    """An engine lent to one run: every call goes to the engine, but the run's close() leaves it running for
-    the next run. Scoring counts are the engine's, so a run records the difference over its own calls."""
+class Wrapped:
+    """The Engine contract around ``self.engine``: every member goes to the engine unchanged."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -51,6 +57,15 @@ class Lent:
 
     def describe(self) -> dict[str, Any]:
         return self.engine.describe()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class Lent(Wrapped):
+    """An engine lent to one run (a noise measurement, a test session): every call goes to the engine, but the
+    run's close() leaves it running for the next run. Scoring counts are the engine's, so a run records the
+    difference over its own calls."""
 
     def close(self) -> None:
         pass  # the lender closes it
