@@ -14,11 +14,12 @@ from evalkit.engine.dataparallel import DataParallelEngine
 from evalkit.engine.hf_engine import HFEngine
 from evalkit.engine.lent import Lent
 from evalkit.engine.request_store import RequestStore, ResumableEngine
+from evalkit.engine.served import ServedEngine
 from evalkit.engine.vllm_engine import VLLMEngine
 from tests.fake_engine import FakeEngine
 
 METHODS = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
-CLASSES = [VLLMEngine, HFEngine, DataParallelEngine, ResumableEngine, Lent, FakeEngine]
+CLASSES = [VLLMEngine, HFEngine, ServedEngine, DataParallelEngine, ResumableEngine, Lent, FakeEngine]
 
 
 def test_the_contract_names_trace_and_the_scoring_counts():
