@@ -217,6 +217,7 @@ class ServedEngine(TokenizerSide):
                                 "max_model_len": self.max_model_len, "max_concurrency": client.max_concurrency,
                                 "timeout": client.timeout, "retries": client.retries,
                                 "started_by_evalkit": self.server is not None},
+                "server_log": str(self.server.log) if self.server is not None else None,
                 "deployment": dict(self.deployment), "probe": dict(self.probed), "versions": library_versions()}
 
     def close(self) -> None:
