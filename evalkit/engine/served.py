@@ -95,8 +95,9 @@ class ServedEngine(TokenizerSide):
             raise ServedError("the server tokenizes a probe text differently from the local tokenizer "
                               f"({self.tokenizer_path}): point tokenizer= at the served model's tokenizer", [])
         request = ScoreRequest(ids=ids, start=1)
-        answers = self.client.post_many("/completions", [body.prompt_logprobs_body(ids, self.model, salt())
-                                                         for _ in range(2)])
+        # one after the other: the second could read the first's cache, were the salt ignored
+        answers = [self.client.post_many("/completions", [body.prompt_logprobs_body(ids, self.model, salt())])[0]
+                   for _ in range(2)]
         try:
             for answer in answers:
                 if isinstance(answer, Failure):

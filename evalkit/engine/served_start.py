@@ -83,18 +83,21 @@ class Server:
                 self.process.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the guard gone, its group may not be
-        except ProcessLookupError:
-            pass
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:  # the guard gone, the rest of its group may still be dying
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.exists() else []
-                raise ServerStartError(f"the vLLM server exited with status {self.process.returncode} before it "
-                                       f"was ready; its log {self.log} ends: {' '.join(tail)[:300]}")
+                raise ServerStartError(f"the vLLM server exited before it was ready; its log {self.log} ends: "
+                                       f"{' '.join(tail)[:300]}")
             try:
                 with urllib.request.urlopen(self.url[:-3] + "/health", timeout=5) as answer:
                     if answer.status == 200:
@@ -127,26 +130,23 @@ def start_server(cfg: EvalConfig, model_dir: str, log: Path | None = None) -> Se
 
 
 def guard(command: list[str]) -> int:
-    """Run command in this process group; when the parent dies or a signal comes, end the whole group."""
-    child: subprocess.Popen | None = None
-
+    """Run command in this process group; when it ends, or the parent dies, or a signal comes, end the group:
+    SIGTERM first, SIGKILL 10 s later (or as soon as the server has exited)."""
     def end(signum: int, frame: Any) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # the group's signal reaches this guard too
+            signal.signal(sig, signal.SIG_IGN)  # the group's SIGTERM reaches this guard too
+        signal.signal(signal.SIGALRM, lambda *_: os.killpg(0, signal.SIGKILL))
+        signal.alarm(10)
         os.killpg(0, signal.SIGTERM)
-        try:
-            if child is not None:
-                child.wait(timeout=10)
-        finally:
-            os.killpg(0, signal.SIGKILL)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, end)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() == 1:
         return 1  # evalkit was already gone
-    child = subprocess.Popen(command)
-    return child.wait()
+    subprocess.Popen(command).wait()
+    os.killpg(0, signal.SIGKILL)  # vLLM's engine core and workers, if the server left them (this guard too)
+    return 0
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["GUARD"]:
