@@ -26,7 +26,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit"))
 
 OVERFLOW_POLICIES = ("fail", "truncate_left")
-ENGINES = ("vllm", "hf")
+ENGINES = ("vllm", "hf", "served")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 
 
@@ -68,6 +68,19 @@ class Cluster:
 
 
 @dataclass
+class Endpoint:
+    """engine=served: a running OpenAI-compatible vLLM server (evalkit/engine/served.py, docs/served.md)."""
+
+    url: Optional[str] = None  # base URL with /v1, e.g. http://127.0.0.1:8000/v1 (null with serve=true)
+    model: Optional[str] = None  # the served model name; null: the only one /v1/models lists
+    api_key_env: Optional[str] = None  # NAME of the environment variable holding the API key (never the key)
+    max_concurrency: int = 16  # requests in flight at once
+    timeout: float = 600.0  # seconds per request, from when it is sent (not while it waits here)
+    retries: int = 3  # more tries of a request after a connection error, a timeout, 408, 429 or 5xx
+    serve: bool = False  # evalkit starts the server itself from vllm_path, dtype, max_model_len, engine_kwargs
+
+
+@dataclass
 class EvalConfig:
     # --- the model (a preset from conf/model/ fills these) ---
     model_name: str = MISSING  # names the folder under result/
@@ -81,7 +94,8 @@ class EvalConfig:
     add_bos_token: Optional[bool] = None  # null: the tokenizer's default, as lm-eval (BOS for Llama); true/false forces
 
     # --- the engine ---
-    engine: str = "vllm"  # "vllm", or "hf": HF transformers as a reference (evalkit/engine/hf_engine.py)
+    engine: str = "vllm"  # "vllm"; "hf": HF transformers as a reference (evalkit/engine/hf_engine.py); "served": a server
+    endpoint: Endpoint = field(default_factory=Endpoint)  # engine=served: the server and how to talk to it
     max_model_len: int = 4096  # context window the engine is started with
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
@@ -205,6 +219,8 @@ def validate(cfg: EvalConfig) -> None:
         raise ConfigError(f"engine={cfg.engine!r} is not one of {', '.join(ENGINES)}")
     if cfg.engine == "hf" and cfg.data_parallel_size > 1:
         raise ConfigError("data_parallel_size>1 runs vLLM engines on Ray; the hf engine runs alone: pass data_parallel_size=1")
+    if cfg.engine == "served":
+        check_endpoint(cfg)
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"dtype={cfg.dtype!r} is not one of {', '.join(DTYPES)}")
     if cfg.overflow not in OVERFLOW_POLICIES:
@@ -237,3 +253,23 @@ def validate(cfg: EvalConfig) -> None:
         raise ConfigError("tasks is empty: pass tasks=[name,...]")
     if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith("."):
         raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")
+
+
+def check_endpoint(cfg: EvalConfig) -> None:
+    """engine=served: the endpoint keys, one ConfigError each."""
+    end = cfg.endpoint
+    if not end.url and not end.serve:
+        raise ConfigError("engine=served needs endpoint.url=http://HOST:PORT/v1 (or endpoint.serve=true to start one)")
+    if end.url and end.serve:
+        raise ConfigError("endpoint.serve=true starts its own server: leave endpoint.url unset")
+    if end.url and not end.url.startswith(("http://", "https://")):
+        raise ConfigError(f"endpoint.url={end.url!r} must start with http:// or https://")
+    if cfg.data_parallel_size > 1:
+        raise ConfigError("engine=served sends to one server, which scales itself: pass data_parallel_size=1")
+    if end.api_key_env and end.api_key_env not in os.environ:
+        raise ConfigError(f"endpoint.api_key_env={end.api_key_env} names an environment variable that is not set")
+    for name, value in (("max_concurrency", end.max_concurrency), ("timeout", end.timeout)):
+        if value <= 0:
+            raise ConfigError(f"endpoint.{name}={value} must be more than 0")
+    if end.retries < 0:
+        raise ConfigError(f"endpoint.retries={end.retries} must be 0 or more")

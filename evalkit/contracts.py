@@ -60,6 +60,16 @@ class TokenTrace:
     top: tuple[tuple[tuple[int, float], ...], ...]
 
 
+class PartialAnswers(RuntimeError):
+    """An engine call that answered some of its requests and not others (a server that refused a few):
+    ``answers`` holds each finished answer in request order, None where it failed, so a wrapper that keeps
+    answers (engine/request_store.py) saves them before the error propagates and a rerun sends only the rest."""
+
+    def __init__(self, message: str, answers: list[Any]) -> None:
+        super().__init__(message)
+        self.answers = answers
+
+
 @runtime_checkable
 class Progress(Protocol):
     """Where an engine reports finished requests (evalkit/run/progress.py prints them as one line per kind)."""

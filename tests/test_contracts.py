@@ -13,6 +13,7 @@ from evalkit.contracts import Engine, ScoreRequest
 from evalkit.engine.dataparallel import DataParallelEngine
 from evalkit.engine.hf_engine import HFEngine
 from evalkit.engine.request_store import RequestStore, ResumableEngine
+from evalkit.engine.served import ServedEngine
 from evalkit.engine.vllm_engine import VLLMEngine
 from evalkit.engine.wrapper import Lent, Wrapped
 from benchmarks._evalkit_side import RecordingEngine
@@ -21,7 +22,7 @@ from tests.fake_engine import FakeEngine
 METHODS = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
 MEMBERS = [*Engine.__annotations__, *METHODS]  # the attributes (max_model_len) and the methods
 WRAPPERS = [Wrapped, Lent, ResumableEngine, RecordingEngine]
-CLASSES = [VLLMEngine, HFEngine, DataParallelEngine, FakeEngine, *WRAPPERS]
+CLASSES = [VLLMEngine, HFEngine, ServedEngine, DataParallelEngine, FakeEngine, *WRAPPERS]
 
 
 def test_the_contract_names_trace_and_the_scoring_counts():

@@ -12,7 +12,10 @@ from evalkit.engine.start import start_vllm
 def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
     """The engine of a run's try: one vLLM engine in this process, the only one it holds, or
     data_parallel_size of them in Ray actors (evalkit/engine/dataparallel.py); with engine=hf, the HF
-    transformers reference engine (evalkit/engine/hf_engine.py)."""
+    transformers reference engine (evalkit/engine/hf_engine.py); with engine=served, a running server
+    (evalkit/engine/served.py), or one evalkit starts (endpoint.serve=true)."""
+    if cfg.engine == "served":
+        return start_served(cfg, model_dir)
     if cfg.engine == "hf":
         from evalkit.engine.hf_engine import HFEngine, check_settings
 
@@ -30,3 +33,33 @@ def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
 
         return DataParallelEngine(cfg, model_dir)
     return start_vllm(cfg, model_dir, sole_engine=True)
+
+
+def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
+    """The served engine of cfg: prompts built with the local tokenizer (tokenizer, else the weights folder),
+    sent to endpoint.url, or to a server started here from the same keys as offline (endpoint.serve=true)."""
+    import os
+
+    from evalkit.engine.served import ServedEngine
+    from evalkit.engine.served_http import Client
+
+    end = cfg.endpoint
+    server = None
+    if end.serve:
+        from evalkit.engine.served_start import start_server
+
+        server = start_server(cfg, model_dir)
+    url = server.url if server else end.url
+    client = Client(url, api_key=os.environ.get(end.api_key_env) if end.api_key_env else None,
+                    max_concurrency=end.max_concurrency, timeout=end.timeout, retries=end.retries)
+    try:
+        engine = ServedEngine(client=client, model=end.model, tokenizer=cfg.tokenizer or model_dir,
+                              trust_remote_code=cfg.trust_remote_code, add_bos_token=cfg.add_bos_token,
+                              max_model_len=cfg.max_model_len, server=server)
+    except BaseException:
+        if server:
+            server.stop()
+        raise
+    print(f"evalkit: engine=served: {engine.url()} serving {engine.model} (vLLM {engine.deployment['version']}, "
+          f"max_model_len {engine.deployment['max_model_len']}); probe {engine.probed}", file=sys.stderr, flush=True)
+    return engine

@@ -141,7 +141,11 @@ def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
     model runner and kernel-selecting environment, library versions, the hardware that picks kernels, and
     evalkit's own request-building and answer-reading code.
 
-    description is Engine.describe(): engine_args, model_runner, environment, versions, hardware."""
+    description is Engine.describe(): engine_args, model_runner, environment, versions, hardware. A served
+    engine's (engine=served) is keyed on its deployment instead: the server's model root, max_model_len and
+    vLLM version, with the local tokenizer that builds its prompts, never local weights the server may not share."""
+    if "deployment" in description:
+        return served_fingerprint(model_dir, description)
     engine_args = description.get("engine_args", {})
     settings = {k: v for k, v in engine_args.items() if k not in SCHEDULING_ONLY and k not in ("model", "tokenizer")}
     tokenizer = engine_args.get("tokenizer")
@@ -154,3 +158,20 @@ def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
                    "settings": settings, "model_runner": description.get("model_runner"),
                    "environment": environment, "versions": description.get("versions"),
                    "hardware": {k: hardware.get(k) for k in HARDWARE_KEYS}, "code": code_signature()})
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+
+
+def served_fingerprint(model_dir: str, description: dict[str, Any]) -> str:
+    """The store of a served run: the deployment (a different server behind the same URL starts a new store),
+    the local tokenizer files, the client's versions and evalkit's answer code. The URL, concurrency and
+    timeouts only decide how answers travel."""
+    engine_args = description.get("engine_args", {})
+    tokenizer = engine_args.get("tokenizer") or model_dir
+    root = Path(tokenizer)
+    files = ({str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*"))
+              if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES)}
+             if root.is_dir() else model_files(tokenizer, engine_args.get("tokenizer_revision")))
+    return sha256({"engine": "served", "deployment": description["deployment"], "tokenizer": files,
+                   "versions": description.get("versions"), "code": code_signature()})

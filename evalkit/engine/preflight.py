@@ -81,6 +81,9 @@ def check_model(cfg: EvalConfig, model_dir: str) -> None:
 def check_devices(cfg: EvalConfig) -> None:
     from evalkit.engine.environment import accelerators  # torch is imported lazily, there
 
+    if cfg.engine == "served" and not cfg.endpoint.serve:
+        return  # the devices are the server's
+
     if (cfg.data_parallel_size > 1 or cfg.distributed_executor_backend == "ray") and not importlib.util.find_spec("ray"):
         raise ConfigError("data_parallel_size>1 and distributed_executor_backend=ray run on Ray, which is not "
                           "installed: pip install 'evalkit[ray]'")

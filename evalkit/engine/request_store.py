@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest
+from evalkit.contracts import Engine, Generation, GenRequest, PartialAnswers, Progress, Scored, ScoreRequest
 from evalkit.engine.fingerprint import sha256
 from evalkit.engine.wrapper import Wrapped
 
@@ -101,7 +101,13 @@ class ResumableEngine(Wrapped):
                                  for k in keys if k in self.store.answers)
         for start in range(0, len(missing), self.chunk_size):
             chunk = missing[start:start + self.chunk_size]
-            answers = call([requests[i] for i in chunk], progress)
+            try:
+                answers = call([requests[i] for i in chunk], progress)
+            except PartialAnswers as partial:  # keep what was answered, then fail: a rerun sends only the rest
+                kept = [(keys[i], asdict(a)) for i, a in zip(chunk, partial.answers) if a is not None]
+                self.store.add(kept, by=self.settings)
+                self.computed += len(kept)
+                raise
             self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
             self.computed += len(chunk)
         return [load(self.store.answers[k]) for k in keys]

@@ -160,6 +160,9 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
                                           "seconds": timings["total"]}],
         "resume": engine.record() if cfg.resume else None,
     }
-    return results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
-                             results=outcome, records=lm.records,
-                             config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)), evalkit=section)
+    run_dir = results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
+                                results=outcome, records=lm.records,
+                                config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)), evalkit=section)
+    if description.get("server_log") and Path(description["server_log"]).is_file():  # endpoint.serve=true
+        results.attach_log(run_dir, Path(description["server_log"]), "server.log")
+    return run_dir
