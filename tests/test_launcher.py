@@ -93,7 +93,9 @@ def test_points_lines_reach_the_terminal(five):
     for num in range(5):
         assert re.search(rf"^\(point {num} pid=\d+\) evalkit: point {num} holds devices \d,\d$", done.stderr, re.M)
     assert "evalkit: sweep: 5 points on Ray at " in done.stderr
-    assert re.search(r"^evalkit: sweep 1/5 points done, [34] running", done.stderr, re.M), done.stderr
+    # progress while points still run; which counts show depends on how the 5 s points finish together
+    progress = re.findall(r"^evalkit: sweep ([1-4])/5 points done, ([1-4]) running", done.stderr, re.M)
+    assert progress and all(int(n) + int(r) <= 5 for n, r in progress), done.stderr
     assert "\x1b[" not in done.stderr  # no colour codes off a terminal
     assert "repeated" not in done.stderr  # Ray folds lines alike but for numbers; every point's must show
 
