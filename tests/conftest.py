@@ -45,10 +45,17 @@ def cli_run(out, *args, env=None, limit: int = 12) -> tuple[subprocess.Completed
     return done, run_dir
 
 
+PARITY_TASKS = os.path.join(os.path.dirname(__file__), "parity_tasks")
+# the default tasks and a sampled one (tests/parity_tasks/parity_sampling.yaml: 5 documents x 4 draws at
+# temperature 0.8), whose draws must depend on the seed alone (tests/test_dataparallel.py)
+DEFAULT_RUN_TASKS = ["tasks=[evalkit_arith,evalkit_facts,parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]"]
+
+
 @pytest.fixture(scope="session")
 def default_run(tmp_path_factory):
-    """The README's main command on 12 documents per task, as a user runs it (settings chosen, fast scoring)."""
-    return cli_run(tmp_path_factory.mktemp("default") / "result")
+    """The README's main command on 12 documents per task, as a user runs it (settings chosen, fast scoring,
+    the engine in evalkit's own process), with a sampled task beside the default ones: one engine start."""
+    return cli_run(tmp_path_factory.mktemp("default") / "result", *DEFAULT_RUN_TASKS)
 
 
 def samples_by_doc(run_dir, tasks) -> dict:

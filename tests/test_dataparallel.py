@@ -8,11 +8,10 @@ and the default run's documents go through them).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
@@ -23,7 +22,7 @@ from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.pool_plan import actor_resources, core_share, replacement_settings, shard
 from evalkit.engine.start import parallel_kwargs
 from evalkit.run.results import read_samples
-from tests.conftest import EAGER, run_dirs
+from tests.conftest import DEFAULT_RUN_TASKS, EAGER, PARITY_TASKS
 
 
 # --- pure parts ---
@@ -182,8 +181,14 @@ def requests_for(engine):
 def pool(embedded_model_dir):
     from evalkit.engine.dataparallel import DataParallelEngine
 
+    import torch
+
+    libgomp = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)  # each actor binds its own core
+        # as vLLM's CPU guide has users set it (and an engine started in this process leaves it): OpenMP loads
+        # at the actors' start and sizes its team from every core unless the actor resizes it to its share
+        patch.setenv("LD_PRELOAD", ":".join(libgomp))
         engine = DataParallelEngine(compose_config(["data_parallel_size=2", "cluster.num_cpus=2", EAGER]),
                                     embedded_model_dir)
     yield engine
@@ -203,6 +208,8 @@ def test_two_actors_answer_as_one_engine_whatever_the_shards(pool, engine):
     bindings = [{c["setting"]: c["value"] for c in a["choices"]}["env.VLLM_CPU_OMP_THREADS_BIND"]
                 for a in pool.describe()["data_parallel"]["actors"]]
     assert sorted(bindings) == ["0", "1"]
+    assert [(a["cores"], a["threads"]) for a in pool.describe()["data_parallel"]["actors"]] in \
+        ([([0], 1), ([1], 1)], [([1], 1), ([0], 1)])  # one thread per core of its share, not one per node's core
 
 
 @pytest.mark.engine
@@ -223,21 +230,29 @@ def test_a_killed_actor_is_replaced_and_its_shard_sent_again(pool, engine):
     assert after["replaced"] == 1 and victim not in [a["pid"] for a in after["actors"]]
 
 
+def draws(run_dir) -> dict:
+    """(doc, repeat) -> text of every sampled draw of parity_sampling (5 documents x 4 repeats, temperature 0.8)."""
+    return {(s["doc_id"], i): text for s in read_samples(run_dir, "parity_sampling")
+            for i, text in enumerate(s["resps"][0])}
+
+
 @pytest.mark.engine
 def test_a_data_parallel_run_gives_the_samples_and_scores_of_one_engine(pool, tmp_path, default_run):
     """The default run's documents through the pool (the pool the CLI starts for data_parallel_size=2,
-    evalkit/engine/factory.py): the same results and samples as the one engine of the default run."""
+    evalkit/engine/factory.py): the same results and samples as the one engine of the default run, sampled
+    draws included (each request's seed is derived from `seed`, the request and its draw number)."""
     from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
 
     cfg = compose_config(["limit=12", "resume=false", "data_parallel_size=2", "cluster.num_cpus=2",
-                          f"output_dir={tmp_path}"])
+                          f"output_dir={tmp_path}", *DEFAULT_RUN_TASKS])
     run_dir = evaluate(cfg, engine_factory=lambda c, d: Lent(pool))
     _, one_dir = default_run
     dp, one = (json.loads((d / "results.json").read_text()) for d in (run_dir, one_dir))
     assert dp["results"] == one["results"]
     assert [s["resps"] for s in read_samples(run_dir, "evalkit_arith")] == \
         [s["resps"] for s in read_samples(one_dir, "evalkit_arith")]
+    assert draws(run_dir) == draws(one_dir) and len(draws(one_dir)) == 20
     pairs = [(a[0], b[0]) for x, y in zip(read_samples(run_dir, "evalkit_facts"), read_samples(one_dir, "evalkit_facts"))
              for a, b in zip(x["resps"], y["resps"])]
     assert len(pairs) == 48 and all(a[1] == b[1] for a, b in pairs)
@@ -247,37 +262,23 @@ def test_a_data_parallel_run_gives_the_samples_and_scores_of_one_engine(pool, tm
     assert len(dp["evalkit"]["engine"]["data_parallel"]["actors"]) == 2
 
 
-PARITY_TASKS = os.path.join(os.path.dirname(__file__), "parity_tasks")
-
-
-def draws(run_dir) -> dict:
-    """(doc, repeat) -> text of every sampled draw of parity_sampling (5 documents x 4 repeats, temperature 0.8)."""
-    return {(s["doc_id"], i): text for s in read_samples(run_dir, "parity_sampling")
-            for i, text in enumerate(s["resps"][0])}
-
-
 @pytest.mark.engine
-def test_sampled_draws_depend_on_the_seed_alone(pool, engine, tmp_path):
-    """Each sampled request carries a seed derived from `seed`, the request and its draw number: the same seed
-    gives the same draws in this process's engine (vLLM in-process, as the default run starts it, where
-    lm-eval's torch.manual_seed once reset the generator vLLM samples from), in an engine process of its own
-    (the session's) and across two data-parallel actors; another seed gives other draws."""
+def test_sampled_draws_depend_on_the_seed_alone(engine, tmp_path, default_run):
+    """The same seed gives the same draws in this process's engine (the default run: vLLM in evalkit's own
+    process, where lm-eval's torch.manual_seed once reset the generator vLLM samples from) and in an engine
+    process of its own (the session's); another seed gives other draws. Two data-parallel actors: above."""
     from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
 
+    _, in_process = default_run
     args = ["limit=5", "tasks=[parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]", "resume=false"]
-    cmd = [sys.executable, "-m", "evalkit", *args, "seed=1", f"output_dir={tmp_path / 'cli'}",
-           "gpu_memory_utilization=0.2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (in_process,) = run_dirs(tmp_path / "cli" / "smollm2-135m-instruct")
-    runs = {name: evaluate(compose_config([*args, f"output_dir={tmp_path / name}", f"seed={seed}"]),
-                           engine_factory=lambda c, d, e=lent: Lent(e))
-            for name, seed, lent in (("own process", 1, engine), ("seed 7", 7, engine), ("two actors", 1, pool))}
+    runs = {seed: evaluate(compose_config([*args, f"output_dir={tmp_path / str(seed)}", f"seed={seed}"]),
+                           engine_factory=lambda c, d: Lent(engine))
+            for seed in (1234, 7)}  # 1234: the default run's seed (evalkit/config.py)
     reference = draws(in_process)
     assert len(reference) == 20 and len(set(reference.values())) > 10, reference
-    assert draws(runs["own process"]) == reference and draws(runs["two actors"]) == reference
-    other = draws(runs["seed 7"])
+    assert draws(runs[1234]) == reference
+    other = draws(runs[7])
     assert sum(other[k] != reference[k] for k in reference) >= 10, other
     sampling = json.loads((in_process / "results.json").read_text())["evalkit"]["sampling"]["parity_sampling"]
     assert sampling == [{"settings": {"skip_special_tokens": False, "spaces_between_special_tokens": False,

@@ -75,12 +75,23 @@ class EngineActor:
         import ray
 
         if not ray.get_gpu_ids() and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, core_share(sorted(os.sched_getaffinity(0)), slot, slots))
+            share = core_share(sorted(os.sched_getaffinity(0)), slot, slots)
+            os.sched_setaffinity(0, share)
+            # OpenMP sized its team when this process loaded it: from Ray's OMP_NUM_THREADS (one core), or,
+            # with libgomp in LD_PRELOAD (vLLM's CPU guide sets it; an engine started in the driver leaves it
+            # in the environment), from every core of the node, which oversubscribes the share (measured here:
+            # 2 threads on 1 core generated 20x slower). One thread per core of the share, before vLLM binds them.
+            import torch
+
+            torch.set_num_threads(len(share))
         if devices_per_engine(cfg) > 1 and cfg.distributed_executor_backend is None:
             # vLLM would pick its Ray executor inside a Ray actor; this engine's ranks are its own processes
             cfg = dataclasses.replace(cfg, distributed_executor_backend="mp")
         self.engine = start_vllm(cfg, model_dir, sole_engine=True)
-        return self.engine.describe()
+        import torch
+
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        return {**self.engine.describe(), "cores": cores, "threads": torch.get_num_threads()}
 
     def generate(self, requests: list[GenRequest], queue: Any) -> list[Generation]:
         progress = ReportedProgress(queue)
@@ -241,7 +252,8 @@ class DataParallelEngine(TokenizerSide):
 
     def describe(self) -> dict[str, Any]:
         """The first engine's description (every engine runs the same arguments), and where each one ran."""
-        actors = [{**place, "settings": memory_settings(settings), "choices": description.get("choices")}
+        actors = [{**place, "settings": memory_settings(settings), "choices": description.get("choices"),
+                   "cores": description.get("cores"), "threads": description.get("threads")}
                   for place, settings, description in zip(self.places, self.settings, self.descriptions)]
         return {**self.descriptions[0], "data_parallel": {"size": len(self.actors), "shards": self.shards,
                                                           "replaced": self.replaced, "actors": actors}}
