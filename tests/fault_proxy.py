@@ -1,0 +1,113 @@
+"""An HTTP proxy in a thread between evalkit and a real server, which spoils answers on the way (tests/test_served.py).
+
+Every request is forwarded to the server as it came. POSTs to ``/v1/completions`` can be spoiled: ``faults``
+is a list consumed one per such request as they arrive (None: forwarded untouched), and ``wrong_ids_for``
+names prompts whose answer always comes back with another prompt's token ids. ``dead`` (or ``die_after``
+completions answered) drops every connection unanswered, as a server killed behind a gateway. What was
+spoiled is recorded in ``spoiled``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FAULTS = ("429", "500", "hang", "drop", "cut", "wrong_ids")
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, hang_seconds: float = 8.0) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.hang_seconds = hang_seconds
+        self.faults: list[str | None] = []
+        self.wrong_ids_for: set[tuple[int, ...]] = set()
+        self.dead = False
+        self.die_after: int | None = None
+        self.answered = 0  # completions forwarded and answered whole
+        self.spoiled: list[str] = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                proxy.handle(self, None)
+
+            def do_POST(self):  # noqa: N802
+                proxy.handle(self, self.rfile.read(int(self.headers["Content-Length"])))
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _fault(self, handler: BaseHTTPRequestHandler, sent: bytes | None) -> tuple[str | None, bool]:
+        """(the fault for this request, whether its answer gets another prompt's ids)."""
+        if sent is None or not handler.path.endswith("/completions"):
+            return None, False
+        with self.lock:
+            fault = self.faults.pop(0) if self.faults else None
+        wrong = tuple(json.loads(sent)["prompt"]) in self.wrong_ids_for
+        return fault, wrong
+
+    def handle(self, handler: BaseHTTPRequestHandler, sent: bytes | None) -> None:
+        if self.die_after is not None and self.answered >= self.die_after:
+            self.dead = True
+        if self.dead:
+            handler.close_connection = True
+            return  # no answer at all: the client sees the connection closed
+        fault, wrong = self._fault(handler, sent)
+        if fault:
+            self.spoiled.append(fault)
+        if fault in ("429", "500"):
+            return self._reply(handler, int(fault), b'{"error": "spoiled by the proxy"}')
+        if fault == "drop":
+            handler.close_connection = True
+            return
+        if fault == "hang":
+            time.sleep(self.hang_seconds)  # past the client's timeout: it has given up and will try again
+            handler.close_connection = True
+            return
+        request = urllib.request.Request(self.upstream + handler.path, data=sent, method=handler.command,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as answer:
+                status, data = answer.status, answer.read()
+        except urllib.error.HTTPError as error:
+            status, data = error.code, error.read()
+        if wrong or fault == "wrong_ids":
+            if wrong:
+                self.spoiled.append("wrong_ids")
+            answer = json.loads(data)
+            answer["choices"][0]["prompt_token_ids"][-1] += 1
+            data = json.dumps(answer).encode()
+        if fault == "cut":
+            handler.send_response(status)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data[:len(data) // 2])
+            handler.close_connection = True
+            return
+        if status == 200 and sent is not None and handler.path.endswith("/completions"):
+            with self.lock:
+                self.answered += 1
+        self._reply(handler, status, data)
+
+    @staticmethod
+    def _reply(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)

@@ -1,0 +1,166 @@
+"""engine=served (evalkit/engine/served*.py) without a vLLM server: the bodies, the reads, the retries, the config,
+the store. Responses are built with vLLM's own protocol classes; retries run against a real HTTP server in a
+thread. The real server: tests/test_served.py.
+Run: pytest tests/test_served_units.py
+"""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from evalkit.config import ConfigError, compose_config, validate
+from evalkit.contracts import GenRequest, PartialAnswers, ScoreRequest
+from evalkit.engine import served_body as body
+from evalkit.engine.fingerprint import fingerprint
+from evalkit.engine.request_store import RequestStore, ResumableEngine
+from evalkit.engine.served_http import Client, Failure
+from tests.fake_engine import FakeEngine
+
+
+def test_sampling_defaults_are_vllms_and_a_server_default_cannot_leak_in():
+    from vllm import SamplingParams
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    defaults = SamplingParams()
+    assert {k: getattr(defaults, k) for k in body.SAMPLING_DEFAULTS} == body.SAMPLING_DEFAULTS
+    request = GenRequest(prompt_ids=(1, 2, 3), max_tokens=7, stop=("\n",),
+                         sampling=(("skip_special_tokens", False), ("temperature", 0.0)))
+    sent = body.generate_body(request, "m")
+    assert sent["prompt"] == [1, 2, 3] and sent["return_token_ids"] and set(body.SAMPLING_DEFAULTS) <= set(sent)
+    server_defaults = {"temperature": 0.7, "top_p": 0.5, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.3,
+                       "presence_penalty": 0.2, "frequency_penalty": 0.2}  # a generation_config's
+    served = CompletionRequest(**sent).to_sampling_params(7, server_defaults)
+    offline = SamplingParams(**dict(request.sampling), max_tokens=7, stop=["\n"])
+    for name in [*server_defaults, "seed", "stop", "skip_special_tokens", "include_stop_str_in_output", "max_tokens"]:
+        assert getattr(served, name) == getattr(offline, name), name
+    with pytest.raises(body.ServedReadError, match="detokenize have no field"):
+        body.generate_body(GenRequest(prompt_ids=(1,), max_tokens=1, sampling=(("detokenize", False),)), "m")
+
+
+def vllm_response(prompt, rows=None, token_ids=(5,), finish="length", top=None):
+    """A /v1/completions response as vLLM 0.32's server writes it, through JSON."""
+    from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionResponse,
+                                                             CompletionResponseChoice)
+    from vllm.entrypoints.serve.engine.protocol import UsageInfo
+    from vllm.logprobs import Logprob
+
+    prompt_logprobs = None if rows is None else [None] + [
+        {t: Logprob(logprob=v, rank=r, decoded_token="x") for t, (v, r) in row.items()} for row in rows]
+    logprobs = None if top is None else CompletionLogProbs(top_logprobs=[top], token_logprobs=[0.0], tokens=["t"])
+    choice = CompletionResponseChoice(index=0, text="hi", finish_reason=finish, token_ids=list(token_ids),
+                                      prompt_token_ids=list(prompt), prompt_logprobs=prompt_logprobs,
+                                      logprobs=logprobs)
+    response = CompletionResponse(model="m", choices=[choice], usage=UsageInfo(prompt_tokens=len(prompt)))
+    return json.loads(response.model_dump_json())
+
+
+def test_reads_check_themselves_on_responses_shaped_as_vllms_server_writes_them():
+    request = ScoreRequest(ids=(1, 7, 8), start=1)
+    rows = [{7: (-0.5, 1)}, {8: (-2.0, 2), 9: (-2.0, 1)}]  # a tie with the best: greedy, as offline
+    assert body.read_prompt_logprobs(request, vllm_response(request.ids, rows)).logprob == pytest.approx(-2.5)
+    assert body.read_prompt_logprobs(request, vllm_response(request.ids, rows)).is_greedy
+    lower = [{7: (-0.5, 1)}, {8: (-3.0, 4), 9: (-1.0, 1)}]
+    assert not body.read_prompt_logprobs(request, vllm_response(request.ids, lower)).is_greedy
+    for bad, message in (([{7: (-0.5, 1)}, {9: (-1.0, 1)}], "lacks the request's token 8"),
+                         ([{7: (-0.5, 1)}, {8: (float("-inf"), 9)}], "not a finite value"),
+                         ([{7: (-0.5, 1)}], "2 prompt rows for a 3-token prompt")):
+        with pytest.raises(body.ServedReadError, match=message):
+            body.read_prompt_logprobs(request, vllm_response(request.ids, bad))
+    with pytest.raises(body.ServedReadError, match="saw a 2-token prompt"):
+        body.read_prompt_logprobs(request, vllm_response((1, 7), rows[:1]))
+    gen = GenRequest(prompt_ids=(1, 2), max_tokens=1)
+    assert body.read_generation(gen, vllm_response((1, 2))).token_ids == (5,)
+    with pytest.raises(body.ServedReadError, match="finish_reason 'abort'"):
+        body.read_generation(gen, vllm_response((1, 2), finish="abort"))
+    top = {"token_id:5": -0.1, "token_id:9": -4.0}
+    assert body.read_next_token((1, 2), [9], vllm_response((1, 2), top=top)) == {5: -0.1, 9: -4.0}
+    with pytest.raises(body.ServedReadError, match="ignored return_tokens_as_token_ids"):
+        body.read_next_token((1, 2), [9], vllm_response((1, 2), top={" a": -0.1}))
+
+
+class Flaky(BaseHTTPRequestHandler):
+    """/flaky: 503 on every first try of a body, then 200; /bad: 400; /hang: answers after 5 s; /slow: counts
+    the requests in flight at once."""
+
+    seen: dict = {}
+    in_flight = [0, 0]  # now, most
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        sent = self.rfile.read(int(self.headers["Content-Length"]))
+        key = (self.path, sent)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if self.path == "/hang":
+            time.sleep(5)
+        if self.path == "/slow":
+            self.in_flight[0] += 1
+            self.in_flight[1] = max(self.in_flight)
+            time.sleep(0.05)
+            self.in_flight[0] -= 1
+        status = {"/bad": 400, "/flaky": 503 if self.seen[key] == 1 else 200}.get(self.path, 200)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"ok": true}' if status == 200 else b'{"error": "no"}')
+
+    def log_message(self, *args):
+        pass
+
+
+def test_retries_only_what_is_transient_and_bounds_the_requests_in_flight():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{server.server_port}", api_key=None, max_concurrency=3, timeout=0.5,
+                        retries=2, backoff=0.01)
+        flaky, bad, hang = [client.post_many(p, [{"n": 1}])[0] for p in ("/flaky", "/bad", "/hang")]
+        assert flaky == {"ok": True} and Flaky.seen[("/flaky", b'{"n":1}')] == 2
+        assert bad == Failure('HTTP 400: {"error": "no"}') and Flaky.seen[("/bad", b'{"n":1}')] == 1
+        assert hang == Failure("timed out after 3 tries")
+        assert client.post_many("/slow", [{"n": i} for i in range(12)]) == [{"ok": True}] * 12
+        assert Flaky.in_flight[1] == 3
+    finally:
+        server.shutdown()
+
+
+def test_bad_endpoint_settings_fail_in_one_line():
+    for overrides, message in ((["engine=served"], "needs endpoint.url"),
+                               (["engine=served", "endpoint.url=localhost:8000"], "must start with http"),
+                               (["engine=served", "endpoint.serve=true", "endpoint.url=http://h/v1"], "leave endpoint.url"),
+                               (["engine=served", "endpoint.url=http://h/v1", "endpoint.api_key_env=EVALKIT_NO_SUCH_KEY"],
+                                "is not set"),
+                               (["engine=served", "endpoint.url=http://h/v1", "endpoint.max_concurrency=0"], "more than 0")):
+        with pytest.raises(ConfigError, match=message) as error:
+            validate(compose_config(overrides))
+        assert "\n" not in str(error.value)
+
+
+class HalfAnswered(FakeEngine):
+    def score(self, requests, progress=None, *, fast=True):
+        answers = super().score(requests, progress, fast=fast)
+        raise PartialAnswers("1 of 2 requests failed", [answers[0], None])
+
+
+def test_a_failed_batch_keeps_its_finished_answers(tmp_path):
+    store = RequestStore(tmp_path / "store.jsonl")
+    requests = [ScoreRequest(ids=(1, 97, 98), start=1), ScoreRequest(ids=(1, 97, 99), start=1)]
+    with pytest.raises(PartialAnswers):
+        ResumableEngine(HalfAnswered(), store, chunk_size=8).score(requests)
+    again = ResumableEngine(FakeEngine(), RequestStore(tmp_path / "store.jsonl"), chunk_size=8)
+    again.score(requests)
+    assert (again.reused, again.computed) == (1, 1)
+
+
+def test_a_served_store_is_keyed_on_the_deployment_and_the_tokenizer_not_the_url_or_weights(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"1")
+    served = {"name": "served", "engine_args": {"url": "http://a/v1", "tokenizer": str(tmp_path)},
+              "deployment": {"model": "m", "root": "/models/m", "max_model_len": 4096, "version": "0.32.0"}}
+    first = fingerprint(str(tmp_path), served)
+    (tmp_path / "model.safetensors").write_bytes(b"2")
+    assert fingerprint(str(tmp_path), {**served, "engine_args": {**served["engine_args"], "url": "http://b/v1"}}) == first
+    assert fingerprint(str(tmp_path), {**served, "deployment": {**served["deployment"], "version": "0.33"}}) != first
+    (tmp_path / "tokenizer.json").write_text('{"a": 1}')
+    assert fingerprint(str(tmp_path), served) != first
