@@ -27,6 +27,7 @@ class FaultProxy:
         self.wrong_ids_for: set[tuple[int, ...]] = set()
         self.dead = False
         self.die_after: int | None = None
+        self.rewrite = None  # a function applied to every completions answer's JSON, as another server writes it
         self.answered = 0  # completions forwarded and answered whole
         self.spoiled: list[str] = []
         self.lock = threading.Lock()
@@ -91,6 +92,8 @@ class FaultProxy:
             answer = json.loads(data)
             answer["choices"][0]["prompt_token_ids"][-1] += 1
             data = json.dumps(answer).encode()
+        if self.rewrite is not None and status == 200 and handler.path.endswith("/completions"):
+            data = json.dumps(self.rewrite(json.loads(data))).encode()
         if fault == "cut":
             handler.send_response(status)
             handler.send_header("Content-Type", "application/json")

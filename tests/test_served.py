@@ -179,6 +179,40 @@ def test_a_server_killed_mid_run_then_back_computes_only_what_is_missing(served,
         [s["resps"] for s in read_samples(clean, "evalkit_arith")]
 
 
+def without_prompt_logprobs(answer: dict) -> dict:
+    """The answer of a server that is not vLLM: it ignores prompt_logprobs and return_token_ids."""
+    for choice in answer["choices"]:
+        for key in ("prompt_logprobs", "prompt_token_ids", "token_ids"):
+            choice.pop(key, None)
+    return answer
+
+
+@pytest.mark.engine
+def test_a_server_that_cannot_be_evaluated_is_refused_in_one_line_and_nothing_is_written(proxy, tmp_path):
+    import subprocess
+    import sys
+
+    from evalkit.config import ConfigError
+    from evalkit.run.evaluate import evaluate
+
+    url = f"endpoint.url={proxy.url}"
+    cases = [([url, "endpoint.model=no-such-model"], "endpoint.model=no-such-model is not served at"),
+             ([url, "max_model_len=8192"], "the server's max_model_len is 4096, less than max_model_len=8192"),
+             ([url], "the server failed evalkit's probe: ")]
+    for i, (overrides, message) in enumerate(cases):
+        proxy.rewrite = without_prompt_logprobs if i == 2 else None
+        out = tmp_path / str(i)
+        with pytest.raises(ConfigError, match=message) as error:
+            evaluate(compose_config(["engine=served", *overrides, f"output_dir={out}"]))
+        assert "\n" not in str(error.value) and not out.exists()
+    out = tmp_path / "cli"
+    done = subprocess.run([sys.executable, "-m", "evalkit", "engine=served", "endpoint.url=http://127.0.0.1:9/v1",
+                           "endpoint.retries=0", f"output_dir={out}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and not out.exists()
+    assert done.stderr.strip().splitlines() == ["evalkit: error: the server at http://127.0.0.1:9/v1 did not answer "
+                                                "/v1/models: ConnectError: All connection attempts failed"]
+
+
 @pytest.mark.engine
 def test_close_stops_the_whole_server_group(served):
     group = served.server.process.pid

@@ -14,6 +14,7 @@ import uuid
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from evalkit.config import ConfigError
 from evalkit.contracts import (Generation, GenRequest, PartialAnswers, Progress, Scored, ScoreRequest,
                                TokenTrace)
 from evalkit.engine import served_body as body
@@ -24,6 +25,11 @@ from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 PROBE_TEXT = "The capital of France is Paris. The capital of Italy is Rome. " * 24  # longer than a cache block
+
+
+class ServerRefused(ConfigError):
+    """The server cannot be evaluated as configured (unreachable, another model, too short a context, answers
+    evalkit could not read right): found before anything is sent for scoring, and bad input like any other."""
 
 
 class ServedError(PartialAnswers):
@@ -60,20 +66,20 @@ class ServedEngine(TokenizerSide):
         version = self.client.get(f"{self.client.root()}/version")
         for answer, what in ((listed, "/v1/models"), (version, "/version")):
             if isinstance(answer, Failure):
-                raise ServedError(f"the server at {self.url()} did not answer {what}: {answer.reason}", [])
+                raise ServerRefused(f"the server at {self.url()} did not answer {what}: {answer.reason}")
         names = [m.get("id") for m in listed.get("data", [])]
         if model is None and len(names) != 1:
-            raise ServedError(f"the server serves {len(names)} models ({', '.join(map(str, names))}): pass "
-                              "endpoint.model=NAME", [])
+            raise ServerRefused(f"the server serves {len(names)} models ({', '.join(map(str, names))}): pass "
+                              "endpoint.model=NAME")
         model = model or names[0]
         entry = next((m for m in listed["data"] if m.get("id") == model), None)
         if entry is None:
-            raise ServedError(f"endpoint.model={model} is not served at {self.url()} (it serves "
-                              f"{', '.join(map(str, names))})", [])
+            raise ServerRefused(f"endpoint.model={model} is not served at {self.url()} (it serves "
+                              f"{', '.join(map(str, names))})")
         served_len = entry.get("max_model_len")
         if not isinstance(served_len, int) or served_len < self.max_model_len:
-            raise ServedError(f"the server's max_model_len is {served_len}, less than max_model_len="
-                              f"{self.max_model_len}: pass max_model_len={served_len} or serve a longer one", [])
+            raise ServerRefused(f"the server's max_model_len is {served_len}, less than max_model_len="
+                              f"{self.max_model_len}: pass max_model_len={served_len} or serve a longer one")
         return {"model": model, "root": entry.get("root"), "max_model_len": served_len,
                 "version": version.get("version")}, model
 
@@ -92,8 +98,8 @@ class ServedEngine(TokenizerSide):
                                      {"model": self.model, "prompt": PROBE_TEXT, "add_special_tokens": False})
         found["tokenize"] = "no /tokenize" if isinstance(tokenized, Failure) else tokenized.get("tokens") == text_ids
         if found["tokenize"] is False:
-            raise ServedError("the server tokenizes a probe text differently from the local tokenizer "
-                              f"({self.tokenizer_path}): point tokenizer= at the served model's tokenizer", [])
+            raise ServerRefused("the server tokenizes a probe text differently from the local tokenizer "
+                              f"({self.tokenizer_path}): point tokenizer= at the served model's tokenizer")
         request = ScoreRequest(ids=ids, start=1)
         # one after the other: the second could read the first's cache, were the salt ignored
         answers = [self.client.post_many("/completions", [body.prompt_logprobs_body(ids, self.model, salt())])[0]
@@ -104,12 +110,12 @@ class ServedEngine(TokenizerSide):
                     raise BadRead(answer.reason)
                 body.read_prompt_logprobs(request, answer)
         except BadRead as error:
-            raise ServedError(f"the server failed evalkit's probe: {error}", []) from None
+            raise ServerRefused(f"the server failed evalkit's probe: {error}") from None
         cached = [(a.get("usage") or {}).get("prompt_tokens_details") or {} for a in answers]
         found["cached_tokens"] = [c.get("cached_tokens") for c in cached]
         if any(found["cached_tokens"]):
-            raise ServedError("the server read its prefix cache for a prompt under a fresh cache_salt: it "
-                              "ignores cache_salt, so prompt log-probabilities could come from cache rows", [])
+            raise ServerRefused("the server read its prefix cache for a prompt under a fresh cache_salt: it "
+                              "ignores cache_salt, so prompt log-probabilities could come from cache rows")
         found["cache_salt"] = "verified" if all(c is not None for c in found["cached_tokens"]) else \
             "not reported (start the server with --enable-prompt-tokens-details to check it)"
         return found
