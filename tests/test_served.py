@@ -84,6 +84,14 @@ def test_a_served_run_gives_the_offline_runs_samples(served, engine, tmp_path):
                     assert x == y
                 else:
                     assert abs(float(x[0][0]) - float(y[0][0])) <= 1e-4 and x[0][1] == y[0][1]
+    # the deployment against the reference, as a user compares them: like for like, no row worse or changed
+    import subprocess
+    import sys
+
+    compared = subprocess.run([sys.executable, "-m", "evalkit.compare", str(offline), str(online)],
+                              capture_output=True, text=True, timeout=300)
+    assert compared.returncode == 0, compared.stdout[-2000:] + compared.stderr[-2000:]
+    assert "evalkit_arith" in compared.stdout and "evalkit_facts" in compared.stdout
 
 
 @pytest.fixture
