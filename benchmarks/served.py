@@ -1,0 +1,140 @@
+"""A vLLM server evaluated three ways, against the offline engine: evalkit served, lm-eval's local-completions, and
+evalkit offline (the reference), on the same documents. One table.
+
+One ``vllm.entrypoints.openai.api_server`` of the embedded model (float32, eager, max_model_len 4096), started by
+evalkit's own ``endpoint.serve`` code and already up before any side's clock starts:
+
+* **evalkit served**: ``evaluate`` with ``engine=served`` on that server (its probe done at engine start, before
+  the clock), ``endpoint.max_concurrency`` at its default 16;
+* **lm-eval local-completions**: lm-eval's ``LocalCompletionsAPI`` on the same server, as a careful user sets it:
+  token ids (``tokenized_requests=True``), the same local tokenizer, ``max_length=4096`` (its default 2048 would
+  cut prompts), ``num_concurrent=8``, ``batch_size=8``;
+* **evalkit offline**: ``evaluate`` on a ``vllm.LLM`` in this process (the reference every side is compared with).
+
+Seconds are each side's evaluate/simple_evaluate wall for the task (harness included, engine or server already
+up). Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
+every choice. Tasks: evalkit_facts (0-shot, 4 numeric/short choices), evalkit_bench_mc (4 choices behind a
+~250-token few-shot context), evalkit_arith (3-shot generation), 30 documents each by default.
+
+Run: .venv/bin/python benchmarks/served.py [--limit N] [--out benchmarks/served.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from _report import answers, primary_metric  # noqa: E402
+
+EMBEDDED = "embedded://smollm2-135m-instruct"
+BENCH_TASKS = ROOT / "benchmarks" / "tasks"
+TASKS = ["evalkit_facts", "evalkit_bench_mc", "evalkit_arith"]
+SETTINGS = ["+engine_kwargs.enforce_eager=true", f"tasks_dirs=[{BENCH_TASKS}]", "resume=false"]
+SIDES = ("evalkit served", "lm-eval local-completions", "evalkit offline")
+
+
+def evalkit_task(cfg_args: list[str], engine: Any, task: str) -> tuple[float, dict[str, Any], list, list]:
+    """(seconds, results of task, log-likelihoods, generations) of one evalkit run of task on engine."""
+    from evalkit.config import compose_config
+    from evalkit.engine.wrapper import Lent
+    from evalkit.run.evaluate import evaluate
+    from evalkit.run.results import read_samples
+
+    started = time.perf_counter()
+    run_dir = evaluate(compose_config([*cfg_args, f"tasks=[{task}]"]), engine_factory=lambda c, d: Lent(engine))
+    seconds = time.perf_counter() - started
+    results = json.loads((run_dir / "results.json").read_text())["results"][task]
+    return (seconds, results, *answers(read_samples(run_dir, task)))
+
+
+def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: int) -> tuple[float, dict, list, list]:
+    """The same for lm-eval's local-completions on the server."""
+    from lm_eval import simple_evaluate
+
+    from evalkit.harness.tasks import load_tasks
+
+    manager, built = load_tasks([task], task_data={}, extra_dirs=[str(BENCH_TASKS)])
+    args = {"model": model, "base_url": f"{server_url}/completions", "tokenizer_backend": "huggingface",
+            "tokenizer": model_dir, "tokenized_requests": True, "num_concurrent": 8, "max_retries": 3,
+            "max_length": 4096}
+    started = time.perf_counter()
+    outcome = simple_evaluate(model="local-completions", model_args=args, tasks=built, task_manager=manager,
+                              limit=limit, batch_size=8, log_samples=True, bootstrap_iters=0)
+    seconds = time.perf_counter() - started
+    return (seconds, outcome["results"][task], *answers(outcome["samples"][task]))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limit", type=int, default=30, help="documents per task")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "served.md"), help="markdown copy of the table")
+    options = parser.parse_args(argv)
+
+    from tabulate import tabulate
+
+    from evalkit.config import compose_config
+    from evalkit.engine.factory import start_served
+    from evalkit.engine.preflight import resolve_model_path
+    from evalkit.engine.start import start_vllm
+
+    model_dir = resolve_model_path(EMBEDDED)
+    out = Path(tempfile.mkdtemp(prefix="evalkit-served-bench-"))
+    base = [f"vllm_path={model_dir}", f"limit={options.limit}", *SETTINGS]
+    started = time.perf_counter()
+    served = start_served(compose_config([*base, "engine=served", "endpoint.serve=true", "gpu_memory_utilization=0.15",
+                                          f"output_dir={out / 'server'}"]), model_dir)
+    server_start = time.perf_counter() - started
+    environ = dict(os.environ)
+    offline = start_vllm(compose_config([*base, "gpu_memory_utilization=0.25"]), model_dir)
+    os.environ.clear()
+    os.environ.update(environ)  # lm-eval's client and the server must not see the offline engine's variables
+    found: dict[str, dict[str, tuple]] = {}
+    try:
+        for task in TASKS:
+            found[task] = {
+                "evalkit served": evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
+                                                f"output_dir={out / 'served'}"], served, task),
+                "lm-eval local-completions": lm_eval_task(served.client.url, served.model, model_dir, task,
+                                                          options.limit),
+                "evalkit offline": evalkit_task([*base, f"output_dir={out / 'offline'}"], offline, task)}
+            print(task, {side: f"{found[task][side][0]:.1f} s" for side in SIDES}, flush=True)
+    finally:
+        offline.close()
+        served.close()
+
+    rows = []
+    for task, sides in found.items():
+        ref = sides["evalkit offline"]
+        rows.append([f"**{task}**: seconds", *(f"{sides[s][0]:.1f}" for s in SIDES)])
+        rows.append([f"{task}: score ({primary_metric(ref[1])[0]})", *(f"{primary_metric(sides[s][1])[1]:.3f}" for s in SIDES)])
+        if ref[2]:
+            rows.append([f"{task}: max abs Δ log-likelihood vs offline ({len(ref[2])} choices)",
+                         *(f"{max(abs(a - b) for a, b in zip(sides[s][2], ref[2])):.2e}"
+                           if len(sides[s][2]) == len(ref[2]) else "n/a" for s in SIDES)])
+        if ref[3]:
+            rows.append([f"{task}: generations identical to offline (of {len(ref[3])})",
+                         *(str(sum(a == b for a, b in zip(sides[s][3], ref[3]))) for s in SIDES)])
+        served_s, lm_s = sides["evalkit served"][0], sides["lm-eval local-completions"][0]
+        rows.append([f"{task}: evalkit served ÷ local-completions", f"{served_s / lm_s:.2f}", "", ""])
+    total = {s: sum(found[t][s][0] for t in found) for s in SIDES}
+    rows.append(["**all tasks**: seconds", *(f"{total[s]:.1f}" for s in SIDES)])
+    rows.append(["server start (evalkit's endpoint.serve, probe included), s", f"{server_start:.1f}", "", ""])
+    text = "\n".join([f"- command: python benchmarks/served.py --limit {options.limit}",
+                      f"- machine: {os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.2f}",
+                      f"- server: {served.describe()['deployment']}", "",
+                      tabulate(rows, headers=["measure", *SIDES], tablefmt="github", disable_numparse=True)])
+    print(text)
+    Path(options.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
