@@ -40,6 +40,8 @@ def test_the_probe_passes_and_describe_names_the_deployment(served):
     assert described["deployment"]["max_model_len"] == 4096 and described["deployment"]["version"] == "0.32.0"
     assert described["probe"]["tokenize"] is True and described["probe"]["cache_salt"] == "verified"
     assert described["engine_args"]["started_by_evalkit"] and "@" not in described["engine_args"]["url"]
+    # the server evalkit starts gets the settings an offline engine would (the tests bind the cores themselves)
+    assert [c["setting"] for c in described["choices"]] == ["engine_kwargs.kv_cache_memory_bytes"]
 
 
 @pytest.mark.engine
@@ -62,17 +64,26 @@ def test_served_answers_are_the_offline_engines(served, engine):
     assert served.scoring_counts()["single_token"] == len(PROMPTS) and served.scoring_counts()["mismatched"] == 0
 
 
-@pytest.mark.engine
-def test_a_served_run_gives_the_offline_runs_samples(served, engine, tmp_path):
+@pytest.fixture(scope="module")
+def runs(served, engine, tmp_path_factory):
+    """The embedded tasks on 5 documents each: on the offline engine, and on the server."""
     from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
+
+    tmp = tmp_path_factory.mktemp("runs")
+    args = ["tasks=[evalkit_arith,evalkit_facts]", "limit=5", "gpu_memory_utilization=0.25", EAGER]
+    offline = evaluate(compose_config([*args, f"output_dir={tmp / 'offline'}"]),
+                       engine_factory=lambda c, d: Lent(engine))
+    online = evaluate(compose_config([*args, f"output_dir={tmp / 'served'}", "engine=served",
+                                      f"endpoint.url={served.client.url}"]), engine_factory=lambda c, d: Lent(served))
+    return offline, online
+
+
+@pytest.mark.engine
+def test_a_served_run_gives_the_offline_runs_samples(runs):
     from evalkit.run.results import read_samples
 
-    args = ["tasks=[evalkit_arith,evalkit_facts]", "limit=5", "gpu_memory_utilization=0.25", EAGER]
-    offline = evaluate(compose_config([*args, f"output_dir={tmp_path / 'offline'}"]),
-                       engine_factory=lambda c, d: Lent(engine))
-    online = evaluate(compose_config([*args, f"output_dir={tmp_path / 'served'}", "engine=served",
-                                      f"endpoint.url={served.client.url}"]), engine_factory=lambda c, d: Lent(served))
+    offline, online = runs
     assert json.loads((online / "results.json").read_text())["evalkit"]["engine"]["name"] == "served"
     assert (online / "server.log").is_file()
     for task in ("evalkit_arith", "evalkit_facts"):
@@ -92,6 +103,33 @@ def test_a_served_run_gives_the_offline_runs_samples(served, engine, tmp_path):
                               capture_output=True, text=True, timeout=300)
     assert compared.returncode == 0, compared.stdout[-2000:] + compared.stderr[-2000:]
     assert "evalkit_arith" in compared.stdout and "evalkit_facts" in compared.stdout
+
+
+@pytest.mark.engine
+def test_locate_traces_a_served_run_through_its_server(runs, tmp_path):
+    """A copy of the served run whose first generation starts with another token: --locate starts the run's
+    engine from its results.json (engine=served, the same server), traces both outputs there and finds the
+    flip at that token, the server's own token ahead."""
+    import shutil
+
+    from evalkit.compare.locate import locate
+
+    _, online = runs
+    edited = tmp_path / online.name
+    shutil.copytree(online, edited)
+    (path,) = edited.glob("samples_evalkit_arith_*.jsonl")
+    samples = [json.loads(line) for line in path.read_text().splitlines()]
+    record = next(r for r in samples[0]["requests"] if r["kind"] == "generate_until")
+    served_token = record["output_ids"][0]
+    record["output_ids"] = [served_token + 1, *record["output_ids"][1:]]
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (located,) = locate(online, [edited])
+    assert "served" in located.engines["reference"] and "same settings" in located.engines["candidate"]
+    (flip,) = located.flips
+    assert (flip.doc_id, flip.index, flip.ref_token, flip.cand_token) == \
+        (samples[0]["doc_id"], 0, served_token, served_token + 1), flip
+    assert flip.ref_side.ref_logprob > flip.ref_side.cand_logprob  # the server prefers its own token
+    assert flip.drift == 0.0  # one engine, both sides: the same numbers
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from evalkit.config import ConfigError, EvalConfig, closest, schema_keys, valida
 from evalkit.contracts import Engine, TokenTrace
 
 FLAGS = {"reference": "--ref-engine", "candidate": "--cand-engine"}
-LIBRARIES = {"vllm": "vllm", "hf": "transformers"}  # the module each engine needs
+LIBRARIES = {"vllm": "vllm", "hf": "transformers", "served": "httpx"}  # the module each engine needs
 
 
 class LocateError(CompareError):
@@ -103,9 +103,9 @@ def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineCho
                              side=side, run=run.name)
     library = LIBRARIES.get(cfg.engine, cfg.engine)
     if importlib.util.find_spec(library) is None:
-        other = next(e for e in LIBRARIES if e != cfg.engine)
+        others = " or ".join(f"{flag} engine={e}" for e in LIBRARIES if e != cfg.engine)
         raise LocateError(f"{side} engine: engine={cfg.engine} needs {library}, which is not installed here; install "
-                          f"it or pass {flag} engine={other}")
+                          f"it or pass {others}")
     return EngineChoice(side=side, run=run.name, cfg=cfg, model_dir=model_dir)
 
 

@@ -225,6 +225,7 @@ class ServedEngine(TokenizerSide):
                                 "timeout": client.timeout, "retries": client.retries,
                                 "started_by_evalkit": self.server is not None},
                 "server_log": str(self.server.log) if self.server is not None else None,
+                "choices": [vars(c) for c in self.server.choices] if self.server is not None else [],
                 "deployment": dict(self.deployment), "probe": dict(self.probed), "versions": library_versions()}
 
     def close(self) -> None:

@@ -67,10 +67,11 @@ def server_command(cfg: EvalConfig, model_dir: str, port: int) -> list[str]:
 
 
 class Server:
-    """A server evalkit started: its guard's process (the group leader), URL and log."""
+    """A server evalkit started: its guard's process (the group leader), URL, log and the settings chosen for it."""
 
-    def __init__(self, process: subprocess.Popen, url: str, log: Path) -> None:
+    def __init__(self, process: subprocess.Popen, url: str, log: Path, choices: list[Any] | None = None) -> None:
         self.process, self.url, self.log = process, url, log
+        self.choices = list(choices or [])  # what evalkit.engine.tuning filled in, as for an offline engine
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM to the whole group, then SIGKILL to whatever is left of it."""
@@ -111,15 +112,30 @@ class Server:
 def start_server(cfg: EvalConfig, model_dir: str, log: Path | None = None) -> Server:
     """The server of cfg on a free loopback port, ready (its /health answers); its log in log (by default
     under <output_dir>/<model_name>/.servers/, moved into the run folder as server.log when the run is written)."""
+    import dataclasses
+
+    from evalkit.engine import tuning
+
+    # the settings an offline engine of cfg gets on this machine (on CPUs: every core bound, eager, a KV cache
+    # sized for the length), chosen the same way and printed the same way; the server is its own process
+    choices = tuning.choose(
+        machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
+        max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype)) if cfg.tune else []
+    engine_kwargs, env = tuning.apply(choices, cfg.engine_kwargs)
+    for choice in choices:
+        print(choice.line(), file=sys.stderr, flush=True)
     port = free_port()
     log = Path(log or Path(cfg.output_dir) / cfg.model_name / ".servers" / f"server-{port}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
+    command = server_command(dataclasses.replace(cfg, engine_kwargs=engine_kwargs), model_dir, port)
     with open(log, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "evalkit.engine.served_start", "GUARD",
-                                    *server_command(cfg, model_dir, port)],
+        process = subprocess.Popen([sys.executable, "-m", "evalkit.engine.served_start", "GUARD", *command],
                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   process_group=0)
-    server = Server(process, f"http://127.0.0.1:{port}/v1", log)
+                                   process_group=0, env={**os.environ, **env})
+    server = Server(process, f"http://127.0.0.1:{port}/v1", log, choices)
     print(f"evalkit: started a vLLM server on 127.0.0.1:{port} (log: {log})", file=sys.stderr, flush=True)
     try:
         server.wait_ready()
