@@ -265,3 +265,49 @@ def test_close_stops_the_whole_server_group(served):
     served.close()
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)
+
+
+@pytest.mark.engine
+def test_no_server_process_is_left_after_sigkill_of_evalkit(tmp_path):
+    """python -m evalkit with endpoint.serve=true, killed by SIGKILL once its server answers: the try dies with
+    its supervisor (the watchdog), the server's guard with the try (PR_SET_PDEATHSIG), and the guard takes the
+    server's whole process group (API server, engine core, worker) with it."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true", "limit=40",
+                                "gpu_memory_utilization=0.15", EAGER, f"output_dir={tmp_path / 'result'}"],
+                               stdout=out, stderr=out)
+    deadline = time.monotonic() + 600
+    while not re.search(r"evalkit: engine=served: ", log.read_text()):
+        assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    guards = [p for p in psutil.process_iter(["cmdline"])
+              if "evalkit.engine.served_start" in " ".join(p.info["cmdline"] or []) and "GUARD" in p.info["cmdline"]]
+    (guard,) = guards
+    group = os.getpgid(guard.pid)
+    def in_group(proc) -> bool:
+        try:
+            return os.getpgid(proc.pid) == group
+        except ProcessLookupError:
+            return False
+
+    assert sum(map(in_group, psutil.process_iter())) >= 3  # the guard, the API server, the engine core
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    killed = time.monotonic()
+    while time.monotonic() - killed < 30:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"the server's group {group} is still alive 30 s after SIGKILL of evalkit")
+    print(f"\nSIGKILL of evalkit with endpoint.serve=true: the server's group gone after {time.monotonic() - killed:.1f} s")
