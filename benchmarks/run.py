@@ -112,13 +112,13 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
     try:
         warm_up(real.llm)
         for task in tasks:
-            paths_before = Counter(getattr(real, "scoring", {}))
+            paths_before = Counter(real.scoring_counts())
             real.llm.reset_prefix_cache()
             started = time.perf_counter()
             run_dir = evaluate(compose_config([*base, f"tasks=[{task}]"]), engine_factory=lambda c, d: Lent(recorder))
             facts["wall"] += time.perf_counter() - started
             ours, requests, replies = evalkit_result(run_dir, task, recorder)
-            paths = Counter(getattr(real, "scoring", {})) - paths_before
+            paths = Counter(real.scoring_counts()) - paths_before
             ours.note += "".join(f"; {k} {v}" for k, v in paths.items())
             for phase, value in json.loads((run_dir / "results.json").read_text())["evalkit"]["timings"].items():
                 if isinstance(value, (int, float)):
