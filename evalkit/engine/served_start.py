@@ -118,12 +118,7 @@ def start_server(cfg: EvalConfig, model_dir: str, log: Path | None = None) -> Se
 
     # the settings an offline engine of cfg gets on this machine (on CPUs: every core bound, eager, a KV cache
     # sized for the length), chosen the same way and printed the same way; the server is its own process
-    choices = tuning.choose(
-        machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
-        max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
-        pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype)) if cfg.tune else []
+    choices = tuning.choices_for(cfg, model_dir)
     engine_kwargs, env = tuning.apply(choices, cfg.engine_kwargs)
     for choice in choices:
         print(choice.line(), file=sys.stderr, flush=True)

@@ -5,7 +5,6 @@ The settings evalkit.engine.tuning fills in for this machine are applied here an
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -20,12 +19,7 @@ def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) ->
     sole_engine: no other engine will live in this process (a run's try), so vLLM may run inside it."""
     from evalkit.engine.vllm_engine import VLLMEngine
 
-    choices = tuning.choose(
-        machine=tuning.this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
-        max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
-        pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        kv_token_bytes=tuning.kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine) if cfg.tune else []
+    choices = tuning.choices_for(cfg, model_dir, sole_engine=sole_engine)
     engine_kwargs, env = tuning.apply(choices, {**parallel_kwargs(cfg), **cfg.engine_kwargs})
     if cfg.distributed_executor_backend == "ray" and cfg.cluster.address:
         env["RAY_ADDRESS"] = cfg.cluster.address  # where vLLM's Ray executor connects

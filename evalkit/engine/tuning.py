@@ -36,6 +36,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+from evalkit.config import EvalConfig
 from evalkit.engine.preflight import model_config
 
 KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
@@ -140,6 +141,18 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
                                   f"KV cache for {tokens} tokens ({wanted / 2**30:.1f} GiB) instead of "
                                   f"{gpu_memory_utilization:g} of the RAM, which takes long to set up"))
     return choices
+
+
+def choices_for(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) -> list[Choice]:
+    """What to fill in for an engine of cfg on this machine (nothing with tune=false): the one call that an
+    engine evalkit starts in process (evalkit/engine/start.py) and a server it starts (served_start.py) share."""
+    if not cfg.tune:
+        return []
+    return choose(machine=this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
+                  max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
+                  pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
+                  gpu_memory_utilization=cfg.gpu_memory_utilization,
+                  kv_token_bytes=kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine)
 
 
 @contextlib.contextmanager
