@@ -73,6 +73,7 @@ class EngineActor:
     def start(self, cfg: EvalConfig, model_dir: str, slot: int, slots: int) -> dict[str, Any]:
         """Start the engine; on a node without GPUs, on this actor's share of the node's cores."""
         import ray
+        import torch
 
         if not ray.get_gpu_ids() and hasattr(os, "sched_setaffinity"):
             share = core_share(sorted(os.sched_getaffinity(0)), slot, slots)
@@ -81,15 +82,11 @@ class EngineActor:
             # with libgomp in LD_PRELOAD (vLLM's CPU guide sets it; an engine started in the driver leaves it
             # in the environment), from every core of the node, which oversubscribes the share (measured here:
             # 2 threads on 1 core generated 20x slower). One thread per core of the share, before vLLM binds them.
-            import torch
-
             torch.set_num_threads(len(share))
         if devices_per_engine(cfg) > 1 and cfg.distributed_executor_backend is None:
             # vLLM would pick its Ray executor inside a Ray actor; this engine's ranks are its own processes
             cfg = dataclasses.replace(cfg, distributed_executor_backend="mp")
         self.engine = start_vllm(cfg, model_dir, sole_engine=True)
-        import torch
-
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         return {**self.engine.describe(), "cores": cores, "threads": torch.get_num_threads()}
 
