@@ -8,9 +8,11 @@ the naive way (one ``llm.generate`` call, ``prompt_logprobs=1``, no prefix-cache
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest
 from evalkit.engine.wrapper import Wrapped
@@ -51,6 +53,18 @@ class RecordingEngine(Wrapped):
         self.calls = [c for c in self.calls if c.kind != kind]
         return ([r for c in mine for r in c.requests], [a for c in mine for a in c.answers],
                 sum(c.seconds for c in mine), len(mine))
+
+
+@contextlib.contextmanager
+def environment_restored() -> Iterator[None]:
+    """os.environ as it was, on leaving: evalkit's tuning and vLLM's CPU platform (LD_PRELOAD, ...) set variables
+    when an engine starts, and the next side's engine or client must not inherit them."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def warm_up(llm: Any) -> None:

@@ -14,7 +14,6 @@ Run: .venv/bin/python benchmarks/block_size.py [--sizes 128,32,16] [--limit N]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from _evalkit_side import environment_restored  # noqa: E402
 from _report import answers  # noqa: E402
 
 TASKS = ["evalkit_bench_short_mc", "evalkit_bench_mc", "evalkit_arith"]
@@ -47,12 +47,12 @@ def main(argv: list[str]) -> None:
     base = [f"vllm_path={model_dir}", "gpu_memory_utilization=0.25", "+engine_kwargs.enforce_eager=true",
             f"tasks_dirs=[{ROOT / 'benchmarks' / 'tasks'}]", "resume=false",
             *([f"limit={options.limit}"] if options.limit else [])]
-    environ = dict(os.environ)
     found: dict[int, dict[str, tuple]] = {}
     for size in map(int, options.sizes.split(",")):
         cfg = compose_config([*base, f"+engine_kwargs.block_size={size}"])
         started = time.perf_counter()
-        engine = start_vllm(cfg, model_dir)
+        with environment_restored():  # the next size's engine chooses for itself
+            engine = start_vllm(cfg, model_dir)
         found[size] = {"start": (time.perf_counter() - started,)}
         try:
             text = " ".join(f"Item {i} of the list is the number {i * i}." for i in range(300))
@@ -73,8 +73,6 @@ def main(argv: list[str]) -> None:
                 print(f"block {size} {task}: {found[size][task][0]:.1f} s", flush=True)
         finally:
             engine.close()
-            os.environ.clear()
-            os.environ.update(environ)
     reference = found[next(iter(found))]
     print("\n| block size | engine start, s | long prompt (3,000 tokens), s | "
           + " | ".join(f"{t}, s" for t in TASKS) + " | max abs Δ log-likelihood | is_greedy changed | generations changed |")

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _evalkit_side import RecordingEngine, replay_floor, warm_up  # noqa: E402
+from _evalkit_side import RecordingEngine, environment_restored, replay_floor, warm_up  # noqa: E402
 from _report import (END_TO_END_TARGETS, TOTAL_TARGET, TaskResult, _ratio, agree, answers, header,  # noqa: E402
                      primary_metric, render, table, total_row)
 
@@ -100,39 +100,38 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
 
     base = [f"vllm_path={model_dir}", f"output_dir={out}", *IN_PROCESS, *overrides,
             *([f"limit={limit}"] if limit else [])]
-    environ = dict(os.environ)  # evalkit's tuning sets vLLM variables for its engine; lm-eval's must not see them
-    import vllm  # noqa: F401  (before the clock: neither side's engine start then includes importing it)
+    with environment_restored():  # what evalkit's tuning and vLLM set for its engine; lm-eval's must not see it
+        import vllm  # noqa: F401  (before the clock: neither side's engine start then includes importing it)
 
-    started = time.perf_counter()
-    real = start_vllm(compose_config(base), model_dir)
-    facts: dict[str, Any] = {"engine_start": time.perf_counter() - started, "wall": 0.0, "phases": {},
-                             "floor_wall": 0.0, "kinds": {}}
-    recorder = RecordingEngine(real)
-    found: dict[str, dict[str, TaskResult]] = {}
-    try:
-        warm_up(real.llm)
-        for task in tasks:
-            paths_before = Counter(real.scoring_counts())
-            real.llm.reset_prefix_cache()
-            started = time.perf_counter()
-            run_dir = evaluate(compose_config([*base, f"tasks=[{task}]"]), engine_factory=lambda c, d: Lent(recorder))
-            facts["wall"] += time.perf_counter() - started
-            ours, requests, replies = evalkit_result(run_dir, task, recorder)
-            paths = Counter(real.scoring_counts()) - paths_before
-            ours.note += "".join(f"; {k} {v}" for k, v in paths.items())
-            for phase, value in json.loads((run_dir / "results.json").read_text())["evalkit"]["timings"].items():
-                if isinstance(value, (int, float)):
-                    facts["phases"][phase] = facts["phases"].get(phase, 0.0) + value
-            seconds, identical, max_delta = replay_floor(real.llm, requests, replies)
-            floor = TaskResult(seconds=seconds, identical=identical, max_delta=max_delta)
-            facts["floor_wall"] += seconds
-            facts["kinds"][task] = ("generate_until" if ours.gens else "loglikelihood", len(requests))
-            found[task] = {"evalkit": ours, "floor": floor}
-            print(f"evalkit {task}: {ours.seconds:.1f} s, floor {seconds:.1f} s", flush=True)
-    finally:
-        real.close()
-        os.environ.clear()
-        os.environ.update(environ)
+        started = time.perf_counter()
+        real = start_vllm(compose_config(base), model_dir)
+        facts: dict[str, Any] = {"engine_start": time.perf_counter() - started, "wall": 0.0, "phases": {},
+                                 "floor_wall": 0.0, "kinds": {}}
+        recorder = RecordingEngine(real)
+        found: dict[str, dict[str, TaskResult]] = {}
+        try:
+            warm_up(real.llm)
+            for task in tasks:
+                paths_before = Counter(real.scoring_counts())
+                real.llm.reset_prefix_cache()
+                started = time.perf_counter()
+                run_dir = evaluate(compose_config([*base, f"tasks=[{task}]"]),
+                                   engine_factory=lambda c, d: Lent(recorder))
+                facts["wall"] += time.perf_counter() - started
+                ours, requests, replies = evalkit_result(run_dir, task, recorder)
+                paths = Counter(real.scoring_counts()) - paths_before
+                ours.note += "".join(f"; {k} {v}" for k, v in paths.items())
+                for phase, value in json.loads((run_dir / "results.json").read_text())["evalkit"]["timings"].items():
+                    if isinstance(value, (int, float)):
+                        facts["phases"][phase] = facts["phases"].get(phase, 0.0) + value
+                seconds, identical, max_delta = replay_floor(real.llm, requests, replies)
+                floor = TaskResult(seconds=seconds, identical=identical, max_delta=max_delta)
+                facts["floor_wall"] += seconds
+                facts["kinds"][task] = ("generate_until" if ours.gens else "loglikelihood", len(requests))
+                found[task] = {"evalkit": ours, "floor": floor}
+                print(f"evalkit {task}: {ours.seconds:.1f} s, floor {seconds:.1f} s", flush=True)
+        finally:
+            real.close()
     return found, facts
 
 

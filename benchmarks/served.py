@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from _evalkit_side import environment_restored  # noqa: E402
 from _report import answers, primary_metric  # noqa: E402
 
 EMBEDDED = "embedded://smollm2-135m-instruct"
@@ -93,10 +94,8 @@ def main(argv: list[str]) -> None:
     served = start_served(compose_config([*base, "engine=served", "endpoint.serve=true", "gpu_memory_utilization=0.15",
                                           f"output_dir={out / 'server'}"]), model_dir)
     server_start = time.perf_counter() - started
-    environ = dict(os.environ)
-    offline = start_vllm(compose_config([*base, "gpu_memory_utilization=0.25"]), model_dir)
-    os.environ.clear()
-    os.environ.update(environ)  # lm-eval's client and the server must not see the offline engine's variables
+    with environment_restored():  # lm-eval's client and the server must not see the offline engine's variables
+        offline = start_vllm(compose_config([*base, "gpu_memory_utilization=0.25"]), model_dir)
     found: dict[str, dict[str, tuple]] = {}
     try:
         for task in TASKS:
