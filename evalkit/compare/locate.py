@@ -3,8 +3,9 @@ where it changed (the analysis is evalkit/compare/why.py; this module runs the e
 
 Each run's engine is started again from the config its results.json records (``evalkit.config``, the model
 folder from ``evalkit.engine.model_dir``), or with ``--ref-engine``/``--cand-engine key=value ...`` laid
-over it (evalkit/compare/locate_engines.py sets them up, checks and starts them). One engine lives at a time: the reference's (once for every candidate), then each candidate's (an
-engine whose settings equal the reference's is not started twice). Each rebuilds the prompts of the
+over it (evalkit/compare/locate_engines.py sets them up, checks and starts them). One engine lives at a
+time: the reference's (once for every candidate), then each candidate's (an engine whose settings equal
+the reference's is not started twice). Each rebuilds the prompts of the
 differing generations from the recorded prompt text as the harness encodes it (evalkit/harness/lm.py),
 checked against the recorded ``prompt_tokens``, and teacher-forces both runs' outputs after them with
 ``Engine.trace``: two prefills per document, all in one batch. Log-likelihood documents need no engine.
