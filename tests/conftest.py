@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 
@@ -103,3 +104,67 @@ def hf_runs(tmp_path_factory) -> list[tuple[subprocess.CompletedProcess, object]
         done.append(subprocess.run(cmd, capture_output=True, text=True, timeout=1200))
         assert done[-1].returncode == 0, done[-1].stderr[-3000:]
     return list(zip(done, run_dirs(out / "smollm2-135m-instruct")))
+
+
+# --- one real vLLM server of the embedded model, started by evalkit (endpoint.serve=true), for
+# tests/test_served.py and tests/test_served_deployments.py (whose last test closes it) ---
+
+SERVED_TASKS = os.path.join(os.path.dirname(__file__), "served_tasks")
+PROMPTS = ["The capital of France is", "2 + 3 =", "Question: What color is the sky?\nAnswer:", "Once upon a time"]
+
+
+@pytest.fixture(scope="session")
+def served(embedded_model_dir, tmp_path_factory):
+    from evalkit.engine.factory import start_engines
+
+    started = time.monotonic()
+    cfg = compose_config(["engine=served", "endpoint.serve=true", "gpu_memory_utilization=0.15", EAGER,
+                          f"output_dir={tmp_path_factory.mktemp('served')}"])
+    engine = start_engines(cfg, embedded_model_dir)
+    print(f"served fixture: {time.monotonic() - started:.0f}s to start and probe")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def served_runs(served, engine, tmp_path_factory):
+    """The embedded tasks on 5 documents each: on the offline engine, and on the server."""
+    from evalkit.engine.wrapper import Lent
+    from evalkit.run.evaluate import evaluate
+
+    tmp = tmp_path_factory.mktemp("runs")
+    args = ["tasks=[evalkit_arith,evalkit_facts,parity_rolling]", f"tasks_dirs=[{PARITY_TASKS}]", "limit=5",
+            "gpu_memory_utilization=0.25", EAGER]  # parity_rolling: perplexity, rolling windows
+    offline = evaluate(compose_config([*args, f"output_dir={tmp / 'offline'}"]),
+                       engine_factory=lambda c, d: Lent(engine))
+    online = evaluate(compose_config([*args, f"output_dir={tmp / 'served'}", "engine=served",
+                                      f"endpoint.url={served.client.url}"]), engine_factory=lambda c, d: Lent(served))
+    return offline, online
+
+
+@pytest.fixture
+def proxy(served):
+    """A proxy in front of the server that spoils answers on the way (tests/fault_proxy.py)."""
+    from tests.fault_proxy import FaultProxy
+
+    spoiler = FaultProxy(served.client.root())
+    yield spoiler
+    spoiler.close()
+
+
+def through(proxy, embedded_model_dir, *overrides):
+    """evalkit's served engine for the session's server, reached through the proxy (probed through it too)."""
+    from evalkit.engine.factory import start_engines
+
+    cfg = compose_config(["engine=served", f"endpoint.url={proxy.url}", "endpoint.timeout=4", *overrides])
+    return start_engines(cfg, embedded_model_dir)
+
+
+def score_requests(engine):
+    from evalkit.contracts import ScoreRequest
+
+    requests = []
+    for p in PROMPTS:
+        ids = tuple(engine.encode(p, True))
+        requests += [ScoreRequest(ids=ids, start=1), ScoreRequest(ids=ids, start=len(ids) - 1)]
+    return requests

@@ -4,7 +4,8 @@ Every request is forwarded to the server as it came. POSTs to ``/v1/completions`
 is a list consumed one per such request as they arrive (None: forwarded untouched), and ``wrong_ids_for``
 names prompts whose answer always comes back with another prompt's token ids. ``dead`` (or ``die_after``
 completions answered) drops every connection unanswered, as a server killed behind a gateway. What was
-spoiled is recorded in ``spoiled``.
+spoiled is recorded in ``spoiled``. :func:`openai_only` makes the server behind it one that ignores vLLM's
+fields, as a server that is not vLLM does.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class FaultProxy:
         self.dead = False
         self.die_after: int | None = None
         self.rewrite = None  # a function applied to every completions answer's JSON, as another server writes it
+        self.rewrite_request = None  # a function applied to every completions body before it is forwarded
+        self.rewrite_get = None  # a function (path, JSON) applied to every GET's answer
+        self.hidden: set[str] = set()  # paths (their ends) answered 404, as a server without them
         self.answered = 0  # completions forwarded and answered whole
         self.spoiled: list[str] = []
         self.lock = threading.Lock()
@@ -67,6 +71,10 @@ class FaultProxy:
         if self.dead:
             handler.close_connection = True
             return  # no answer at all: the client sees the connection closed
+        if any(handler.path.endswith(p) for p in self.hidden):
+            return self._reply(handler, 404, b'{"detail": "Not Found"}')
+        if sent is not None and self.rewrite_request is not None and handler.path.endswith("/completions"):
+            sent = json.dumps(self.rewrite_request(json.loads(sent))).encode()
         fault, wrong = self._fault(handler, sent)
         if fault:
             self.spoiled.append(fault)
@@ -94,6 +102,8 @@ class FaultProxy:
             data = json.dumps(answer).encode()
         if self.rewrite is not None and status == 200 and handler.path.endswith("/completions"):
             data = json.dumps(self.rewrite(json.loads(data))).encode()
+        if self.rewrite_get is not None and status == 200 and sent is None:
+            data = json.dumps(self.rewrite_get(handler.path, json.loads(data))).encode()
         if fault == "cut":
             handler.send_response(status)
             handler.send_header("Content-Type", "application/json")
@@ -114,3 +124,39 @@ class FaultProxy:
         handler.send_header("Content-Length", str(len(data)))
         handler.end_headers()
         handler.wfile.write(data)
+
+
+VLLM_FIELDS = ("prompt_logprobs", "return_token_ids", "cache_salt", "logprob_token_ids", "top_k", "min_p",
+               "repetition_penalty", "skip_special_tokens", "spaces_between_special_tokens",
+               "include_stop_str_in_output", "ignore_eos", "min_tokens", "stop_token_ids", "allowed_token_ids",
+               "bad_words", "add_special_tokens")
+
+
+def openai_only(proxy: FaultProxy, *, token_ids: bool = True, echo_covers_prompt: bool = True) -> None:
+    """The server behind proxy as one that is not vLLM: vLLM's request fields are dropped before it sees them
+    (and return_tokens_as_token_ids too, unless token_ids), its answers carry no vLLM fields, /version and
+    /tokenize are not found, /v1/models names no max_model_len. With echo_covers_prompt false, an echo's
+    log-probabilities cover the generated token only, as llama.cpp's did (llama.cpp #27174)."""
+    dropped = VLLM_FIELDS + (() if token_ids else ("return_tokens_as_token_ids",))
+
+    def request(sent: dict) -> dict:
+        return {k: v for k, v in sent.items() if k not in dropped}
+
+    def answer(got: dict) -> dict:
+        for choice in got["choices"]:
+            for key in ("prompt_logprobs", "prompt_token_ids", "token_ids"):
+                choice.pop(key, None)
+            logprobs = choice.get("logprobs")
+            if logprobs and not echo_covers_prompt:  # the generated tokens' entries only
+                generated = got["usage"]["completion_tokens"]
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    logprobs[key] = logprobs[key][-generated:]
+        return got
+
+    def listed(path: str, got: dict) -> dict:
+        for model in got.get("data", []) if path.endswith("/models") else []:
+            model.pop("max_model_len", None)
+        return got
+
+    proxy.rewrite_request, proxy.rewrite, proxy.rewrite_get = request, answer, listed
+    proxy.hidden = {"/version", "/tokenize"}

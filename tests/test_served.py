@@ -1,37 +1,18 @@
-"""engine=served against one real vLLM OpenAI server of the embedded model, started by evalkit itself
-(endpoint.serve=true) once for the module: the probe, the answers against the offline engine, a whole run,
-faults injected by a proxy between evalkit and the server, and the server's process group stopped on close.
-The parts that need no server: tests/test_served_units.py.
+"""engine=served against the session's real vLLM OpenAI server of the embedded model, started by evalkit itself
+(endpoint.serve=true; tests/conftest.py ``served``): the probe, the answers against the offline engine, a whole
+run, --locate through the server, and faults injected by a proxy between evalkit and the server. Servers that
+cannot be evaluated as vLLM, Ctrl-C and kill -9: tests/test_served_deployments.py. The parts that need no
+server: tests/test_served_units.py and tests/test_served_openai.py.
 Run: pytest -m engine tests/test_served.py
 """
 
 import json
-import os
-import time
 
 import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
-from tests.conftest import EAGER, PARITY_TASKS
-
-
-# --- against one real vLLM server, started by evalkit (endpoint.serve=true) ---
-
-@pytest.fixture(scope="module")
-def served(embedded_model_dir, tmp_path_factory):
-    from evalkit.engine.factory import start_engines
-
-    started = time.monotonic()
-    cfg = compose_config(["engine=served", "endpoint.serve=true", "gpu_memory_utilization=0.15", EAGER,
-                          f"output_dir={tmp_path_factory.mktemp('served')}"])
-    engine = start_engines(cfg, embedded_model_dir)
-    print(f"served fixture: {time.monotonic() - started:.0f}s to start and probe")
-    yield engine
-    engine.close()
-
-
-PROMPTS = ["The capital of France is", "2 + 3 =", "Question: What color is the sky?\nAnswer:", "Once upon a time"]
+from tests.conftest import PROMPTS, score_requests, through
 
 
 @pytest.mark.engine
@@ -65,27 +46,11 @@ def test_served_answers_are_the_offline_engines(served, engine):
     assert served.scoring_counts()["single_token"] == len(PROMPTS) and served.scoring_counts()["mismatched"] == 0
 
 
-@pytest.fixture(scope="module")
-def runs(served, engine, tmp_path_factory):
-    """The embedded tasks on 5 documents each: on the offline engine, and on the server."""
-    from evalkit.engine.wrapper import Lent
-    from evalkit.run.evaluate import evaluate
-
-    tmp = tmp_path_factory.mktemp("runs")
-    args = ["tasks=[evalkit_arith,evalkit_facts,parity_rolling]", f"tasks_dirs=[{PARITY_TASKS}]", "limit=5",
-            "gpu_memory_utilization=0.25", EAGER]  # parity_rolling: perplexity, rolling windows
-    offline = evaluate(compose_config([*args, f"output_dir={tmp / 'offline'}"]),
-                       engine_factory=lambda c, d: Lent(engine))
-    online = evaluate(compose_config([*args, f"output_dir={tmp / 'served'}", "engine=served",
-                                      f"endpoint.url={served.client.url}"]), engine_factory=lambda c, d: Lent(served))
-    return offline, online
-
-
 @pytest.mark.engine
-def test_a_served_run_gives_the_offline_runs_samples(runs):
+def test_a_served_run_gives_the_offline_runs_samples(served_runs):
     from evalkit.run.results import read_samples
 
-    offline, online = runs
+    offline, online = served_runs
     assert json.loads((online / "results.json").read_text())["evalkit"]["engine"]["name"] == "served"
     assert (online / "server.log").is_file()
     for task in ("evalkit_arith", "evalkit_facts", "parity_rolling"):
@@ -110,7 +75,7 @@ def test_a_served_run_gives_the_offline_runs_samples(runs):
 
 
 @pytest.mark.engine
-def test_locate_traces_a_served_run_through_its_server(runs, tmp_path):
+def test_locate_traces_a_served_run_through_its_server(served_runs, tmp_path):
     """A copy of the served run whose first generation starts with another token: --locate starts the run's
     engine from its results.json (engine=served, the same server), traces both outputs there and finds the
     flip at that token, the server's own token ahead."""
@@ -118,7 +83,7 @@ def test_locate_traces_a_served_run_through_its_server(runs, tmp_path):
 
     from evalkit.compare.locate import locate
 
-    _, online = runs
+    _, online = served_runs
     edited = tmp_path / online.name
     shutil.copytree(online, edited)
     (path,) = edited.glob("samples_evalkit_arith_*.jsonl")
@@ -134,31 +99,6 @@ def test_locate_traces_a_served_run_through_its_server(runs, tmp_path):
         (samples[0]["doc_id"], 0, served_token, served_token + 1), flip
     assert flip.ref_side.ref_logprob > flip.ref_side.cand_logprob  # the server prefers its own token
     assert flip.drift == 0.0  # one engine, both sides: the same numbers
-
-
-@pytest.fixture
-def proxy(served):
-    from tests.fault_proxy import FaultProxy
-
-    spoiler = FaultProxy(served.client.root())
-    yield spoiler
-    spoiler.close()
-
-
-def through(proxy, embedded_model_dir, *overrides):
-    """evalkit's served engine for the module's server, reached through the proxy (probed through it too)."""
-    from evalkit.engine.factory import start_engines
-
-    cfg = compose_config(["engine=served", f"endpoint.url={proxy.url}", "endpoint.timeout=4", *overrides])
-    return start_engines(cfg, embedded_model_dir)
-
-
-def score_requests(engine):
-    requests = []
-    for p in PROMPTS:
-        ids = tuple(engine.encode(p, True))
-        requests += [ScoreRequest(ids=ids, start=1), ScoreRequest(ids=ids, start=len(ids) - 1)]
-    return requests
 
 
 @pytest.mark.engine
@@ -227,91 +167,3 @@ def test_a_server_killed_mid_run_then_back_computes_only_what_is_missing(served,
     clean = evaluate(compose_config([*args[:-1], f"output_dir={tmp_path / 'clean'}", "resume=false"]))
     assert [s["resps"] for s in read_samples(run_dir, "evalkit_arith")] == \
         [s["resps"] for s in read_samples(clean, "evalkit_arith")]
-
-
-def without_prompt_logprobs(answer: dict) -> dict:
-    """The answer of a server that is not vLLM: it ignores prompt_logprobs and return_token_ids."""
-    for choice in answer["choices"]:
-        for key in ("prompt_logprobs", "prompt_token_ids", "token_ids"):
-            choice.pop(key, None)
-    return answer
-
-
-@pytest.mark.engine
-def test_a_server_that_cannot_be_evaluated_is_refused_in_one_line_and_nothing_is_written(proxy, tmp_path):
-    import subprocess
-    import sys
-
-    from evalkit.config import ConfigError
-    from evalkit.run.evaluate import evaluate
-
-    url = f"endpoint.url={proxy.url}"
-    cases = [([url, "endpoint.model=no-such-model"], "endpoint.model=no-such-model is not served at"),
-             ([url, "max_model_len=8192"], "the server's max_model_len is 4096, less than max_model_len=8192"),
-             ([url], "the server failed evalkit's probe: ")]
-    for i, (overrides, message) in enumerate(cases):
-        proxy.rewrite = without_prompt_logprobs if i == 2 else None
-        out = tmp_path / str(i)
-        with pytest.raises(ConfigError, match=message) as error:
-            evaluate(compose_config(["engine=served", *overrides, f"output_dir={out}"]))
-        assert "\n" not in str(error.value) and not out.exists()
-    out = tmp_path / "cli"
-    done = subprocess.run([sys.executable, "-m", "evalkit", "engine=served", "endpoint.url=http://127.0.0.1:9/v1",
-                           "endpoint.retries=0", f"output_dir={out}"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and not out.exists()
-    assert done.stderr.strip().splitlines() == ["evalkit: error: the server at http://127.0.0.1:9/v1 did not answer "
-                                                "/v1/models: ConnectError: All connection attempts failed"]
-
-
-@pytest.mark.engine
-def test_close_stops_the_whole_server_group(served):
-    group = served.server.process.pid
-    served.close()
-    with pytest.raises(ProcessLookupError):
-        os.killpg(group, 0)
-
-
-@pytest.mark.engine
-def test_no_server_process_is_left_after_sigkill_of_evalkit(tmp_path):
-    """python -m evalkit with endpoint.serve=true, killed by SIGKILL once its server answers: the try dies with
-    its supervisor (the watchdog), the server's guard with the try (PR_SET_PDEATHSIG), and the guard takes the
-    server's whole process group (API server, engine core, worker) with it."""
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    import psutil
-
-    log = tmp_path / "log"
-    with open(log, "w") as out:
-        run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true", "limit=40",
-                                "gpu_memory_utilization=0.15", EAGER, f"output_dir={tmp_path / 'result'}"],
-                               stdout=out, stderr=out)
-    deadline = time.monotonic() + 600
-    while not re.search(r"evalkit: engine=served: ", log.read_text()):
-        assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
-    guards = [p for p in psutil.process_iter(["cmdline"])
-              if "evalkit.engine.served_start" in " ".join(p.info["cmdline"] or []) and "GUARD" in p.info["cmdline"]]
-    (guard,) = guards
-    group = os.getpgid(guard.pid)
-    def in_group(proc) -> bool:
-        try:
-            return os.getpgid(proc.pid) == group
-        except ProcessLookupError:
-            return False
-
-    assert sum(map(in_group, psutil.process_iter())) >= 3  # the guard, the API server, the engine core
-    run.send_signal(signal.SIGKILL)
-    run.wait()
-    killed = time.monotonic()
-    while time.monotonic() - killed < 30:
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"the server's group {group} is still alive 30 s after SIGKILL of evalkit")
-    print(f"\nSIGKILL of evalkit with endpoint.serve=true: the server's group gone after {time.monotonic() - killed:.1f} s")

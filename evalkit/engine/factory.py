@@ -60,6 +60,8 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
         if server:
             server.stop()
         raise
-    print(f"evalkit: engine=served: {engine.url()} serving {engine.model} (vLLM {engine.deployment['version']}, "
-          f"max_model_len {engine.deployment['max_model_len']}); probe {engine.probed}", file=sys.stderr, flush=True)
+    version = engine.deployment["version"]
+    print(f"evalkit: engine=served: {engine.url()} serving {engine.model} ("
+          f"{f'vLLM {version}' if version else 'no /version'}, max_model_len {engine.deployment['max_model_len'] or 'not reported'}); "
+          f"probe {engine.probed}", file=sys.stderr, flush=True)
     return engine

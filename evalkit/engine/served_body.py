@@ -94,7 +94,7 @@ def read_generation(request: GenRequest, response: dict[str, Any]) -> Generation
                       token_ids=tuple(ids))
 
 
-def _value(entry: Any, position: int, where: str) -> float:
+def checked_value(entry: Any, position: int, where: str) -> float:
     value = entry.get("logprob") if isinstance(entry, dict) else entry
     if not isinstance(value, (int, float)) or not (math.isfinite(value) and CLAMPED < value <= 1e-6):
         raise ServedReadError(f"{where}: position {position} has log-probability {value!r}, not a finite value "
@@ -128,8 +128,8 @@ def read_prompt_logprobs(request: ScoreRequest, response: dict[str, Any]) -> Sco
     total, greedy = 0.0, True
     for position, row in prompt_rows(request, response):
         entry = row[str(request.ids[position])]
-        value = _value(entry, position, "prompt row")
-        best = max(_value(e, position, "prompt row") for e in row.values())
+        value = checked_value(entry, position, "prompt row")
+        best = max(checked_value(e, position, "prompt row") for e in row.values())
         total += value
         greedy = greedy and (entry.get("rank") == 1 or value >= best)
     return Scored(logprob=total, is_greedy=greedy)
@@ -137,8 +137,8 @@ def read_prompt_logprobs(request: ScoreRequest, response: dict[str, Any]) -> Sco
 
 def read_trace(request: ScoreRequest, response: dict[str, Any], top_k: int) -> TokenTrace:
     rows = prompt_rows(request, response)
-    logprobs = tuple(_value(row[str(request.ids[p])], p, "trace row") for p, row in rows)
-    top = tuple(tuple(sorted(((int(t), _value(e, p, "trace row")) for t, e in row.items()),
+    logprobs = tuple(checked_value(row[str(request.ids[p])], p, "trace row") for p, row in rows)
+    top = tuple(tuple(sorted(((int(t), checked_value(e, p, "trace row")) for t, e in row.items()),
                              key=lambda item: -item[1])[:top_k]) for p, row in rows)
     return TokenTrace(logprobs=logprobs, top=top)
 
@@ -153,7 +153,7 @@ def read_next_token(context: Sequence[int], asked: Sequence[int], response: dict
     for key, value in steps[0].items():
         if not key.startswith("token_id:"):
             raise ServedReadError(f"log-probability keyed {key!r}: the server ignored return_tokens_as_token_ids")
-        entries[int(key.split(":", 1)[1])] = _value(value, len(context), "next-token")
+        entries[int(key.split(":", 1)[1])] = checked_value(value, len(context), "next-token")
     missing = sorted(set(asked) - set(entries))
     if missing:
         raise ServedReadError(f"next-token log-probabilities lack the asked ids {missing[:5]}")

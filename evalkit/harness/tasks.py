@@ -112,3 +112,10 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
             raise ConfigError(f"task {name}: its data could not be loaded ({first}); "
                               f"point task_data.{name} at local files") from error
     return manager, loaded
+
+
+def scoring_tasks(tasks: list[Any]) -> list[str]:
+    """The names of the loaded tasks that need log-likelihoods (every output type but generate_until); a group
+    named but not yet expanded is not counted."""
+    return sorted(t.config.task for t in tasks
+                  if not isinstance(t, str) and getattr(t.config, "output_type", None) != "generate_until")

@@ -26,7 +26,7 @@ from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.harness.lm import EvalkitLM
-from evalkit.harness.tasks import load_tasks
+from evalkit.harness.tasks import load_tasks, scoring_tasks
 
 log = logging.getLogger("evalkit")
 EngineFactory = Callable[[EvalConfig, str], Engine]
@@ -99,6 +99,14 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
     return outcome
 
 
+def refuse_unanswerable(description: dict[str, Any], tasks: list[Any]) -> None:
+    """Log-likelihood tasks on a served engine whose server cannot score (its echo failed the probe): refused
+    before any request is sent or stored."""
+    why, needs = description.get("cannot_score"), scoring_tasks(tasks)
+    if why and needs:
+        raise ConfigError(f"{', '.join(needs)} need log-likelihoods, and {why}")
+
+
 def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
     """How prompts were built, with what the tokenizer did by default, for the results file."""
     bos, eos = lm.prefix_token_id, lm.eot_token_id
@@ -128,6 +136,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     watch.lap("engine_start")
     try:
         description = engine.describe()
+        refuse_unanswerable(description, tasks)
         fingerprint = model_fingerprint(model_dir, description)
         if cfg.resume:
             answers = RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")

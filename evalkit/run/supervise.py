@@ -172,7 +172,8 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     def on_signal(signum, frame):
         for attempt in current:
             attempt.stop(signal.SIGTERM)
-        raise SystemExit(128 + signum)
+        name = signal.Signals(signum).name
+        raise RunStopped(f"by {name}; finished answers are kept for a rerun", name)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     outcome: Outcome | None = None
