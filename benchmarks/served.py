@@ -12,7 +12,9 @@ evalkit's own ``endpoint.serve`` code and already up before any side's clock sta
 * **evalkit offline**: ``evaluate`` on a ``vllm.LLM`` in this process (the reference every side is compared with).
 
 Seconds are each side's evaluate/simple_evaluate wall for the task (harness included, engine or server already
-up). Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
+up). Every side starts with a cold prefix cache: the server runs with ``VLLM_SERVER_DEV_MODE=1`` and its
+``/reset_prefix_cache`` is called before each side (else the side that runs second would find the first's
+prompts cached). Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
 every choice. Tasks: evalkit_facts (0-shot, 4 numeric/short choices), evalkit_bench_mc (4 choices behind a
 ~250-token few-shot context), evalkit_arith (3-shot generation), 30 documents each by default.
 
@@ -74,6 +76,14 @@ def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: 
     return (seconds, outcome["results"][task], *answers(outcome["samples"][task]))
 
 
+def reset_prefix_cache(root: str) -> None:
+    """Empty the server's prefix cache (a development endpoint, VLLM_SERVER_DEV_MODE=1)."""
+    import urllib.request
+
+    with urllib.request.urlopen(urllib.request.Request(f"{root}/reset_prefix_cache", method="POST"), timeout=60):
+        pass
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=30, help="documents per task")
@@ -91,6 +101,7 @@ def main(argv: list[str]) -> None:
     out = Path(tempfile.mkdtemp(prefix="evalkit-served-bench-"))
     base = [f"vllm_path={model_dir}", f"limit={options.limit}", *SETTINGS]
     started = time.perf_counter()
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the server's /reset_prefix_cache, between sides
     served = start_served(compose_config([*base, "engine=served", "endpoint.serve=true", "gpu_memory_utilization=0.15",
                                           f"output_dir={out / 'server'}"]), model_dir)
     server_start = time.perf_counter() - started
@@ -99,12 +110,14 @@ def main(argv: list[str]) -> None:
     found: dict[str, dict[str, tuple]] = {}
     try:
         for task in TASKS:
-            found[task] = {
-                "evalkit served": evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
-                                                f"output_dir={out / 'served'}"], served, task),
-                "lm-eval local-completions": lm_eval_task(served.client.url, served.model, model_dir, task,
-                                                          options.limit),
-                "evalkit offline": evalkit_task([*base, f"output_dir={out / 'offline'}"], offline, task)}
+            reset_prefix_cache(served.client.root())
+            on_server = evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
+                                      f"output_dir={out / 'served'}"], served, task)
+            reset_prefix_cache(served.client.root())
+            lm_eval = lm_eval_task(served.client.url, served.model, model_dir, task, options.limit)
+            offline.llm.reset_prefix_cache()
+            found[task] = {"evalkit served": on_server, "lm-eval local-completions": lm_eval,
+                           "evalkit offline": evalkit_task([*base, f"output_dir={out / 'offline'}"], offline, task)}
             print(task, {side: f"{found[task][side][0]:.1f} s" for side in SIDES}, flush=True)
     finally:
         offline.close()

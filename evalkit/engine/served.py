@@ -26,6 +26,7 @@ from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 __all__ = ["ServedEngine", "ServedError", "ServerRefused"]
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
+CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
 
 
 class ServedError(PartialAnswers):
@@ -53,6 +54,8 @@ class ServedEngine(TokenizerSide):
         self.tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code, add_bos_token=add_bos_token)
         self.max_model_len = max_model_len
         self._counts: Counter[str] = Counter()
+        # next-token reads share the server's prefix cache with one another, and with no other client's requests
+        self.cache_salt = salt()
         self.deployment = deployment(client, model, max_model_len)
         self.model = self.deployment["model"]
         self.probed = probe(self)
@@ -111,18 +114,20 @@ class ServedEngine(TokenizerSide):
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
               fast: bool = True) -> list[Scored]:
-        """Log-probabilities of ids[start:] given what precedes. One-token continuations (fast): one request per
-        context, every choice's token in ``logprob_token_ids``; the rest from prompt log-probabilities,
-        each under a fresh ``cache_salt`` so no row comes from another request's cache. Through the OpenAI API
-        alone (api: openai), every request by echo."""
+        """Log-probabilities of ids[start:] given what precedes. Continuations of up to CHAIN_TOKENS tokens
+        (fast): each token's next-token log-probability given all before it, one request per distinct context
+        asking for every token that follows it there (``logprob_token_ids``), so the choices of a question
+        share their requests and, under the engine's one ``cache_salt``, the server's prefix cache. The rest
+        from prompt log-probabilities, each under a fresh salt (vLLM reads no cache for them either). Through
+        the OpenAI API alone (api: openai), every request by echo."""
         if self.api != "vllm":
             return self._echo(requests, progress)
-        single = [i for i, r in enumerate(requests) if fast and len(r.ids) - r.start == 1 and r.start >= 1]
-        taken = set(single)
+        chained = [i for i, r in enumerate(requests) if fast and 1 <= r.start < len(r.ids) <= r.start + CHAIN_TOKENS]
+        taken = set(chained)
         rest = [i for i in range(len(requests)) if i not in taken]
         scored: list[Any] = [None] * len(requests)
         reasons = []
-        for chosen, send in ((rest, self._prompt_logprobs), (single, self._next_token)):
+        for chosen, send in ((rest, self._prompt_logprobs), (chained, self._chained)):
             try:
                 answers = send([requests[i] for i in chosen], progress)
             except ServedError as error:
@@ -133,21 +138,45 @@ class ServedEngine(TokenizerSide):
             raise failed(scored, reasons[0])
         return scored
 
+    def _chained(self, requests: Sequence[ScoreRequest], progress: Progress | None) -> list[Scored | None]:
+        """Each continuation token scored by the next-token read of its own context; a request's log-probability
+        is their sum, greedy where every token is."""
+        steps = {r: [ScoreRequest(ids=r.ids[:p + 1], start=p) for p in range(r.start, len(r.ids))] for r in requests}
+        unique = list(dict.fromkeys(step for chain in steps.values() for step in chain))
+        self._counts.update(single_token=sum(1 for r in requests if len(steps[r]) == 1),
+                            chained=sum(1 for r in requests if len(steps[r]) > 1), chain_steps=len(unique))
+        reason = None
+        try:
+            found = self._next_token(unique)
+        except ServedError as error:
+            found, reason = error.answers, error.reason
+        read = dict(zip(unique, found))
+        answers = [None if any(read[s] is None for s in steps[r]) else
+                   Scored(logprob=sum(read[s].logprob for s in steps[r]), is_greedy=all(read[s].is_greedy for s in steps[r]))
+                   for r in requests]
+        done = [r for r, a in zip(requests, answers) if a is not None]
+        if progress:
+            progress.advance(len(done), sum(len(r.ids) for r in done))
+        if reason:
+            raise failed(answers, reason)
+        return answers
+
     def _prompt_logprobs(self, requests: Sequence[ScoreRequest], progress: Progress | None) -> list[Scored]:
         self._counts.update(prompt_logprobs=len(requests))
         return self._batch(requests, lambda r: body.prompt_logprobs_body(r.ids, self.model, salt()),
                            body.read_prompt_logprobs, progress, lambda r: len(r.ids))
 
-    def _next_token(self, requests: Sequence[ScoreRequest], progress: Progress | None) -> list[Scored | None]:
-        """One request per context, asking for every choice's token (at most 128 per request, more split)."""
+    def _next_token(self, requests: Sequence[ScoreRequest]) -> list[Scored | None]:
+        """One-token continuations: one request per context, asking for every token that follows it (at most 128
+        per request, more split)."""
         contexts: dict[tuple[int, ...], set[int]] = {}
         for r in requests:
             contexts.setdefault(r.ids[:r.start], set()).add(r.ids[r.start])
         asks = [(c, tuple(ids)) for c in contexts for ids in chunked(sorted(contexts[c]), MAX_LOGPROB_TOKEN_IDS)]
-        self._counts.update(single_token=len(requests), contexts=len(contexts), context_requests=len(asks))
+        self._counts.update(contexts=len(contexts), context_requests=len(asks))
         reason = None
         try:
-            found = self._batch(asks, lambda a: body.next_token_body(a[0], a[1], self.model, salt()),
+            found = self._batch(asks, lambda a: body.next_token_body(a[0], a[1], self.model, self.cache_salt),
                                 lambda a, response: body.read_next_token(a[0], a[1], response), None, len)
         except ServedError as error:
             found, reason = error.answers, error.reason
@@ -157,8 +186,6 @@ class ServedEngine(TokenizerSide):
                 entries.setdefault(context, {}).update(entry)
         answered = [r for r in requests if r.ids[r.start] in entries.get(r.ids[:r.start], {})]
         scores = dict(zip(answered, next_token_scores(answered, entries)))
-        if progress:
-            progress.advance(len(answered), sum(len(r.ids) for r in answered))
         if reason:
             raise failed([scores.get(r) for r in requests], reason)
         return [scores[r] for r in requests]
