@@ -40,6 +40,12 @@ def test_python_m_evalkit_end_to_end(tmp_path, default_run, engine):
     assert {c["setting"] for c in ek["engine"]["choices"]} >= {"engine_kwargs.enforce_eager",
                                                                "env.VLLM_ENABLE_V1_MULTIPROCESSING"}
     assert ek["engine"]["versions"]["vllm"] and ek["counts"]["evalkit_facts"]["requests"] == 48
+    timings = ek["timings"]  # each stage, from `python -m evalkit` on; the engine's start in its steps
+    stages = ["startup", "prepare_model", "load_tasks", "engine_start", "evaluate", "close", "total"]
+    assert [k for k in timings if k in stages] == stages and all(timings[k] > 0 for k in stages)
+    steps = timings["engine_start_stages"]
+    assert set(steps) == {"import_vllm", "tokenizer", "engine_init"} and all(v > 0 for v in steps.values())
+    assert sum(steps.values()) <= timings["engine_start"]
     samples = read_samples(run_dir, "evalkit_arith")
     assert all(s["finish_reason"] in ("stop", "length") and s["output_tokens"] >= 1 for s in samples)
     assert all(s["raw_output"] == s["resps"][0][0] for s in samples)

@@ -34,8 +34,14 @@ def library_versions() -> dict[str, str | None]:
     }
 
 
+GPU_DRIVER_FILES = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL
+
+
 def accelerators() -> tuple[str, int]:
-    """("cuda", n) when GPUs are visible, else ("cpu", number of cores vLLM may use)."""
+    """("cuda", n) when GPUs are visible, else ("cpu", number of cores vLLM may use). On a machine with no GPU
+    driver at all, torch (1 s to import) is not asked: it would find no GPU either."""
+    if not any(os.path.exists(path) for path in GPU_DRIVER_FILES):
+        return "cpu", os.cpu_count() or 1
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:

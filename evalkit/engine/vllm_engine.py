@@ -8,6 +8,7 @@ starts its engine core by spawning a process, so this module must stay importabl
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from typing import Any, Sequence
 
@@ -43,8 +44,11 @@ class VLLMEngine(TokenizerSide):
         engine_kwargs: dict[str, Any],
         choices: Sequence[Any] = (),
     ) -> None:
+        clock = time.perf_counter()
         from vllm import LLM
 
+        # seconds of each step of the start, for results.json (evalkit.timings.engine_start_stages)
+        self.start_seconds = {"import_vllm": round(time.perf_counter() - clock, 3)}
         self.args: dict[str, Any] = {
             "model": model,
             "tokenizer": tokenizer or model,
@@ -65,11 +69,15 @@ class VLLMEngine(TokenizerSide):
         # prompt), cache_hits (of those, read a cached prefix), resubmitted (V1 rows the cache covered, sent
         # again), mismatched (reads that failed their check, sent again), runner_v1 / runner_v2 (which layout)
         self._counts: Counter[str] = Counter()
+        clock = time.perf_counter()
         self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
                                         add_bos_token=add_bos_token)
+        self.start_seconds["tokenizer"] = round(time.perf_counter() - clock, 3)
         # the VLLM_* variables the engine started under (evalkit.engine.tuning sets some only for the start)
         self.environment = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
-        self.llm = LLM(**self.args)
+        clock = time.perf_counter()
+        self.llm = LLM(**self.args)  # its configuration, model load, KV cache and warm-up (its log has each)
+        self.start_seconds["engine_init"] = round(time.perf_counter() - clock, 3)
         # Which model runner computes prompt log-probabilities: "v2" (vLLM 0.32's default wherever Triton is,
         # so every CUDA machine) returns only the rows it computed; "v1" (the CPU build) one row per position.
         self.runner = "v2" if getattr(self.llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1"
@@ -241,7 +249,7 @@ class VLLMEngine(TokenizerSide):
     def describe(self) -> dict[str, Any]:
         return {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
                 "model_runner": self.runner, "environment": dict(self.environment),
-                "versions": library_versions(), "hardware": hardware()}
+                "versions": library_versions(), "hardware": hardware(), "start_seconds": dict(self.start_seconds)}
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

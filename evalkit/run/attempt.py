@@ -89,7 +89,7 @@ def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
     spec = json.loads(Path(spec_file).read_text())
     cfg: EvalConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), spec["config"]))
     try:
-        run_dir = evaluate(cfg, attempts=spec["attempts"])
+        run_dir = evaluate(cfg, attempts=spec["attempts"], started_at=spec.get("started_at"))
     except (ConfigError, PromptTooLong) as error:
         write_outcome(outcome, status="config", message=str(error))
         return 2
@@ -105,5 +105,16 @@ def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """End this try now that its outcome is written. After a finished run, without the interpreter's teardown:
+    everything is on disk (the run folder and the request store are written and fsync'ed, the engine closed),
+    and tearing down the imported vLLM, torch and lm-eval took 2.6 s of a 24 s default run (measured here)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0:
+        os._exit(0)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    leave(main(*sys.argv[1:4]))

@@ -118,10 +118,12 @@ def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
 
 
 def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, check_devices: bool = True,
-             attempts: list[dict[str, Any]] | None = None) -> Path:
+             attempts: list[dict[str, Any]] | None = None, started_at: float | None = None) -> Path:
     """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
 
-    attempts: earlier tries of this run that failed for lack of memory (supervise.py), for the record."""
+    attempts: earlier tries of this run that failed for lack of memory (supervise.py), for the record.
+    started_at: when ``python -m evalkit`` started (time.time()), for the startup figure of the timings."""
+    startup = round(time.time() - started_at, 3) if started_at is not None else None
     watch = Stopwatch()
     untested_versions = check_versions()  # one line where vLLM or lm-eval is not a tested version
     model_dir, manager, tasks = prepare(cfg, check_devices=check_devices, watch=watch)
@@ -154,8 +156,11 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         watch.lap("evaluate")
     finally:
         engine.close()
+    watch.lap("close")
 
-    timings = {**watch.laps, "total": round(sum(watch.laps.values()), 3), "engine_calls": dict(lm.engine_seconds)}
+    timings = {**({"startup": startup} if startup is not None else {}), **watch.laps,
+               "total": round(sum(watch.laps.values()), 3), "engine_start_stages": description.get("start_seconds"),
+               "engine_calls": dict(lm.engine_seconds)}
     section: results.EvalkitSection = {
         "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
         "engine": {**description, "model_dir": model_dir}, "prompting": prompting(cfg, lm), "timings": timings,

@@ -66,7 +66,11 @@ class EvalkitSection(TypedDict):
     engine: dict[str, Any]  # engine_args actually passed to vllm.LLM, versions, hardware
     untested_versions: list[str]  # vLLM, lm-eval outside the tested versions: "vllm 0.33.0 (tested: 0.32.0)"
     prompting: Prompting  # special tokens, chat template settings, seeds, sampling overrides
-    timings: dict[str, Any]  # seconds per stage, and engine_calls: seconds in the engine per request kind
+    # seconds per stage: startup (python -m evalkit to this try's evaluate: the supervisor's checks, the try's
+    # process start and imports), prepare_model, load_tasks, engine_start, evaluate, close, total (of the stages
+    # after startup); engine_start_stages (vLLM engines: import_vllm, tokenizer, engine_init); engine_calls
+    # (seconds in the engine per request kind)
+    timings: dict[str, Any]
     counts: dict[str, TaskCounts]  # per task
     sampling: dict[str, list[dict[str, Any]]]  # per task: each generation setting as the engine got it, with its count
     scoring: dict[str, Any]  # fast_scoring, the model runner ("v1" | "v2"), requests per scoring path, cache hits,

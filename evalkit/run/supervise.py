@@ -89,6 +89,13 @@ def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outc
     return outcome, attempts
 
 
+def started_at() -> float:
+    """When this process (``python -m evalkit``) started, as time.time() does."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 class Attempt:
     """One try in ``python -m evalkit.run.attempt``, its own process group; each line of its output goes to
     on_line (from a reader thread) and its tail is kept."""
@@ -96,7 +103,7 @@ class Attempt:
     def __init__(self, cfg: EvalConfig, history: list, *, on_line: Callable[[str], None]) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="evalkit-attempt-"))
         spec = self.work / "spec.json"
-        spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history}))
+        spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history, "started_at": started_at()}))
         self.outcome_file = self.work / "outcome.json"
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
         # The try watches the read end: when this process dies, even by SIGKILL, the kernel closes the
