@@ -104,7 +104,9 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
         import vllm  # noqa: F401  (before the clock: neither side's engine start then includes importing it)
 
         started = time.perf_counter()
-        real = start_vllm(compose_config(base), model_dir)
+        # as `python -m evalkit` starts it: the only engine of its process (vLLM's engine core in this process;
+        # closed before lm-eval's engine starts)
+        real = start_vllm(compose_config(base), model_dir, sole_engine=True)
         facts: dict[str, Any] = {"engine_start": time.perf_counter() - started, "wall": 0.0, "phases": {},
                                  "floor_wall": 0.0, "kinds": {}}
         recorder = RecordingEngine(real)

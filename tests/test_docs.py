@@ -57,3 +57,14 @@ def test_every_relative_link_points_at_a_file(page, target):
 def test_every_docs_page_is_linked_from_the_readme():
     linked = {(ROOT / target.partition("#")[0]).resolve() for target in links((ROOT / "README.md").read_text())}
     assert [p.name for p in PAGES[1:] if p.resolve() not in linked] == []
+
+
+def test_no_file_holds_a_merge_conflicts_markers():
+    """A merge left `<<<<<<< HEAD` ... `>>>>>>> branch` in docs/architecture.md once, unseen by the link check."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    marker = re.compile(r"^(<{7} |>{7} )", re.MULTILINE)
+    found = [name for name in tracked if name.endswith((".md", ".py", ".yaml", ".toml", ".txt", ".sh"))
+             and marker.search((ROOT / name).read_text(encoding="utf-8", errors="replace"))]
+    assert found == []

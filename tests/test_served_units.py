@@ -162,5 +162,8 @@ def test_a_served_store_is_keyed_on_the_deployment_and_the_tokenizer_not_the_url
     (tmp_path / "model.safetensors").write_bytes(b"2")
     assert fingerprint(str(tmp_path), {**served, "engine_args": {**served["engine_args"], "url": "http://b/v1"}}) == first
     assert fingerprint(str(tmp_path), {**served, "deployment": {**served["deployment"], "version": "0.33"}}) != first
+    # vLLM's system_fingerprint hashes the engine's configuration (dtype, attention backend, parallel layout)
+    rebuilt = {**served["deployment"], "system_fingerprint": "vllm-0.32.0-e472885f"}
+    assert fingerprint(str(tmp_path), {**served, "deployment": rebuilt}) != first
     (tmp_path / "tokenizer.json").write_text('{"a": 1}')
     assert fingerprint(str(tmp_path), served) != first

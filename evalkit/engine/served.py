@@ -44,7 +44,8 @@ def failed(answers: list[Any], reason: str) -> ServedError:
 
 
 class ServedEngine(TokenizerSide):
-    """The :class:`evalkit.contracts.Engine` of a running vLLM server, reached over HTTP."""
+    """The :class:`evalkit.contracts.Engine` of a running OpenAI-compatible server, reached over HTTP: read
+    through vLLM's fields where it has them (api: vllm), else through the OpenAI API alone (api: openai)."""
 
     def __init__(self, *, client: Client, model: str | None, tokenizer: str, trust_remote_code: bool,
                  add_bos_token: bool | None, max_model_len: int, server: Any = None) -> None:
@@ -75,8 +76,9 @@ class ServedEngine(TokenizerSide):
     # --- inference ---
     def _batch(self, requests: Sequence[Any], make: Callable[[Any], dict], read: Callable[[Any, dict], Any],
                progress: Progress | None, tokens: Callable[[Any], int]) -> list[Any]:
-        """Each request sent, its answer read and checked; one that fails its check is sent once more (a fresh
-        salt); those still failing raise ServedError after the batch, with the finished answers."""
+        """Each request sent, its answer read and checked; one that fails its check is sent once more (a
+        prompt-log-probability request under a fresh salt); those still failing raise ServedError after the
+        batch, with the finished answers."""
         answers: list[Any] = [None] * len(requests)
         reasons: dict[int, str] = {}
         todo = list(range(len(requests)))
