@@ -152,15 +152,18 @@ def test_fast_scoring_paths_give_the_plain_numbers(engine):
     noise = max(1e-5, drift(plain, reversed_plain), drift(plain, alone))
     single, counts = counted(engine, lambda: engine.score(requests, paths=("next_token",)))
     assert counts["single_token"] > 0 and counts["contexts"] < counts["single_token"]
-    cached, counts = counted(engine, lambda: engine.score(requests, paths=("shared_prefix",)))
-    assert counts["cache_hits"] > 0, counts
+    chained, counts = counted(engine, lambda: engine.score(requests, paths=("chained",)))
+    assert counts["chained"] > 0 and counts["chain_steps"] > counts["chained"] and not counts["single_token"]
     mismatched = counts["mismatched"]
+    cached, counts = counted(engine, lambda: engine.score(requests, paths=("shared_prefix",)))
+    assert counts["cache_hits"] > 0 and counts[f"runner_{engine.runner}"] > 0, counts
+    mismatched += counts["mismatched"]
     both, counts = counted(engine, lambda: engine.score(requests))  # the default: fast
-    for result in (single, cached, both):
+    for result in (single, chained, cached, both):
         assert [s.is_greedy for s in result] == [s.is_greedy for s in plain]
         assert drift(result, plain) <= noise, (drift(result, plain), noise)
     assert any(s.is_greedy for s in plain) and not all(s.is_greedy for s in plain)
-    assert mismatched + counts["mismatched"] == 0 and counts[f"runner_{engine.runner}"] > 0
+    assert mismatched + counts["mismatched"] == 0 and counts["chained"] > 0 and counts["single_token"] > 0
 
 
 def test_a_cache_hit_into_the_continuation_is_resubmitted_not_read(engine):

@@ -19,6 +19,7 @@ from evalkit.engine.logprob_reads import (BadRead, chunked, next_token_scores, r
                                           read_token_id_rows, scored_positions)
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
+CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
 
 
 class ScoringError(RuntimeError):
@@ -64,7 +65,7 @@ class VLLMEngine(TokenizerSide):
         self.args.update(engine_kwargs)
         self.max_model_len = max_model_len
         self.choices = list(choices)  # what evalkit.engine.tuning filled in, for the record
-        # what the scoring paths did, as they return it (scoring_counts() hands out a copy): single_token (scored from one context's next token), contexts (those
+        # what the scoring paths did, as they return it (scoring_counts() hands out a copy): single_token (scored from one context's next token), chained and chain_steps (continuations read token by token, and the reads), contexts (those
         # contexts), context_requests (the requests sent for them), prompt_logprobs (scored from their own
         # prompt), cache_hits (of those, read a cached prefix), resubmitted (V1 rows the cache covered, sent
         # again), mismatched (reads that failed their check, sent again), runner_v1 / runner_v2 (which layout)
@@ -102,11 +103,15 @@ class VLLMEngine(TokenizerSide):
               paths: tuple[str, ...] | None = None) -> list[Scored]:
         """Log-probabilities of ids[start:] given ids[:start], from the model's raw logits (no sampling).
 
-        Three paths, each giving the same numbers (tests/test_engine.py):
+        Four paths, each giving the same numbers (tests/test_engine.py):
 
         * ``next_token`` (a continuation of one token, the common multiple-choice case): the context is sent
           once, with every choice's token in ``logprob_token_ids`` (at most 128 per request, more are split);
           the next-token distribution gives them all, and the greedy token beside them.
+        * ``chained`` (a continuation of 2 to CHAIN_TOKENS tokens): each of its tokens read as ``next_token``
+          reads one, at its own position; choices that share their first tokens share those reads, and each
+          read prefills only what vLLM's prefix cache lacks (no row of the prompt is computed, so the V1/V2
+          layouts do not enter). The sum over the tokens, greedy where every token is.
         * ``shared_prefix``: prompt log-probabilities reading vLLM's prefix cache, so the choices of one
           question (kept adjacent, as lm-eval orders them) prefill their common context once. On the V2 runner
           the request asks vLLM's own API for rows from the continuation on (``prompt_logprob_start``,
@@ -114,7 +119,7 @@ class VLLMEngine(TokenizerSide):
           (``num_cached_tokens``) is resubmitted without the cache, as its rows there were never written.
         * plain: prompt log-probabilities of the whole sequence, no cache (``fast=False``).
 
-        paths names the fast paths to take (tests choose them one by one); by default both when fast, none
+        paths names the fast paths to take (tests choose them one by one); by default all three when fast, none
         otherwise. Every read is checked against the request (evalkit/engine/logprob_reads.py): a read that
         fails is resubmitted without the cache and counted (``scoring_counts()["mismatched"]``); a second failure
         raises :class:`ScoringError`.
@@ -124,17 +129,20 @@ class VLLMEngine(TokenizerSide):
         """
         if not requests:
             return []
-        chosen = set(("next_token", "shared_prefix") if fast else ()) if paths is None else set(paths)
+        chosen = set(("next_token", "chained", "shared_prefix") if fast else ()) if paths is None else set(paths)
         single = [i for i, r in enumerate(requests)
                   if "next_token" in chosen and len(r.ids) - r.start == 1 and r.start >= 1]
-        taken = set(single)
+        chain = [i for i, r in enumerate(requests)
+                 if "chained" in chosen and r.start >= 1 and 1 < len(r.ids) - r.start <= CHAIN_TOKENS]
+        taken = set(single) | set(chain)
         rest = [i for i in range(len(requests)) if i not in taken]
         scored: list[Scored | None] = [None] * len(requests)
         next_token, counts = self._score_next_token([requests[i] for i in single])
+        chained, chain_counts = self._score_chained([requests[i] for i in chain])
         prompts, prompt_counts = self._score_prompts([requests[i] for i in rest], "shared_prefix" in chosen)
-        for i, result in [*zip(single, next_token), *zip(rest, prompts)]:
+        for i, result in [*zip(single, next_token), *zip(chain, chained), *zip(rest, prompts)]:
             scored[i] = result
-        self._counts.update(counts + prompt_counts)
+        self._counts.update(counts + chain_counts + prompt_counts)
         if progress:
             progress.advance(len(requests), sum(len(r.ids) for r in requests))
         return scored  # type: ignore[return-value]
@@ -167,6 +175,21 @@ class VLLMEngine(TokenizerSide):
         counts = Counter(single_token=len(requests), contexts=len(contexts), context_requests=len(asks),
                          mismatched=len(again))
         return next_token_scores(requests, entries), counts
+
+    def _score_chained(self, requests: Sequence[ScoreRequest]) -> tuple[list[Scored], Counter[str]]:
+        """Each continuation token as a one-token continuation of everything before it (read as next_token
+        reads one); a request's log-probability is their sum, greedy where every token is."""
+        if not requests:
+            return [], Counter()
+        steps = {r: [ScoreRequest(ids=r.ids[:p + 1], start=p) for p in range(r.start, len(r.ids))] for r in requests}
+        unique = list(dict.fromkeys(step for chain in steps.values() for step in chain))
+        read, counts = self._score_next_token(unique)
+        found = dict(zip(unique, read))
+        scored = [Scored(logprob=sum(found[s].logprob for s in steps[r]), is_greedy=all(found[s].is_greedy for s in steps[r]))
+                  for r in requests]
+        counts = Counter({k: v for k, v in counts.items() if k != "single_token"})
+        counts.update(chained=len(requests), chain_steps=len(unique))
+        return scored, counts
 
     def _prompt_params(self, request: ScoreRequest, read_cache: bool) -> Any:
         """prompt_logprobs=1 (the token and the top-1 of each row); on V2, also vLLM's fixed-id scores of the
