@@ -107,7 +107,7 @@ class EvalConfig:
     seed: int = 1234  # the engine's seed (sampling); lm-eval's own seeds are task_seeds and never follow it
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
     tune: bool = True  # fill in engine settings the user left open for this machine (evalkit/engine/tuning.py), printed
-    fast_scoring: bool = True  # log-likelihoods through the prefix cache and one request per context (engine.py)
+    fast_scoring: bool = True  # log-likelihoods from next-token reads and the prefix cache (vllm_engine.py score)
 
     # --- generation ---
     max_tokens: int = 16384  # ceiling on new tokens per request; a task's own max_gen_toks may lower it
