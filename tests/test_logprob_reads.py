@@ -200,3 +200,17 @@ def test_next_token_entries_must_hold_every_asked_id_from_one_step():
 def test_more_than_128_ids_go_in_several_requests():
     parts = chunked(list(range(300)), 128)
     assert [len(p) for p in parts] == [128, 128, 44] and sum(parts, []) == list(range(300))
+
+
+def test_a_continuation_is_chained_from_one_step_per_token_shared_between_choices():
+    from evalkit.contracts import Scored
+    from evalkit.engine.logprob_reads import chained_score, token_steps
+
+    a, b = ScoreRequest(ids=(1, 5, 6, 7), start=2), ScoreRequest(ids=(1, 5, 6, 8), start=2)
+    steps, unique = token_steps([a, b])
+    assert steps[a] == [ScoreRequest(ids=(1, 5, 6), start=2), ScoreRequest(ids=(1, 5, 6, 7), start=3)]
+    assert unique == [steps[a][0], steps[a][1], steps[b][1]]  # the shared first token is read once
+    found = {unique[0]: Scored(-1.0, True), unique[1]: Scored(-0.5, False), unique[2]: Scored(-0.25, True)}
+    assert chained_score(steps[a], found) == Scored(-1.5, False)
+    assert chained_score(steps[b], found) == Scored(-1.25, True)
+    assert chained_score(steps[b], {**found, unique[2]: None}) is None

@@ -112,3 +112,18 @@ def next_token_scores(requests: Sequence[ScoreRequest], entries: dict[tuple[int,
 def chunked(items: Sequence[int], size: int) -> list[list[int]]:
     """items in lists of at most size (vLLM takes at most 128 ``logprob_token_ids`` per request)."""
     return [list(items[i:i + size]) for i in range(0, len(items), size)] or [[]]
+
+
+def token_steps(requests: Sequence[ScoreRequest]) -> tuple[dict[ScoreRequest, list[ScoreRequest]], list[ScoreRequest]]:
+    """Each request's continuation as one-token requests, one per token, of everything before it; and those
+    steps once each (choices that share their first tokens share those steps)."""
+    steps = {r: [ScoreRequest(ids=r.ids[:p + 1], start=p) for p in range(r.start, len(r.ids))] for r in requests}
+    return steps, list(dict.fromkeys(step for chain in steps.values() for step in chain))
+
+
+def chained_score(steps: Sequence[ScoreRequest], found: dict[ScoreRequest, Scored | None]) -> Scored | None:
+    """A continuation from its steps' scores: their sum, greedy where every step is; None if a step has none."""
+    scores = [found.get(step) for step in steps]
+    if any(s is None for s in scores):
+        return None
+    return Scored(logprob=sum(s.logprob for s in scores), is_greedy=all(s.is_greedy for s in scores))

@@ -18,7 +18,7 @@ from evalkit.contracts import (Generation, GenRequest, PartialAnswers, Progress,
 from evalkit.engine import served_body as body
 from evalkit.engine import served_openai as openai
 from evalkit.engine.environment import library_versions
-from evalkit.engine.logprob_reads import BadRead, chunked, next_token_scores
+from evalkit.engine.logprob_reads import BadRead, chained_score, chunked, next_token_scores, token_steps
 from evalkit.engine.served_http import Client, Failure, without_credentials
 from evalkit.engine.served_probe import ServerRefused, deployment, probe, salt, server_defaults
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
@@ -143,8 +143,7 @@ class ServedEngine(TokenizerSide):
     def _chained(self, requests: Sequence[ScoreRequest], progress: Progress | None) -> list[Scored | None]:
         """Each continuation token scored by the next-token read of its own context; a request's log-probability
         is their sum, greedy where every token is."""
-        steps = {r: [ScoreRequest(ids=r.ids[:p + 1], start=p) for p in range(r.start, len(r.ids))] for r in requests}
-        unique = list(dict.fromkeys(step for chain in steps.values() for step in chain))
+        steps, unique = token_steps(requests)
         self._counts.update(single_token=sum(1 for r in requests if len(steps[r]) == 1),
                             chained=sum(1 for r in requests if len(steps[r]) > 1), chain_steps=len(unique))
         reason = None
@@ -153,9 +152,7 @@ class ServedEngine(TokenizerSide):
         except ServedError as error:
             found, reason = error.answers, error.reason
         read = dict(zip(unique, found))
-        answers = [None if any(read[s] is None for s in steps[r]) else
-                   Scored(logprob=sum(read[s].logprob for s in steps[r]), is_greedy=all(read[s].is_greedy for s in steps[r]))
-                   for r in requests]
+        answers = [chained_score(steps[r], read) for r in requests]
         done = [r for r, a in zip(requests, answers) if a is not None]
         if progress:
             progress.advance(len(done), sum(len(r.ids) for r in done))

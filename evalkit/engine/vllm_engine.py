@@ -15,8 +15,8 @@ from typing import Any, Sequence
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.environment import hardware, library_versions
-from evalkit.engine.logprob_reads import (BadRead, chunked, next_token_scores, read_next_token, read_prompt_rows,
-                                          read_token_id_rows, scored_positions)
+from evalkit.engine.logprob_reads import (BadRead, chained_score, chunked, next_token_scores, read_next_token,
+                                          read_prompt_rows, read_token_id_rows, scored_positions, token_steps)
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
@@ -181,12 +181,10 @@ class VLLMEngine(TokenizerSide):
         reads one); a request's log-probability is their sum, greedy where every token is."""
         if not requests:
             return [], Counter()
-        steps = {r: [ScoreRequest(ids=r.ids[:p + 1], start=p) for p in range(r.start, len(r.ids))] for r in requests}
-        unique = list(dict.fromkeys(step for chain in steps.values() for step in chain))
+        steps, unique = token_steps(requests)
         read, counts = self._score_next_token(unique)
         found = dict(zip(unique, read))
-        scored = [Scored(logprob=sum(found[s].logprob for s in steps[r]), is_greedy=all(found[s].is_greedy for s in steps[r]))
-                  for r in requests]
+        scored = [chained_score(steps[r], found) for r in requests]
         counts = Counter({k: v for k, v in counts.items() if k != "single_token"})
         counts.update(chained=len(requests), chain_steps=len(unique))
         return scored, counts
