@@ -154,6 +154,7 @@ def test_fast_scoring_paths_give_the_plain_numbers(engine):
     assert counts["single_token"] > 0 and counts["contexts"] < counts["single_token"]
     chained, counts = counted(engine, lambda: engine.score(requests, paths=("chained",)))
     assert counts["chained"] > 0 and counts["chain_steps"] > counts["chained"] and not counts["single_token"]
+    assert 0 < counts["path_reads"] < counts["chain_steps"], counts  # one request per last context, not per step
     mismatched = counts["mismatched"]
     cached, counts = counted(engine, lambda: engine.score(requests, paths=("shared_prefix",)))
     assert counts["cache_hits"] > 0 and counts[f"runner_{engine.runner}"] > 0, counts
@@ -179,6 +180,24 @@ def test_a_cache_hit_into_the_continuation_is_resubmitted_not_read(engine):
                                       engine.score([request], paths=("shared_prefix",)))
     assert counts["cache_hits"] >= 1 and counts["resubmitted"] >= 1, counts
     assert counts["mismatched"] == 0
+    for result in (first, second):
+        assert result.logprob == pytest.approx(plain.logprob, abs=1e-4) and result.is_greedy == plain.is_greedy
+
+
+def test_a_path_read_whose_rows_the_cache_covered_is_resubmitted_not_read(engine):
+    """A 16-token continuation whose path read's prompt fills a whole KV-cache block past the continuation's
+    start, sent twice: the second read finds that block cached, and V1 never writes its rows. It is sent again
+    without the cache (counted) and scores as the plain path does."""
+    block = engine.args.get("block_size") or 128
+    words = " ".join(f"w{i}" for i in range(4 * block))
+    context = tuple(engine.encode(words, True))[:block - 10]
+    continuation = tuple(engine.encode(" and then the list of numbers went on to one, two, three, four, five and six", False))[:16]
+    request = ScoreRequest(ids=context + continuation, start=len(context))
+    assert len(continuation) == 16 and len(request.ids) - 1 > block
+    (plain,) = engine.score([request], paths=())
+    (first, second), counts = counted(engine, lambda: engine.score([request], paths=("chained",)) +
+                                      engine.score([request], paths=("chained",)))
+    assert counts["path_reads"] == 2 and counts["resubmitted"] >= 1 and counts["mismatched"] == 0, counts
     for result in (first, second):
         assert result.logprob == pytest.approx(plain.logprob, abs=1e-4) and result.is_greedy == plain.is_greedy
 

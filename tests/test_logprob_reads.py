@@ -214,3 +214,79 @@ def test_a_continuation_is_chained_from_one_step_per_token_shared_between_choice
     assert chained_score(steps[a], found) == Scored(-1.5, False)
     assert chained_score(steps[b], found) == Scored(-1.25, True)
     assert chained_score(steps[b], {**found, unique[2]: None}) is None
+
+
+def test_numeric_choices_are_read_with_one_request_per_last_context():
+    """Four two-digit answers behind one question (" 34", " 30", " 25", " 24", each a space and two digits):
+    two path reads, each prompt's rows giving the space and the first digit, its next-token read the last
+    digits; the step of the space is in both (either answers it)."""
+    from evalkit.engine.logprob_reads import PathRead, plan_paths, token_steps
+
+    question = (3, 17, 5)
+    choices = [(42, 30, 31), (42, 30, 32), (42, 33, 34), (42, 33, 35)]
+    requests = [ScoreRequest(ids=question + c, start=3) for c in choices]
+    reads, rest = plan_paths(requests)
+    assert reads == [PathRead(prompt=question + (42, 30), start=3, asked=(31, 32)),
+                     PathRead(prompt=question + (42, 33), start=3, asked=(34, 35))]
+    assert rest == []
+    _, unique = token_steps(requests)
+    assert set(unique) <= {s for r in reads for s in r.steps()}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_step_of_any_choices_is_read_by_a_path_or_left_for_a_next_token_read(seed):
+    """Random choices of 2 to 5 tokens over a small vocabulary behind two contexts, some choices prefixes of
+    others and contexts of different lengths: each step of token_steps is answered by a path read or left
+    over, never lost; there are never more reads than distinct last contexts."""
+    import random
+
+    from evalkit.engine.logprob_reads import plan_paths, token_steps
+
+    rng = random.Random(seed)
+    contexts = [(1, 2, 3), (1, 2, 3, 4, 5)]
+    requests = list(dict.fromkeys(
+        ScoreRequest(ids=c + tuple(rng.choice((6, 7, 8)) for _ in range(rng.randint(2, 5))), start=len(c))
+        for c in contexts for _ in range(rng.randint(1, 8))))
+    reads, rest = plan_paths(requests)
+    _, unique = token_steps(requests)
+    covered = {s for r in reads for s in r.steps()} | set(rest)
+    assert set(unique) <= covered
+    assert len(reads) <= len({r.ids[:-1] for r in requests})
+    for read in reads:  # every row a read asks for lies on its prompt, after its first scored position
+        assert read.start is None or 1 <= read.start < len(read.prompt)
+
+
+@pytest.mark.parametrize("steps", [[(0, 11)], [(4, 7)], [(0, 5), (5, 6)]], ids=["no hit", "hit in context", "chunked"])
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_a_path_read_gives_each_step_exactly_in_both_layouts(runner, steps):
+    """The prompt IDS[:11] read from position 8, and the next token after it for two ids (IDS[11] and another):
+    built as each runner builds the rows (and V2's fixed-id scores), each step's value and greediness equal a
+    reference from the logits."""
+    from evalkit.engine.logprob_reads import PathRead, path_scores, prompt_row_values, token_id_values
+
+    read = PathRead(prompt=IDS[:11], start=8, asked=(IDS[11], 4))
+    table = LOGITS.log_softmax(-1)
+    request = ScoreRequest(ids=read.prompt, start=read.start)
+    if runner == "v1":
+        rows = prompt_row_values(request, v1_layout(steps, prompt_len=11))
+    else:
+        greedy = [g for _, g in prompt_row_values(request, v2_layout(steps, prompt_len=11))]
+        values = token_id_values(request, v2_token_id_scores(steps, read.start - 1, prompt_len=11), read.start - 1)
+        rows = list(zip(values, greedy))
+    top = table[10].argmax().item()
+    entries = read_next_token(read.prompt, read.asked, sample_logprobs(
+        [([top, *read.asked], [table[10, t].item() for t in (top, *read.asked)])]))
+    scored = path_scores(read, rows, entries)
+    for step, value in scored.items():
+        row = table[step.start - 1]
+        assert value.logprob == pytest.approx(row[step.ids[-1]].item(), abs=1e-5)
+        assert value.is_greedy == (row.argmax().item() == step.ids[-1])
+    assert len(scored) == 3 + 2
+
+
+@pytest.mark.parametrize("layout", [v1_layout, v2_layout], ids=["V1", "V2"])
+def test_a_path_read_whose_rows_were_never_computed_is_refused(layout):
+    from evalkit.engine.logprob_reads import prompt_row_values
+
+    with pytest.raises(BadRead):
+        prompt_row_values(ScoreRequest(ids=IDS[:11], start=8), layout([(9, 2)], prompt_len=11))

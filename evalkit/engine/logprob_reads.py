@@ -21,6 +21,7 @@ raises :class:`BadRead`; the engine asks again without the cache, and a second f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from evalkit.contracts import Scored, ScoreRequest
@@ -46,13 +47,19 @@ def _checked(value: float, position: int, where: str) -> float:
 def read_prompt_rows(request: ScoreRequest, flat: Any) -> Scored:
     """Sum and greediness of ids[start:] from prompt log-probabilities (``prompt_logprobs=1``, flat), in either
     runner's layout: ``len(flat) - 1`` rows covering the last positions of the prompt."""
+    rows = prompt_row_values(request, flat)
+    return Scored(logprob=sum(v for v, _ in rows), is_greedy=all(g for _, g in rows))
+
+
+def prompt_row_values(request: ScoreRequest, flat: Any) -> list[tuple[float, bool]]:
+    """(log-probability, greedy) of each scored position of request, read as read_prompt_rows reads them."""
     if flat is None:
         raise BadRead("no prompt log-probabilities returned")
     ids, rows = request.ids, len(flat.start_indices) - 1
     first_covered = len(ids) - rows  # V1: 1; V2 after a cache hit of k tokens: k + 1
     if rows < 0 or first_covered < 1 or first_covered > max(request.start, 1):
         raise BadRead(f"{rows} prompt rows for a {len(ids)}-token prompt scored from position {request.start}")
-    total, greedy = 0.0, True
+    values = []
     for position in scored_positions(request):
         index = position - first_covered + 1  # entry 0 of the flat list is the first token's None
         first, end = flat.start_indices[index], flat.end_indices[index]
@@ -60,26 +67,28 @@ def read_prompt_rows(request: ScoreRequest, flat: Any) -> Scored:
             got = flat.token_ids[first] if end > first else None
             raise BadRead(f"row of position {position} is for token {got}, the request has {ids[position]}")
         value = _checked(flat.logprobs[first], position, "prompt row")
-        best = max(flat.logprobs[first:end])
-        total += value
-        greedy = greedy and value >= best
-    return Scored(logprob=total, is_greedy=greedy)
+        values.append((value, value >= max(flat.logprobs[first:end])))
+    return values
 
 
 def read_token_id_rows(request: ScoreRequest, scores: Any, first_row: int, greedy: bool) -> Scored:
     """The sum of ids[start:] from V2's ``prompt_token_id_logprobs`` (``prompt_logprob_start=first_row`` and one
     id per row, the request's own token): shaped [len - 1 - first_row, 1], row i the token at first_row + i + 1.
     greedy comes from the verified prompt rows of the same output."""
+    return Scored(logprob=sum(token_id_values(request, scores, first_row)), is_greedy=greedy)
+
+
+def token_id_values(request: ScoreRequest, scores: Any, first_row: int) -> list[float]:
+    """The log-probability of each scored position of request from V2's ``prompt_token_id_logprobs``, read as
+    read_token_id_rows reads them."""
     expected = len(request.ids) - 1 - first_row
     shape = tuple(getattr(scores, "shape", ()))
     if scores is None or shape[:1] != (expected,) or (len(shape) > 1 and shape[1] < 1):
         raise BadRead(f"token-id scores shaped {shape or None}, the request asked for {expected} rows from row "
                       f"{first_row}")
-    total = 0.0
-    for row, position in enumerate(range(first_row + 1, len(request.ids))):
-        if position >= max(request.start, 1):
-            total += _checked(float(scores[row][0]), position, "token-id scores")
-    return Scored(logprob=total, is_greedy=greedy)
+    return [_checked(float(scores[row][0]), position, "token-id scores")
+            for row, position in enumerate(range(first_row + 1, len(request.ids)))
+            if position >= max(request.start, 1)]
 
 
 def read_next_token(context: Sequence[int], asked: Sequence[int], flat: Any) -> dict[int, float]:
@@ -127,3 +136,66 @@ def chained_score(steps: Sequence[ScoreRequest], found: dict[ScoreRequest, Score
     if any(s is None for s in scores):
         return None
     return Scored(logprob=sum(s.logprob for s in scores), is_greedy=all(s.is_greedy for s in scores))
+
+
+@dataclass(frozen=True)
+class PathRead:
+    """One request that reads several chain steps: the rows of prompt[start:] (None: no rows) and the next-token
+    log-probabilities of the ids in asked after the whole prompt."""
+
+    prompt: tuple[int, ...]
+    start: int | None
+    asked: tuple[int, ...]
+
+    def steps(self) -> list[ScoreRequest]:
+        """The steps this read answers, in the order read_path returns them."""
+        rows = range(self.start, len(self.prompt)) if self.start is not None else range(0)
+        return ([ScoreRequest(ids=self.prompt[:p + 1], start=p) for p in rows] +
+                [ScoreRequest(ids=self.prompt + (t,), start=len(self.prompt)) for t in self.asked])
+
+
+def plan_paths(requests: Sequence[ScoreRequest]) -> tuple[list[PathRead], list[ScoreRequest]]:
+    """Path reads for the steps of these continuations (token_steps), each as long as the continuations go: a
+    step whose next token lies on a longer prompt is read from that prompt's rows, the last token of each
+    continuation from the next-token log-probabilities after its own context. Choices of 2+ tokens behind one
+    question then need one request per distinct last context, not one per step, and each request prefills
+    the question's tail (the part past vLLM's last full cached block) once. Returns the reads and the steps
+    no read covers (to be read as one-token continuations)."""
+    inner: dict[tuple[int, ...], tuple[int, ...]] = {}  # a context that a longer one extends -> that one
+    for r in requests:
+        for p in range(r.start, len(r.ids) - 1):
+            inner.setdefault(r.ids[:p], r.ids[:-1])
+
+    def longest(context: tuple[int, ...]) -> tuple[int, ...]:
+        while context in inner:
+            context = inner[context]
+        return context
+
+    starts: dict[tuple[int, ...], int | None] = {}
+    asked: dict[tuple[int, ...], dict[int, None]] = {}
+    rest: list[ScoreRequest] = []
+    for r in requests:
+        last, prompt = r.ids[:-1], longest(r.ids[:-1])
+        starts.setdefault(prompt, None)
+        if len(r.ids) - 1 > r.start:  # steps before the last: rows of the prompt that extends them
+            starts[prompt] = min(r.start, starts[prompt] if starts[prompt] is not None else r.start)
+        if prompt == last:
+            asked.setdefault(prompt, {})[r.ids[-1]] = None
+        elif prompt[len(last)] == r.ids[-1]:
+            starts[prompt] = min(len(last), starts[prompt] if starts[prompt] is not None else len(last))
+        else:
+            rest.append(ScoreRequest(ids=r.ids, start=len(r.ids) - 1))
+    reads = [PathRead(prompt=p, start=s, asked=tuple(sorted(asked.get(p, {})))) for p, s in starts.items()]
+    return reads, list(dict.fromkeys(rest))
+
+
+def path_scores(read: PathRead, rows: Sequence[tuple[float, bool]], entries: dict[int, float]
+                ) -> dict[ScoreRequest, Scored]:
+    """The steps a PathRead answers, from its verified prompt rows (prompt_row_values) and next-token entries
+    (read_next_token); greedy as elsewhere (a tie with the best counts as greedy)."""
+    steps = read.steps()
+    best = max(entries.values()) if entries else 0.0
+    values = [Scored(v, g) for v, g in rows] + [Scored(entries[t], entries[t] >= best) for t in read.asked]
+    if len(values) != len(steps):
+        raise BadRead(f"{len(values)} values for a path read of {len(steps)} steps")
+    return dict(zip(steps, values))

@@ -15,8 +15,9 @@ from typing import Any, Sequence
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.environment import hardware, library_versions
-from evalkit.engine.logprob_reads import (BadRead, chained_score, chunked, next_token_scores, read_next_token,
-                                          read_prompt_rows, read_token_id_rows, scored_positions, token_steps)
+from evalkit.engine.logprob_reads import (BadRead, PathRead, chained_score, chunked, next_token_scores, path_scores,
+                                          plan_paths, prompt_row_values, read_next_token, read_prompt_rows,
+                                          read_token_id_rows, scored_positions, token_id_values, token_steps)
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
@@ -108,10 +109,11 @@ class VLLMEngine(TokenizerSide):
         * ``next_token`` (a continuation of one token, the common multiple-choice case): the context is sent
           once, with every choice's token in ``logprob_token_ids`` (at most 128 per request, more are split);
           the next-token distribution gives them all, and the greedy token beside them.
-        * ``chained`` (a continuation of 2 to CHAIN_TOKENS tokens): each of its tokens read as ``next_token``
-          reads one, at its own position; choices that share their first tokens share those reads, and each
-          read prefills only what vLLM's prefix cache lacks (no row of the prompt is computed, so the V1/V2
-          layouts do not enter). The sum over the tokens, greedy where every token is.
+        * ``chained`` (a continuation of 2 to CHAIN_TOKENS tokens): each of its tokens scored at its own
+          position, read by path (``logprob_reads.plan_paths``): one request per distinct last context, whose
+          prompt rows give the tokens before the last and whose next-token read (``logprob_token_ids``) gives
+          the last token of every choice that ends there. Each request prefills only what vLLM's prefix cache
+          lacks; rows the V1 cache covered are resubmitted. The sum over the tokens, greedy where every token is.
         * ``shared_prefix``: prompt log-probabilities reading vLLM's prefix cache, so the choices of one
           question (kept adjacent, as lm-eval orders them) prefill their common context once. On the V2 runner
           the request asks vLLM's own API for rows from the continuation on (``prompt_logprob_start``,
@@ -177,17 +179,73 @@ class VLLMEngine(TokenizerSide):
         return next_token_scores(requests, entries), counts
 
     def _score_chained(self, requests: Sequence[ScoreRequest]) -> tuple[list[Scored], Counter[str]]:
-        """Each continuation token as a one-token continuation of everything before it (read as next_token
-        reads one); a request's log-probability is their sum, greedy where every token is."""
+        """Each continuation token as a one-token continuation of everything before it; a request's
+        log-probability is their sum, greedy where every token is. The steps are read by path
+        (logprob_reads.plan_paths): one request per distinct last context, its prompt rows giving the tokens
+        before the last and its next-token read the last tokens of every choice that ends there."""
         if not requests:
             return [], Counter()
         steps, unique = token_steps(requests)
-        read, counts = self._score_next_token(unique)
-        found = dict(zip(unique, read))
+        reads, rest = plan_paths(requests)
+        found, counts = self._read_paths(reads)
+        left, rest_counts = self._score_next_token(rest)
+        found.update(zip(rest, left))
         scored = [chained_score(steps[r], found) for r in requests]
-        counts = Counter({k: v for k, v in counts.items() if k != "single_token"})
+        counts.update({k: v for k, v in rest_counts.items() if k != "single_token"})
         counts.update(chained=len(requests), chain_steps=len(unique))
         return scored, counts
+
+    def _path_params(self, read: PathRead, read_cache: bool) -> Any:
+        """Rows of prompt[start:] (prompt_logprobs=1: the token and the top-1; on V2 only from start on, with
+        vLLM's fixed-id scores of the prompt's own tokens) and the asked ids' next-token log-probabilities."""
+        from vllm import SamplingParams
+
+        extra: dict[str, Any] = {}
+        if read.start is not None:
+            extra["prompt_logprobs"] = 1
+            if self.runner == "v2":
+                extra.update(prompt_logprob_start=read.start - 1,
+                             prompt_logprob_token_ids=[[t] for t in read.prompt[read.start:]])
+        return SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, flat_logprobs=True,
+                              logprob_token_ids=list(read.asked) or None, skip_reading_prefix_cache=not read_cache,
+                              **extra)
+
+    def _read_path(self, read: PathRead, out: Any) -> dict[ScoreRequest, Scored]:
+        rows: list[tuple[float, bool]] = []
+        if read.start is not None:
+            request = ScoreRequest(ids=read.prompt, start=read.start)
+            rows = prompt_row_values(request, out.prompt_logprobs)
+            if self.runner == "v2":
+                values = token_id_values(request, getattr(out, "prompt_token_id_logprobs", None), read.start - 1)
+                rows = [(v, g) for v, (_, g) in zip(values, rows)]
+        entries = read_next_token(read.prompt, read.asked, out.outputs[0].logprobs) if read.asked else {}
+        return path_scores(read, rows, entries)
+
+    def _read_paths(self, reads: Sequence[PathRead]) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
+        """Every path read sent in one call; one whose rows the V1 cache covered (never written) or that fails
+        its check is sent again without the cache, and a second failure stops the run."""
+        found: dict[ScoreRequest, Scored] = {}
+        if not reads:
+            return found, Counter()
+        prompts = [{"prompt_token_ids": list(r.prompt)} for r in reads]
+        outputs = self.llm.generate(prompts, [self._path_params(r, True) for r in reads], use_tqdm=False)
+        uncached, mismatched = [], []
+        for i, (read, out) in enumerate(zip(reads, outputs)):
+            if self.runner == "v1" and read.start is not None and (out.num_cached_tokens or 0) >= read.start:
+                uncached.append(i)
+                continue
+            try:
+                found.update(self._read_path(read, out))
+            except BadRead:
+                mismatched.append(i)
+        again = uncached + mismatched
+        if again:
+            resent = self.llm.generate([prompts[i] for i in again], [self._path_params(reads[i], False) for i in again],
+                                       use_tqdm=False)
+            for i, out in zip(again, resent):
+                found.update(self._second_read(lambda: self._read_path(reads[i], out), len(reads[i].prompt)))
+        return found, Counter(path_reads=len(reads), resubmitted=len(uncached), mismatched=len(mismatched),
+                              cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
 
     def _prompt_params(self, request: ScoreRequest, read_cache: bool) -> Any:
         """prompt_logprobs=1 (the token and the top-1 of each row); on V2, also vLLM's fixed-id scores of the
