@@ -101,7 +101,10 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
     base = [f"vllm_path={model_dir}", f"output_dir={out}", *IN_PROCESS, *overrides,
             *([f"limit={limit}"] if limit else [])]
     with environment_restored():  # what evalkit's tuning and vLLM set for its engine; lm-eval's must not see it
-        import vllm  # noqa: F401  (before the clock: neither side's engine start then includes importing it)
+        # Before the clock, so that no side's engine start includes importing vLLM: lm-eval's sides start after
+        # this one and find it imported. `import vllm` alone defers most of it (LLM is a lazy attribute, 3.6-6 s
+        # here), so LLM itself is imported.
+        from vllm import LLM  # noqa: F401
 
         started = time.perf_counter()
         # as `python -m evalkit` starts it: the only engine of its process (vLLM's engine core in this process;

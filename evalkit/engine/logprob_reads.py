@@ -199,3 +199,21 @@ def path_scores(read: PathRead, rows: Sequence[tuple[float, bool]], entries: dic
     if len(values) != len(steps):
         raise BadRead(f"{len(values)} values for a path read of {len(steps)} steps")
     return dict(zip(steps, values))
+
+
+def read_path(read: PathRead, *, runner: str, prompt_rows: Any, token_id_scores: Any, next_token: Any
+              ) -> tuple[list[tuple[float, bool]], dict[int, float]]:
+    """What one vLLM output answers of a PathRead, each part checked: (log-probability, greedy) of each row of
+    prompt[start:] (greedy from the prompt rows; on V2 the values from ``prompt_token_id_logprobs``, asked from
+    row start - 1), and the next-token entries of the asked ids."""
+    rows: list[tuple[float, bool]] = []
+    if read.start is not None:
+        request = ScoreRequest(ids=read.prompt, start=read.start)
+        rows = prompt_row_values(request, prompt_rows)
+        if runner == "v2":
+            values = token_id_values(request, token_id_scores, read.start - 1)
+            if len(values) != len(rows):
+                raise BadRead(f"{len(values)} token-id scores beside {len(rows)} prompt rows")
+            rows = [(v, g) for v, (_, g) in zip(values, rows)]
+    entries = read_next_token(read.prompt, read.asked, next_token) if read.asked else {}
+    return rows, entries

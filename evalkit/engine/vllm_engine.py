@@ -16,8 +16,7 @@ from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreReq
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.environment import hardware, library_versions
 from evalkit.engine.logprob_reads import (BadRead, PathRead, chained_score, chunked, next_token_scores, path_scores,
-                                          plan_paths, prompt_row_values, read_next_token, read_prompt_rows,
-                                          read_token_id_rows, scored_positions, token_id_values, token_steps)
+                                          plan_paths, read_next_token, read_path, scored_positions, token_steps)
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
@@ -210,32 +209,28 @@ class VLLMEngine(TokenizerSide):
                               logprob_token_ids=list(read.asked) or None, skip_reading_prefix_cache=not read_cache,
                               **extra)
 
-    def _read_path(self, read: PathRead, out: Any) -> dict[ScoreRequest, Scored]:
-        rows: list[tuple[float, bool]] = []
-        if read.start is not None:
-            request = ScoreRequest(ids=read.prompt, start=read.start)
-            rows = prompt_row_values(request, out.prompt_logprobs)
-            if self.runner == "v2":
-                values = token_id_values(request, getattr(out, "prompt_token_id_logprobs", None), read.start - 1)
-                rows = [(v, g) for v, (_, g) in zip(values, rows)]
-        entries = read_next_token(read.prompt, read.asked, out.outputs[0].logprobs) if read.asked else {}
-        return path_scores(read, rows, entries)
+    def _read_path(self, read: PathRead, out: Any) -> tuple[list[tuple[float, bool]], dict[int, float]]:
+        return read_path(read, runner=self.runner, prompt_rows=out.prompt_logprobs,
+                         token_id_scores=getattr(out, "prompt_token_id_logprobs", None),
+                         next_token=out.outputs[0].logprobs)
 
-    def _read_paths(self, reads: Sequence[PathRead]) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
-        """Every path read sent in one call; one whose rows the V1 cache covered (never written) or that fails
-        its check is sent again without the cache, and a second failure stops the run."""
-        found: dict[ScoreRequest, Scored] = {}
+    def _send_reads(self, reads: Sequence[PathRead], read_cache: bool
+                    ) -> tuple[list[tuple[list[tuple[float, bool]], dict[int, float]]], Counter[str]]:
+        """Every read sent in one call, each answer checked (logprob_reads.read_path). One whose rows the V1
+        cache covered (never written) or that fails its check is sent again without the cache; a second
+        failure stops the run."""
         if not reads:
-            return found, Counter()
+            return [], Counter()
         prompts = [{"prompt_token_ids": list(r.prompt)} for r in reads]
-        outputs = self.llm.generate(prompts, [self._path_params(r, True) for r in reads], use_tqdm=False)
+        outputs = self.llm.generate(prompts, [self._path_params(r, read_cache) for r in reads], use_tqdm=False)
+        found: list[Any] = [None] * len(reads)
         uncached, mismatched = [], []
         for i, (read, out) in enumerate(zip(reads, outputs)):
             if self.runner == "v1" and read.start is not None and (out.num_cached_tokens or 0) >= read.start:
-                uncached.append(i)
+                uncached.append(i)  # V1 never wrote the rows the cache covered
                 continue
             try:
-                found.update(self._read_path(read, out))
+                found[i] = self._read_path(read, out)
             except BadRead:
                 mismatched.append(i)
         again = uncached + mismatched
@@ -243,55 +238,24 @@ class VLLMEngine(TokenizerSide):
             resent = self.llm.generate([prompts[i] for i in again], [self._path_params(reads[i], False) for i in again],
                                        use_tqdm=False)
             for i, out in zip(again, resent):
-                found.update(self._second_read(lambda: self._read_path(reads[i], out), len(reads[i].prompt)))
-        return found, Counter(path_reads=len(reads), resubmitted=len(uncached), mismatched=len(mismatched),
+                found[i] = self._second_read(lambda: self._read_path(reads[i], out), len(reads[i].prompt))
+        return found, Counter(resubmitted=len(uncached), mismatched=len(mismatched),
                               cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
 
-    def _prompt_params(self, request: ScoreRequest, read_cache: bool) -> Any:
-        """prompt_logprobs=1 (the token and the top-1 of each row); on V2, also vLLM's fixed-id scores of the
-        request's own tokens from the first scored position on."""
-        from vllm import SamplingParams
-
-        extra: dict[str, Any] = {}
-        if self.runner == "v2":
-            first_row = scored_positions(request).start - 1
-            extra = {"prompt_logprob_start": first_row,
-                     "prompt_logprob_token_ids": [[t] for t in request.ids[first_row + 1:]]}
-        return SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, detokenize=False,
-                              flat_logprobs=True, skip_reading_prefix_cache=not read_cache, **extra)
-
-    def _read_prompt(self, request: ScoreRequest, out: Any) -> Scored:
-        rows = read_prompt_rows(request, out.prompt_logprobs)
-        if self.runner == "v2":
-            return read_token_id_rows(request, getattr(out, "prompt_token_id_logprobs", None),
-                                      scored_positions(request).start - 1, greedy=rows.is_greedy)
-        return rows
+    def _read_paths(self, reads: Sequence[PathRead]) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
+        answers, counts = self._send_reads(reads, read_cache=True)
+        counts.update(path_reads=len(reads))
+        return {step: value for read, answer in zip(reads, answers)
+                for step, value in path_scores(read, *answer).items()}, counts
 
     def _score_prompts(self, requests: Sequence[ScoreRequest], read_cache: bool) -> tuple[list[Scored], Counter[str]]:
-        if not requests:
-            return [], Counter()
-        prompts = [{"prompt_token_ids": list(r.ids)} for r in requests]
-        outputs = self.llm.generate(prompts, [self._prompt_params(r, read_cache) for r in requests], use_tqdm=False)
-        scored: list[Scored | None] = [None] * len(requests)
-        uncached, mismatched = [], []
-        for i, (r, out) in enumerate(zip(requests, outputs)):
-            if self.runner == "v1" and (out.num_cached_tokens or 0) >= scored_positions(r).start:
-                uncached.append(i)  # V1 never wrote the rows the cache covered
-                continue
-            try:
-                scored[i] = self._read_prompt(r, out)
-            except BadRead:
-                mismatched.append(i)
-        again = uncached + mismatched
-        if again:
-            resent = self.llm.generate([prompts[i] for i in again],
-                                       [self._prompt_params(requests[i], False) for i in again], use_tqdm=False)
-            for i, out in zip(again, resent):
-                scored[i] = self._second_read(lambda: self._read_prompt(requests[i], out), len(requests[i].ids))
-        counts = Counter({"prompt_logprobs": len(requests), "resubmitted": len(uncached),
-                          "mismatched": len(mismatched), f"runner_{self.runner}": len(requests),
-                          "cache_hits": sum(1 for out in outputs if out.num_cached_tokens)})
-        return scored, counts  # type: ignore[return-value]
+        """Each request from its own prompt rows, ids[start:] (never position 0): a path read with no next token."""
+        reads = [PathRead(prompt=r.ids, start=scored_positions(r).start, asked=()) for r in requests]
+        answers, counts = self._send_reads(reads, read_cache)
+        scored = [Scored(logprob=sum(v for v, _ in rows), is_greedy=all(g for _, g in rows)) for rows, _ in answers]
+        if requests:
+            counts.update({"prompt_logprobs": len(requests), f"runner_{self.runner}": len(requests)})
+        return scored, counts
 
     @staticmethod
     def _second_read(read: Any, prompt_tokens: int) -> Any:
