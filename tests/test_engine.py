@@ -155,6 +155,7 @@ def test_fast_scoring_paths_give_the_plain_numbers(engine):
     chained, counts = counted(engine, lambda: engine.score(requests, paths=("chained",)))
     assert counts["chained"] > 0 and counts["chain_steps"] > counts["chained"] and not counts["single_token"]
     assert 0 < counts["path_reads"] < counts["chain_steps"], counts  # one request per last context, not per step
+    assert counts["prefilled_blocks"] > 0 and counts["resubmitted"] == 0, counts  # the reads' rows all computed
     mismatched = counts["mismatched"]
     cached, counts = counted(engine, lambda: engine.score(requests, paths=("shared_prefix",)))
     assert counts["cache_hits"] > 0 and counts[f"runner_{engine.runner}"] > 0, counts

@@ -290,3 +290,15 @@ def test_a_path_read_whose_rows_were_never_computed_is_refused(layout):
 
     with pytest.raises(BadRead):
         prompt_row_values(ScoreRequest(ids=IDS[:11], start=8), layout([(9, 2)], prompt_len=11))
+
+
+def test_the_whole_blocks_before_each_reads_rows_are_prefilled_once():
+    """Rows from position 8 need the logits of position 7, which must be computed: with 4-token blocks one
+    whole block (4 tokens) may come from the cache; rows from position 9 leave two (8 tokens); a read whose rows
+    start inside the first block gets none, and a read with no rows none."""
+    from evalkit.engine.logprob_reads import PathRead, whole_blocks_before_rows
+
+    reads = [PathRead(prompt=IDS, start=8, asked=()), PathRead(prompt=IDS, start=9, asked=(4,)),
+             PathRead(prompt=IDS, start=3, asked=()), PathRead(prompt=IDS[:6], start=None, asked=(4,))]
+    assert whole_blocks_before_rows(reads, 4) == [IDS[:4], IDS[:8]]
+    assert whole_blocks_before_rows(reads, 32) == []

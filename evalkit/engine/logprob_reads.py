@@ -217,3 +217,16 @@ def read_path(read: PathRead, *, runner: str, prompt_rows: Any, token_id_scores:
             rows = [(v, g) for v, (_, g) in zip(values, rows)]
     entries = read_next_token(read.prompt, read.asked, next_token) if read.asked else {}
     return rows, entries
+
+
+def whole_blocks_before_rows(reads: Sequence[PathRead], block: int) -> list[tuple[int, ...]]:
+    """The prefixes of whole KV-cache blocks that lie before each read's first row (whose logits come from the
+    position before it), once each. Prefilled first with no rows asked, they are in vLLM's prefix cache when
+    the reads come, so a runner that computes a row for every position it computes (V1) computes rows only
+    past them; a read's rows then start after its cache hit, as its check requires."""
+    prefixes: dict[tuple[int, ...], None] = {}
+    for r in reads:
+        whole = (r.start - 1) // block * block if r.start is not None else 0
+        if whole:
+            prefixes[r.prompt[:whole]] = None
+    return list(prefixes)

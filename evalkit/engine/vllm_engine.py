@@ -16,7 +16,8 @@ from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreReq
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.environment import hardware, library_versions
 from evalkit.engine.logprob_reads import (BadRead, PathRead, chained_score, chunked, next_token_scores, path_scores,
-                                          plan_paths, read_next_token, read_path, scored_positions, token_steps)
+                                          plan_paths, read_next_token, read_path, scored_positions, token_steps,
+                                          whole_blocks_before_rows)
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
@@ -82,6 +83,7 @@ class VLLMEngine(TokenizerSide):
         # Which model runner computes prompt log-probabilities: "v2" (vLLM 0.32's default wherever Triton is,
         # so every CUDA machine) returns only the rows it computed; "v1" (the CPU build) one row per position.
         self.runner = "v2" if getattr(self.llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1"
+        self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)  # KV-cache block, tokens
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
@@ -221,8 +223,16 @@ class VLLMEngine(TokenizerSide):
         failure stops the run."""
         if not reads:
             return [], Counter()
+        from vllm import SamplingParams
+
         prompts = [{"prompt_token_ids": list(r.prompt)} for r in reads]
-        outputs = self.llm.generate(prompts, [self._path_params(r, read_cache) for r in reads], use_tqdm=False)
+        # V1 computes a row for every prompt position it computes: the whole blocks before each read's rows go
+        # first, in the same call and with no rows, so that the reads compute rows only past them
+        warm = whole_blocks_before_rows(reads, self.block_size) if read_cache and self.runner == "v1" else []
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in warm] + prompts,
+            [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)] * len(warm) +
+            [self._path_params(r, read_cache) for r in reads], use_tqdm=False)[len(warm):]
         found: list[Any] = [None] * len(reads)
         uncached, mismatched = [], []
         for i, (read, out) in enumerate(zip(reads, outputs)):
@@ -239,7 +249,7 @@ class VLLMEngine(TokenizerSide):
                                        use_tqdm=False)
             for i, out in zip(again, resent):
                 found[i] = self._second_read(lambda: self._read_path(reads[i], out), len(reads[i].prompt))
-        return found, Counter(resubmitted=len(uncached), mismatched=len(mismatched),
+        return found, Counter(resubmitted=len(uncached), mismatched=len(mismatched), prefilled_blocks=len(warm),
                               cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
 
     def _read_paths(self, reads: Sequence[PathRead]) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
