@@ -7,6 +7,7 @@ starts its engine core by spawning a process, so this module must stay importabl
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import Counter
@@ -78,6 +79,9 @@ class VLLMEngine(TokenizerSide):
         # the VLLM_* variables the engine started under (evalkit.engine.tuning sets some only for the start)
         self.environment = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
         clock = time.perf_counter()
+        # vLLM's start runs gc.collect five times (model load, its own gc.freeze): frozen first, what this
+        # process already holds (vLLM, torch, lm-eval and the tasks) is not traversed again each time
+        gc.freeze()
         self.llm = LLM(**self.args)  # its configuration, model load, KV cache and warm-up (its log has each)
         self.start_seconds["engine_init"] = round(time.perf_counter() - clock, 3)
         # Which model runner computes prompt log-probabilities: "v2" (vLLM 0.32's default wherever Triton is,
