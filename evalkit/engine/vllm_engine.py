@@ -21,7 +21,7 @@ from evalkit.engine.logprob_reads import (BadRead, PathRead, chained_score, chun
                                           whole_blocks_before_rows)
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
-CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
+CHAIN_TOKENS = 16  # continuations up to this long are scored token by token, read by path (fast)
 
 
 class ScoringError(RuntimeError):
