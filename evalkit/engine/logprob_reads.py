@@ -47,7 +47,11 @@ def _checked(value: float, position: int, where: str) -> float:
 def read_prompt_rows(request: ScoreRequest, flat: Any) -> Scored:
     """Sum and greediness of ids[start:] from prompt log-probabilities (``prompt_logprobs=1``, flat), in either
     runner's layout: ``len(flat) - 1`` rows covering the last positions of the prompt."""
-    rows = prompt_row_values(request, flat)
+    return summed(prompt_row_values(request, flat))
+
+
+def summed(rows: Sequence[tuple[float, bool]]) -> Scored:
+    """A continuation from the (log-probability, greedy) of each of its positions: the sum, greedy where all are."""
     return Scored(logprob=sum(v for v, _ in rows), is_greedy=all(g for _, g in rows))
 
 
@@ -174,15 +178,20 @@ def plan_paths(requests: Sequence[ScoreRequest]) -> tuple[list[PathRead], list[S
     starts: dict[tuple[int, ...], int | None] = {}
     asked: dict[tuple[int, ...], dict[int, None]] = {}
     rest: list[ScoreRequest] = []
+
+    def rows_from(prompt: tuple[int, ...], position: int) -> None:
+        current = starts[prompt]
+        starts[prompt] = position if current is None else min(current, position)
+
     for r in requests:
         last, prompt = r.ids[:-1], longest(r.ids[:-1])
         starts.setdefault(prompt, None)
         if len(r.ids) - 1 > r.start:  # steps before the last: rows of the prompt that extends them
-            starts[prompt] = min(r.start, starts[prompt] if starts[prompt] is not None else r.start)
+            rows_from(prompt, r.start)
         if prompt == last:
             asked.setdefault(prompt, {})[r.ids[-1]] = None
         elif prompt[len(last)] == r.ids[-1]:
-            starts[prompt] = min(len(last), starts[prompt] if starts[prompt] is not None else len(last))
+            rows_from(prompt, len(last))
         else:
             rest.append(ScoreRequest(ids=r.ids, start=len(r.ids) - 1))
     reads = [PathRead(prompt=p, start=s, asked=tuple(sorted(asked.get(p, {})))) for p, s in starts.items()]

@@ -17,8 +17,8 @@ from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreReq
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.environment import hardware, library_versions
 from evalkit.engine.logprob_reads import (BadRead, PathRead, chained_score, chunked, next_token_scores, path_scores,
-                                          plan_paths, read_next_token, read_path, scored_positions, token_steps,
-                                          whole_blocks_before_rows)
+                                          plan_paths, read_next_token, read_path, scored_positions, summed,
+                                          token_steps, whole_blocks_before_rows)
 
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 CHAIN_TOKENS = 16  # continuations up to this long are scored token by token, read by path (fast)
@@ -266,7 +266,7 @@ class VLLMEngine(TokenizerSide):
         """Each request from its own prompt rows, ids[start:] (never position 0): a path read with no next token."""
         reads = [PathRead(prompt=r.ids, start=scored_positions(r).start, asked=()) for r in requests]
         answers, counts = self._send_reads(reads, read_cache)
-        scored = [Scored(logprob=sum(v for v, _ in rows), is_greedy=all(g for _, g in rows)) for rows, _ in answers]
+        scored = [summed(rows) for rows, _ in answers]
         if requests:
             counts.update({"prompt_logprobs": len(requests), f"runner_{self.runner}": len(requests)})
         return scored, counts
