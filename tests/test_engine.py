@@ -44,7 +44,8 @@ def test_python_m_evalkit_end_to_end(tmp_path, default_run, engine):
     stages = ["startup", "prepare_model", "load_tasks", "engine_start", "evaluate", "close", "total"]
     assert [k for k in timings if k in stages] == stages and all(timings[k] > 0 for k in stages)
     steps = timings["engine_start_stages"]
-    assert set(steps) == {"import_vllm", "tokenizer", "engine_init"} and all(v > 0 for v in steps.values())
+    # the tokenizer is the engine's own (a step of its own only where add_bos_token makes evalkit load one)
+    assert set(steps) == {"import_vllm", "engine_init"} and all(v > 0 for v in steps.values())
     assert sum(steps.values()) <= timings["engine_start"]
     samples = read_samples(run_dir, "evalkit_arith")
     assert all(s["finish_reason"] in ("stop", "length") and s["output_tokens"] >= 1 for s in samples)
@@ -106,11 +107,11 @@ def test_greedy_continuation_scores_as_greedy(engine):
     assert top.logprob > off.logprob
 
 
-def few_shot_questions(engine, n: int = 6) -> list[ScoreRequest]:
+def few_shot_questions(engine, n: int = 3) -> list[ScoreRequest]:
     """Multiple-choice requests as lm-eval builds them: a long few-shot context (past vLLM's CPU block of 128
     tokens, so the choices can share cached blocks) followed by continuations of one and of several tokens,
     among them the model's own greedy ones."""
-    shots = "".join(f"Question: What is {a} + {a + 3}?\nAnswer: {2 * a + 3}\n\n" for a in range(1, 16))
+    shots = "".join(f"Question: What is {a} + {a + 3}?\nAnswer: {2 * a + 3}\n\n" for a in range(1, 9))
     requests = []
     for q in range(n):
         context = engine.encode(f"{shots}Question: What is {q} + 7?\nAnswer:", True)
@@ -141,11 +142,12 @@ def drift(a, b) -> float:
 def test_fast_scoring_paths_give_the_plain_numbers(engine):
     """Each path on and off: the same is_greedy, and log-likelihoods that differ by no more than the plain
     path differs from itself when only the batch changes (float32 sums of 30 layers are not associative;
-    measured: 1.6e-05 for the requests reversed, 3.5e-05 sent one by one; at least 1e-5 is allowed).
+    measured on 36 requests: 1.6e-05 for the requests reversed, 3.5e-05 sent one by one; at least 1e-5 is
+    allowed).
     Every read passed its check against the request (no mismatch) on this runner."""
     requests = few_shot_questions(engine)
     lengths = {len(r.ids) - r.start for r in requests}
-    assert 1 in lengths and max(lengths) > 1 and len(requests[0].ids) > 160
+    assert 1 in lengths and max(lengths) > 1 and len(requests[0].ids) > 128
     plain = engine.score(requests, paths=())
     reversed_plain = engine.score(requests[::-1], paths=())[::-1]
     alone = [engine.score([r], paths=())[0] for r in requests]

@@ -72,10 +72,6 @@ class VLLMEngine(TokenizerSide):
         # prompt), cache_hits (of those, read a cached prefix), resubmitted (V1 rows the cache covered, sent
         # again), mismatched (reads that failed their check, sent again), runner_v1 / runner_v2 (which layout)
         self._counts: Counter[str] = Counter()
-        clock = time.perf_counter()
-        self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
-                                        add_bos_token=add_bos_token)
-        self.start_seconds["tokenizer"] = round(time.perf_counter() - clock, 3)
         # the VLLM_* variables the engine started under (evalkit.engine.tuning sets some only for the start)
         self.environment = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
         clock = time.perf_counter()
@@ -84,6 +80,15 @@ class VLLMEngine(TokenizerSide):
         gc.freeze()
         self.llm = LLM(**self.args)  # its configuration, model load, KV cache and warm-up (its log has each)
         self.start_seconds["engine_init"] = round(time.perf_counter() - clock, 3)
+        if add_bos_token is None:
+            # the engine's own, loaded by the get_tokenizer lm-eval's vllm backend calls, from the same files
+            # and settings (the engine's tokenizer_mode and revision included): a second copy cost 0.4-0.7 s
+            self.tokenizer = self.llm.get_tokenizer()
+        else:  # lm-eval passes add_bos_token to get_tokenizer; the engine's copy was loaded without it
+            clock = time.perf_counter()
+            self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
+                                            add_bos_token=add_bos_token)
+            self.start_seconds["tokenizer"] = round(time.perf_counter() - clock, 3)
         # Which model runner computes prompt log-probabilities: "v2" (vLLM 0.32's default wherever Triton is,
         # so every CUDA machine) returns only the rows it computed; "v1" (the CPU build) one row per position.
         self.runner = "v2" if getattr(self.llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1"

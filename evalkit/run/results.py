@@ -68,7 +68,8 @@ class EvalkitSection(TypedDict):
     prompting: Prompting  # special tokens, chat template settings, seeds, sampling overrides
     # seconds per stage: startup (python -m evalkit to this try's evaluate: the supervisor's checks, the try's
     # process start and imports), prepare_model, load_tasks, engine_start, evaluate, close, total (of the stages
-    # after startup); engine_start_stages (vLLM engines: import_vllm, tokenizer, engine_init); engine_calls
+    # after startup); engine_start_stages (vLLM engines: import_vllm, engine_init, and tokenizer where add_bos_token
+    # makes evalkit load its own); engine_calls
     # (seconds in the engine per request kind)
     timings: dict[str, Any]
     counts: dict[str, TaskCounts]  # per task
