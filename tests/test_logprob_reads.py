@@ -20,8 +20,8 @@ from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.sampler import Sampler
 
 from evalkit.contracts import ScoreRequest
-from evalkit.engine.logprob_reads import (BadRead, chunked, next_token_scores, read_next_token, read_prompt_rows,
-                                          read_token_id_rows)
+from evalkit.engine.logprob_reads import (BadRead, PathRead, chunked, next_token_scores, read_next_token, read_path,
+                                          scored_positions, summed)
 
 VOCAB = 40
 IDS = (3, 17, 5, 22, 9, 31, 14, 8, 26, 11, 35, 2)  # distinct and never 0, the id of never-written rows
@@ -35,6 +35,14 @@ def expected(request=REQUEST):
     greedy = all(table[p - 1].argmax().item() == request.ids[p] for p in range(max(request.start, 1), len(request.ids)))
     return sum(values), greedy
 
+
+
+def read_prompt_rows(request, flat, runner="v1", token_id_scores=None):
+    """request scored from its own prompt rows as the engine reads it (VLLMEngine._score_prompts: a path read with
+    no next token; on V2 the values from ``prompt_token_id_logprobs``, asked from row start - 1)."""
+    read = PathRead(prompt=request.ids, start=scored_positions(request).start, asked=())
+    rows, _ = read_path(read, runner=runner, prompt_rows=flat, token_id_scores=token_id_scores, next_token=None)
+    return summed(rows)
 
 def flat_prompt_logprobs(tensors: LogprobsTensors | None):
     """What reaches RequestOutput.prompt_logprobs: vLLM's LogprobsProcessor with flat_logprobs=True
@@ -146,20 +154,20 @@ def test_the_old_read_by_absolute_position_was_wrong_on_v2_after_a_cache_hit():
 def test_v2_token_id_scores_read_by_offset(steps):
     first_row = REQUEST.start - 1
     scores = v2_token_id_scores(steps, first_row)
-    greedy = read_prompt_rows(REQUEST, v2_layout(steps)).is_greedy
-    scored = read_token_id_rows(REQUEST, scores, first_row, greedy=greedy)
+    scored = read_prompt_rows(REQUEST, v2_layout(steps), "v2", scores)
     assert scored.logprob == pytest.approx(expected()[0], abs=1e-5) and scored.is_greedy == expected()[1]
 
 
 def test_v2_token_id_scores_dropped_or_misshapen_are_refused():
     first_row = REQUEST.start - 1
     assert v2_token_id_scores(HIT_INTO_CONTINUATION, first_row) is None
+    rows = v2_layout(NO_HIT)  # prompt rows that pass their check; the token-id scores beside them do not
     with pytest.raises(BadRead, match="asked for 4 rows"):
-        read_token_id_rows(REQUEST, None, first_row, greedy=True)
+        read_prompt_rows(REQUEST, rows, "v2", None)
     with pytest.raises(BadRead):
-        read_token_id_rows(REQUEST, v2_token_id_scores(NO_HIT, 0), first_row, greedy=True)
+        read_prompt_rows(REQUEST, rows, "v2", v2_token_id_scores(NO_HIT, 0))
     with pytest.raises(BadRead, match="not a finite value"):  # a row no chunk wrote
-        read_token_id_rows(REQUEST, v2_token_id_scores(RESUMED[:1], first_row), first_row, greedy=True)
+        read_prompt_rows(REQUEST, rows, "v2", v2_token_id_scores(RESUMED[:1], first_row))
 
 
 def test_a_whole_prompt_scored_from_position_one():

@@ -44,19 +44,15 @@ def _checked(value: float, position: int, where: str) -> float:
     return value
 
 
-def read_prompt_rows(request: ScoreRequest, flat: Any) -> Scored:
-    """Sum and greediness of ids[start:] from prompt log-probabilities (``prompt_logprobs=1``, flat), in either
-    runner's layout: ``len(flat) - 1`` rows covering the last positions of the prompt."""
-    return summed(prompt_row_values(request, flat))
-
-
 def summed(rows: Sequence[tuple[float, bool]]) -> Scored:
     """A continuation from the (log-probability, greedy) of each of its positions: the sum, greedy where all are."""
     return Scored(logprob=sum(v for v, _ in rows), is_greedy=all(g for _, g in rows))
 
 
 def prompt_row_values(request: ScoreRequest, flat: Any) -> list[tuple[float, bool]]:
-    """(log-probability, greedy) of each scored position of request, read as read_prompt_rows reads them."""
+    """(log-probability, greedy) of each scored position of request from prompt log-probabilities
+    (``prompt_logprobs=1``, flat), in either runner's layout: ``len(flat) - 1`` rows covering the last positions
+    of the prompt."""
     if flat is None:
         raise BadRead("no prompt log-probabilities returned")
     ids, rows = request.ids, len(flat.start_indices) - 1
@@ -75,16 +71,11 @@ def prompt_row_values(request: ScoreRequest, flat: Any) -> list[tuple[float, boo
     return values
 
 
-def read_token_id_rows(request: ScoreRequest, scores: Any, first_row: int, greedy: bool) -> Scored:
-    """The sum of ids[start:] from V2's ``prompt_token_id_logprobs`` (``prompt_logprob_start=first_row`` and one
-    id per row, the request's own token): shaped [len - 1 - first_row, 1], row i the token at first_row + i + 1.
-    greedy comes from the verified prompt rows of the same output."""
-    return Scored(logprob=sum(token_id_values(request, scores, first_row)), is_greedy=greedy)
-
-
 def token_id_values(request: ScoreRequest, scores: Any, first_row: int) -> list[float]:
-    """The log-probability of each scored position of request from V2's ``prompt_token_id_logprobs``, read as
-    read_token_id_rows reads them."""
+    """The log-probability of each scored position of request from V2's ``prompt_token_id_logprobs``
+    (``prompt_logprob_start=first_row`` and one id per row, the request's own token): shaped
+    [len - 1 - first_row, 1], row i the token at first_row + i + 1. Greediness comes from the verified prompt
+    rows of the same output (read_path)."""
     expected = len(request.ids) - 1 - first_row
     shape = tuple(getattr(scores, "shape", ()))
     if scores is None or shape[:1] != (expected,) or (len(shape) > 1 and shape[1] < 1):
