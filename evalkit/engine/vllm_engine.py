@@ -80,11 +80,11 @@ class VLLMEngine(TokenizerSide):
         gc.freeze()
         self.llm = LLM(**self.args)  # its configuration, model load, KV cache and warm-up (its log has each)
         self.start_seconds["engine_init"] = round(time.perf_counter() - clock, 3)
-        if add_bos_token is None:
+        if add_bos_token is None and not self.args.get("skip_tokenizer_init"):
             # the engine's own, loaded by the get_tokenizer lm-eval's vllm backend calls, from the same files
             # and settings (the engine's tokenizer_mode and revision included): a second copy cost 0.4-0.7 s
             self.tokenizer = self.llm.get_tokenizer()
-        else:  # lm-eval passes add_bos_token to get_tokenizer; the engine's copy was loaded without it
+        else:  # lm-eval passes add_bos_token to get_tokenizer (the engine's copy was loaded without it); or none
             clock = time.perf_counter()
             self.tokenizer = load_tokenizer(self.args["tokenizer"], trust_remote_code=trust_remote_code,
                                             add_bos_token=add_bos_token)
