@@ -36,13 +36,13 @@ def expected(request=REQUEST):
     return sum(values), greedy
 
 
-
 def read_prompt_rows(request, flat, runner="v1", token_id_scores=None):
     """request scored from its own prompt rows as the engine reads it (VLLMEngine._score_prompts: a path read with
     no next token; on V2 the values from ``prompt_token_id_logprobs``, asked from row start - 1)."""
     read = PathRead(prompt=request.ids, start=scored_positions(request).start, asked=())
     rows, _ = read_path(read, runner=runner, prompt_rows=flat, token_id_scores=token_id_scores, next_token=None)
     return summed(rows)
+
 
 def flat_prompt_logprobs(tensors: LogprobsTensors | None):
     """What reaches RequestOutput.prompt_logprobs: vLLM's LogprobsProcessor with flat_logprobs=True

@@ -111,8 +111,8 @@ def results(run_dir: Path) -> dict:
 def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
     out = tmp_path / "result"
     done = subprocess.run([sys.executable, "-m", "evalkit", "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
-                           "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.89",
-                           "oom_retry.utilization_floor=0.05", EAGER,
+                           "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.75",
+                           "oom_retry.utilization_floor=0.2", EAGER,
                            "tune=false"],  # vLLM sizes the KV cache by the utilization (evalkit would size it)
                           capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -121,8 +121,7 @@ def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
     print("\ntries:", [(a["settings"]["gpu_memory_utilization"], a["status"], a["seconds"]) for a in attempts])
     assert attempts[0]["status"] == "memory" and "less than desired CPU memory utilization" in attempts[0]["error"]
     assert attempts[-1]["status"] == "ok"
-    # a small cache starts fast: vLLM touches every page of the KV cache it sizes by the utilization
-    assert [a["settings"]["gpu_memory_utilization"] for a in attempts] == [0.99, 0.1]
+    assert [a["settings"]["gpu_memory_utilization"] for a in attempts] == [0.99, 0.24]  # a small cache starts fast
     assert f"succeeded on try {len(attempts)}" in done.stderr
 
 

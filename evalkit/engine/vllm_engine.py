@@ -82,7 +82,8 @@ class VLLMEngine(TokenizerSide):
         self.start_seconds["engine_init"] = round(time.perf_counter() - clock, 3)
         if add_bos_token is None and not self.args.get("skip_tokenizer_init"):
             # the engine's own, loaded by the get_tokenizer lm-eval's vllm backend calls, from the same files
-            # and settings (the engine's tokenizer_mode and revision included): a second copy cost 0.4-0.7 s
+            # and settings (the engine's tokenizer_mode and revision included): a second copy cost about 1.3 s
+            # of the engine's start here (docs/speed.md, Start-up)
             self.tokenizer = self.llm.get_tokenizer()
         else:  # lm-eval passes add_bos_token to get_tokenizer (the engine's copy was loaded without it); or none
             clock = time.perf_counter()
