@@ -1,0 +1,69 @@
+"""A stand-in for nvidia-ml-py's ``pynvml`` module, for tests that recreate a GPU machine on this one.
+
+The GPUs it reports come from the environment variable FAKE_NVML: a JSON list of
+``{"name", "uuid", "total", "free"}`` objects, or ``"missing"`` for a machine whose libnvidia-ml cannot be loaded
+(nvmlInit fails as nvidia-ml-py's does). Tests put it in ``sys.modules["pynvml"]`` or, for a subprocess,
+copy it as ``pynvml.py`` into a folder on PYTHONPATH. Only the calls evalkit/engine/gpus.py makes are here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+CALLS: list[str] = []
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_LibraryNotFound(NVMLError):
+    pass
+
+
+def _gpus() -> list[dict]:
+    spec = json.loads(os.environ.get("FAKE_NVML", "[]"))
+    if spec == "missing":
+        raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")
+    return spec
+
+
+def nvmlInit() -> None:
+    CALLS.append("nvmlInit")
+    _gpus()
+
+
+def nvmlShutdown() -> None:
+    CALLS.append("nvmlShutdown")
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_gpus())
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> dict:
+    gpus = _gpus()
+    if not 0 <= index < len(gpus):
+        raise NVMLError("Invalid Argument")
+    return gpus[index]
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str) -> dict:
+    for gpu in _gpus():
+        if gpu["uuid"] == uuid:
+            return gpu
+    raise NVMLError("Not Found")
+
+
+def nvmlDeviceGetName(handle: dict) -> str:
+    return handle["name"]
+
+
+def nvmlDeviceGetUUID(handle: dict) -> str:
+    return handle["uuid"]
+
+
+def nvmlDeviceGetMemoryInfo(handle: dict) -> SimpleNamespace:
+    return SimpleNamespace(total=handle["total"], free=handle["free"], used=handle["total"] - handle["free"])
