@@ -186,3 +186,19 @@ def test_a_sweeps_point_waits_for_the_run_holding_its_answers_then_takes_the_loc
     finally:
         holder.kill()
         other.release()
+
+
+def test_a_tokenizer_named_as_the_model_folder_is_the_models_lock(tmp_path):
+    """tokenizer=null and tokenizer=<the model folder> write one request store (the fingerprint leaves out a
+    tokenizer that is the model's): they take one lock, so the second waits or is refused before its engine
+    starts; a store they still reach by names the key cannot see is held by the store itself (test_store.py)."""
+    from evalkit.config import compose_config
+    from evalkit.engine.fingerprint import answers_key
+
+    model = tmp_path / "X"
+    model.mkdir()
+    plain = answers_key(compose_config([f"vllm_path={model}"]))
+    assert answers_key(compose_config([f"vllm_path={model}", f"tokenizer={model}/"])) == plain
+    other = tmp_path / "T"
+    other.mkdir()
+    assert answers_key(compose_config([f"vllm_path={model}", f"tokenizer={other}"])) != plain

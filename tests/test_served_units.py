@@ -148,6 +148,7 @@ def test_a_failed_batch_keeps_its_finished_answers(tmp_path):
     requests = [ScoreRequest(ids=(1, 97, 98), start=1), ScoreRequest(ids=(1, 97, 99), start=1)]
     with pytest.raises(PartialAnswers):
         ResumableEngine(HalfAnswered(), store, chunk_size=8).score(requests)
+    store.close()
     again = ResumableEngine(FakeEngine(), RequestStore(tmp_path / "store.jsonl"), chunk_size=8)
     again.score(requests)
     assert (again.reused, again.computed) == (1, 1)

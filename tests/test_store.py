@@ -23,6 +23,7 @@ def test_answers_are_saved_chunk_by_chunk_and_reused(tmp_path):
     answers = first.generate(requests(7))
     assert (first.computed, first.reused) == (7, 0)
     assert len(path.read_text().splitlines()) == 7 and len(engine.generated) == 7
+    first.close()  # frees the store for the next run
     again = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=3)
     assert again.generate(requests(7)) == answers and (again.computed, again.reused) == (0, 7)
 
@@ -61,6 +62,7 @@ def test_identical_sampled_requests_keep_one_answer_each_and_greedy_ones_share(t
     assert engine.computed == 4 and len(path.read_text().splitlines()) == 4
     engine.generate(sampled(3, temperature=0.0))  # greedy: one answer serves all three
     assert engine.computed == 5 and len(path.read_text().splitlines()) == 5
+    engine.close()
     rerun = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=8)
     rerun.generate(sampled(4, temperature=0.8))
     rerun.generate(sampled(3, temperature=0.0))
@@ -119,6 +121,7 @@ def test_a_score_is_kept_per_scoring_path(tmp_path):
     plain = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
     plain.score(request, fast=False)
     assert (plain.reused, plain.computed) == (0, 1)
+    plain.close()
     again = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
     again.score(request, fast=True)
     again.score(request, fast=False)
@@ -134,7 +137,47 @@ def test_a_resumed_run_records_the_settings_its_reused_answers_came_from(tmp_pat
     engine.generate(requests(5))
     record = engine.record()
     assert record["reused_from"] == [{"settings": first_try, "answers": 3}] and record["other_settings"]
+    engine.close()
     again = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2, settings=second_try)
     again.generate(requests(5)[3:])
     assert again.record()["reused_from"] == [{"settings": second_try, "answers": 2}]
     assert not again.record()["other_settings"]
+
+
+HOLDER = """
+import sys, time
+from evalkit.engine.request_store import RequestStore
+store = RequestStore(sys.argv[1])
+store.add([("held", {"text": "kept"})])
+print("held", flush=True)
+sys.stdin.readline()  # the test says when: then one more answer, and the store is closed
+store.add([("later", {"text": "kept too"})])
+store.close()
+"""
+
+
+def test_two_runs_that_share_a_store_cannot_both_hold_it(tmp_path):
+    """A run holds its store from open to close: a second run on the same store (another name of the same model
+    or tokenizer takes another run lock) is refused in one line while the first appends, waits for it with a
+    wait, and never cuts a line the first wrote."""
+    import subprocess
+    import sys
+
+    from evalkit.engine.request_store import StoreHeld
+
+    path = tmp_path / ".requests" / "store.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreHeld, match=f"another evalkit run is writing the request store {path}"):
+            RequestStore(path)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        waited = RequestStore(path, wait=60)  # freed when the holder closes it
+        assert holder.wait(timeout=60) == 0
+    finally:
+        holder.kill()
+    assert set(waited.answers) == {"held", "later"}  # nothing the holder appended was cut
+    waited.close()
+    RequestStore(path).close()  # closed: free again

@@ -78,7 +78,8 @@ def answers_key(cfg: Any) -> str:
         return os.path.realpath(local) if os.path.isdir(local) else path
 
     engine_kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k not in SCHEDULING_ONLY}
-    return sha256({"engine": cfg.engine, "model": folder(cfg.vllm_path), "tokenizer": folder(cfg.tokenizer),
+    model, tokenizer = folder(cfg.vllm_path), folder(cfg.tokenizer)
+    return sha256({"engine": cfg.engine, "model": model, "tokenizer": None if tokenizer == model else tokenizer,
                    "dtype": cfg.dtype,
                    "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
                    "tensor_parallel_size": cfg.tensor_parallel_size, "seed": cfg.seed,

@@ -10,48 +10,99 @@ evalkit's own answer code; each line is keyed by a hash of the exact request and
 (``fast_scoring``) and records the settings of the try that computed it. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
 ``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
+
+A store is held while it is open: the kernel's ``flock`` on the store file itself, taken before it is read and
+freed by :meth:`RequestStore.close` or when its process ends, however it ends. Two runs whose configs name the
+store differently (``tokenizer=null`` and ``tokenizer=<the model folder>``, a hub id and its snapshot folder)
+take different run locks (evalkit/run/lock.py) but cannot both hold the store: the second is refused in one
+line (:class:`StoreHeld`), so no run cuts or mixes the lines another appends.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import functools
 import json
 import os
+import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from evalkit.config import ConfigError
 from evalkit.contracts import Engine, Generation, GenRequest, PartialAnswers, Progress, Scored, ScoreRequest
 from evalkit.engine.fingerprint import sha256
 from evalkit.engine.wrapper import Wrapped
 
 
-class RequestStore:
-    """Append-only answers keyed by request hash, in one JSONL file."""
+class StoreHeld(ConfigError):
+    """Another live run holds this request store."""
 
-    def __init__(self, path: Path) -> None:
+
+BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's "held by another"
+
+
+def hold(path: Path, wait: float = 0.0, poll: float = 1.0) -> int:
+    """An open descriptor of path with the kernel's exclusive flock on it, waiting up to wait seconds for a
+    holder; StoreHeld when it is still held."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as error:
+            if error.errno in BUSY and time.monotonic() + poll <= deadline:
+                time.sleep(poll)
+                continue
+            os.close(fd)
+            if error.errno in BUSY:
+                raise StoreHeld(f"another evalkit run is writing the request store {path} (the same answers under "
+                                "another name of the model or tokenizer); wait for it to finish, or pass "
+                                "resume=false") from None
+            raise ConfigError(f"cannot lock the request store {path} ({error.strerror}); pass output_dir= a "
+                              "folder on a file system with file locks") from None
+
+
+class RequestStore:
+    """Append-only answers keyed by request hash, in one JSONL file, held (flock) from open to close()."""
+
+    def __init__(self, path: Path, wait: float = 0.0) -> None:
         self.path = Path(path)
         self.answers: dict[str, dict[str, Any]] = {}
         self.origins: dict[str, Any] = {}  # key -> the memory settings of the try that computed the answer
-        if self.path.is_file():
-            with open(self.path, "rb+") as f:
-                whole = 0  # bytes up to the end of the last complete line
-                for line in f:
-                    if not line.endswith(b"\n"):
-                        break  # torn by a kill mid-write: cut it, or the next append would be glued to it
-                    whole += len(line)
-                    try:
-                        entry = json.loads(line)
-                        self.answers[entry["key"]] = entry["answer"]
-                        self.origins[entry["key"]] = entry.get("by")
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        continue
-                f.truncate(whole)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd: int | None = None
+        self.fd = hold(self.path, wait)  # before reading: no other run appends while we cut
+        with open(self.path, "rb+") as f:
+            whole = 0  # bytes up to the end of the last complete line
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # torn by a kill mid-write: cut it, or the next append would be glued to it
+                whole += len(line)
+                try:
+                    entry = json.loads(line)
+                    self.answers[entry["key"]] = entry["answer"]
+                    self.origins[entry["key"]] = entry.get("by")
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+            f.truncate(whole)
+
+    def close(self) -> None:
+        """Free the store for another run (the kernel frees it too when this process ends)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def add(self, items: list[tuple[str, dict[str, Any]]], by: Any = None) -> None:
         """Append answers, each with the settings of the try that computed them (by)."""
+        if self.fd is None:
+            raise RuntimeError(f"the request store {self.path} was closed")
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("".join(json.dumps({"key": k, "answer": a, "by": by}) + "\n" for k, a in items))
             f.flush()
@@ -64,7 +115,8 @@ class ResumableEngine(Wrapped):
     """An Engine that answers from the store where it can and sends the rest in chunks, saving each. generate
     and score go through the store; every other member, close() included, goes to the engine unchanged
     (Wrapped). A trace is not stored: it is computed afresh for each comparison (evalkit/compare/locate.py).
-    scoring_counts() are the engine's: answers read from the store took no scoring path."""
+    scoring_counts() are the engine's: answers read from the store took no scoring path. close() frees the
+    store, then closes the engine."""
 
     def __init__(self, engine: Engine, store: RequestStore, chunk_size: int, settings: Any = None) -> None:
         super().__init__(engine)
@@ -118,6 +170,12 @@ class ResumableEngine(Wrapped):
         return {"store": str(self.store.path), "reused": self.reused, "computed": self.computed,
                 "reused_from": origins,
                 "other_settings": any(o["settings"] != self.settings for o in origins)}
+
+    def close(self) -> None:
+        try:
+            self.store.close()
+        finally:
+            self.engine.close()
 
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
         return self._run(requests, self.engine.generate,
