@@ -180,4 +180,5 @@ def summary(gpus: list[Gpu], how: str) -> str:
 
 
 if __name__ == "__main__":
+    ROOT = os.environ.get("EVALKIT_GPU_ROOT", ROOT)  # tests/test_install.py: a GPU machine recreated in a folder
     print(summary(*discover()))
