@@ -143,6 +143,7 @@ class DataParallelEngine(TokenizerSide):
         self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
         self.descriptions: list[dict[str, Any]] = [{} for _ in self.actors]
         self.replaced = 0
+        self.trust_remote_code = cfg.trust_remote_code
         try:
             for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
                 self._started(i, ref)

@@ -39,6 +39,8 @@ def score_batches(requests: Sequence[ScoreRequest], batch_size: int, logit_rows:
 class HFEngine(TokenizerSide):
     """The :class:`evalkit.contracts.Engine` backed by ``transformers.AutoModelForCausalLM``."""
 
+    template_from = "tokenizer"  # lm-eval's hf backend: the tokenizer's own template
+
     def __init__(self, *, model: str, tokenizer: str | None, dtype: str, max_model_len: int, batch_size: int | None,
                  seed: int, trust_remote_code: bool, add_bos_token: bool | None,
                  engine_kwargs: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ class ServedEngine(TokenizerSide):
         self.tokenizer_path = tokenizer
         self.tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code, add_bos_token=add_bos_token)
         self.max_model_len = max_model_len
+        self.trust_remote_code = trust_remote_code
         self._counts: Counter[str] = Counter()
         # next-token reads share the server's prefix cache with one another, and with no other client's requests
         self.cache_salt = salt()

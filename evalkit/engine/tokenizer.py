@@ -5,7 +5,15 @@ vLLM is imported lazily (its ``get_tokenizer``), so a data-parallel pool can kee
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any, Sequence
+
+# Files that make a checkpoint's AutoProcessor a processor (not its tokenizer); a local folder with none of
+# them, whose model type transformers maps to no processor, has no processor template to find.
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_template.json",
+                   "video_preprocessor_config.json")
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | None) -> Any:
@@ -19,11 +27,60 @@ def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | 
     return get_tokenizer(path, trust_remote_code=trust_remote_code, **extra)
 
 
+def model_type(path: str) -> str | None:
+    """config.json's model_type in a local model folder (None for a hub id or a folder without one)."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def processor_template(path: str, *, trust_remote_code: bool) -> str | None:
+    """The chat template of the checkpoint's processor (a ProcessorMixin: a multimodal checkpoint's
+    chat_template.json or chat_template.jinja), as vLLM's _try_get_processor_chat_template reads it."""
+    from transformers import AutoProcessor, ProcessorMixin
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    local = Path(path).is_dir()
+    if local and model_type(path) not in PROCESSOR_MAPPING_NAMES and not any(
+            (Path(path) / name).is_file() for name in PROCESSOR_FILES):
+        return None  # AutoProcessor would load the tokenizer again (about 0.5 s) to find no processor
+    try:
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception:  # as vLLM: a checkpoint whose processor does not load has no processor template
+        return None
+    return processor.chat_template if isinstance(processor, ProcessorMixin) else None
+
+
+def resolve_chat_template(tokenizer: Any, *, trust_remote_code: bool) -> str | None:
+    """The template lm-eval's vllm backend builds chat prompts with: the one vLLM's resolve_chat_template
+    (vllm/renderers/hf.py, 0.32) resolves with no template given: the processor's, else the tokenizer's,
+    else vLLM's predefined fallback for the model type (read only where vLLM is installed). None: no template.
+    tests/test_tokenizer.py holds it equal to vLLM's own on a checkpoint whose processor has its own template."""
+    path = tokenizer.name_or_path
+    found = processor_template(path, trust_remote_code=trust_remote_code)
+    if found is not None:
+        return found
+    try:
+        return tokenizer.get_chat_template(None)
+    except ValueError:  # transformers: "Cannot use chat template functions because ... is not set"
+        pass
+    try:
+        from vllm.renderers.chat_utils import load_chat_template
+        from vllm.transformers_utils.chat_templates import get_chat_template_fallback_path
+    except ImportError:
+        return None
+    fallback = get_chat_template_fallback_path(model_type=model_type(path) or "", tokenizer_name_or_path=path)
+    return load_chat_template(fallback) if fallback is not None else None
+
+
 class TokenizerSide:
     """The tokenizer half of the Engine contract, on ``self.tokenizer`` (one vLLM engine's, or the one a
     data-parallel pool keeps beside its engines)."""
 
     tokenizer: Any
+    trust_remote_code: bool = False  # each engine sets its own: a processor's template may need the model's code
+    template_from = "vllm"  # "vllm": as lm-eval's vllm backend resolves it; "tokenizer": its own (lm-eval's hf)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
@@ -38,15 +95,22 @@ class TokenizerSide:
     def eos_token_id(self) -> int:
         return self.tokenizer.eos_token_id
 
+    @functools.cached_property
+    def _template(self) -> str | None:
+        if self.template_from == "tokenizer":
+            return getattr(self.tokenizer, "chat_template", None)
+        return resolve_chat_template(self.tokenizer, trust_remote_code=self.trust_remote_code)
+
     def chat_template(self) -> str | None:
-        return getattr(self.tokenizer, "chat_template", None)
+        """The template chat prompts are built with (resolved once, on first use), None where there is none."""
+        return self._template
 
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         """As lm-eval's vllm backend: the last message is continued when no generation prompt is added (a
         task's ``gen_prefix``), and a template that rejects the system role is retried without it."""
         import jinja2
 
-        options = {"tokenize": False, "add_generation_prompt": add_generation_prompt,
+        options = {"tokenize": False, "add_generation_prompt": add_generation_prompt, "chat_template": self._template,
                    "continue_final_message": not add_generation_prompt, "enable_thinking": None}
         try:
             return self.tokenizer.apply_chat_template(messages, **options)

@@ -84,6 +84,7 @@ class VLLMEngine(TokenizerSide):
             # the engine's own, loaded by the get_tokenizer lm-eval's vllm backend calls, from the same files
             # and settings (the engine's tokenizer_mode and revision included): a second copy cost about 1.3 s
             # of the engine's start here (docs/speed.md, Start-up)
+        self.trust_remote_code = trust_remote_code
             self.tokenizer = self.llm.get_tokenizer()
         else:  # lm-eval passes add_bos_token to get_tokenizer (the engine's copy was loaded without it); or none
             clock = time.perf_counter()

@@ -82,10 +82,14 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
     from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
 
     tracker = GeneralConfigTracker()
+    template = lm.chat_template(cfg.apply_chat_template) if cfg.apply_chat_template else None
+    if cfg.apply_chat_template and template is None:
+        raise ConfigError(f"apply_chat_template=true, but {cfg.model_name} has no chat template (not in its processor, "
+                          "its tokenizer or vLLM's fallbacks); leave apply_chat_template=false for a base model")
     tracker.log_experiment_args(
         model_source="evalkit", model_args={"pretrained": cfg.model_name},
         system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
-        chat_template=lm.chat_template(cfg.apply_chat_template) if cfg.apply_chat_template else None)
+        chat_template=template)
     outcome = simple_evaluate(
         model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
         log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
