@@ -1,4 +1,4 @@
-"""evalkit/engine/gpus.py: GPUs counted and named through NVML, faked at the pynvml boundary (tests/fake_pynvml.py),
+"""evalkit/engine/gpus.py: GPUs counted and named through NVML, faked at the pynvml boundary (tests/gpu_machine/pynvml.py),
 on a driver recreated in a temporary folder. Run: ``.venv/bin/python -m pytest tests/test_gpus.py -q``."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def fake_machine(root: Path, nodes: int = 4) -> Path:
 
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).with_name("fake_pynvml.py"))
+    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).parent / "gpu_machine" / "pynvml.py")
     fake = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fake)
     monkeypatch.setitem(sys.modules, "pynvml", fake)

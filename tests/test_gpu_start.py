@@ -1,0 +1,86 @@
+"""The start of a run on a GPU machine, recreated on this CPU one (issue 27, item 1): no CUDA runtime call
+before vLLM starts its engine, and the variables vLLM reads set as it needs them.
+
+``python -m evalkit`` runs as a user runs it, in a subprocess whose Python processes (the supervisor and its try)
+all load tests/gpu_machine/sitecustomize.py: a fake NVIDIA driver in a temporary folder, NVML faked at the pynvml
+boundary (two H100s), torch's CUDA runtime entry points replaced by recorders that fail, and ``vllm.LLM`` replaced
+by a recorder of its arguments and environment, which fails too, so the run ends there (exit 1). The real CPU
+build of vLLM is imported on the way. Run: ``.venv/bin/python -m pytest tests/test_gpu_start.py -q``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+GIB = 2**30
+H100 = "NVIDIA H100 80GB HBM3"
+MACHINE = Path(__file__).parent / "gpu_machine"
+
+
+def h100(n: int, free: int) -> dict:
+    return {"name": H100, "uuid": f"GPU-{n}a{n}b-0000", "total": 80 * GIB, "free": free}
+
+
+def run_on_gpus(tmp_path: Path, gpus: list[dict], *args: str, initialised: bool = False):
+    """``python -m evalkit limit=1 ...`` on the recreated machine: (the completed process, the records)."""
+    root = tmp_path / "machine"
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    (root / "dev").mkdir()
+    for name in ["nvidiactl"] + [f"nvidia{i}" for i in range(len(gpus))]:
+        (root / "dev" / name).touch()
+    record = tmp_path / "record.jsonl"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTORCH_NVML_BASED_CUDA_CHECK", "CUDA_VISIBLE_DEVICES") and not k.startswith("VLLM_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(MACHINE), env.get("PYTHONPATH", "")]), EVALKIT_TEST_GPU_ROOT=str(root),
+               FAKE_NVML=json.dumps(gpus), EVALKIT_TEST_RECORD=str(record))
+    if initialised:
+        env["EVALKIT_TEST_CUDA_INITIALISED"] = "1"
+    done = subprocess.run([sys.executable, "-m", "evalkit", "limit=1", f"output_dir={tmp_path / 'out'}", "resume=false",
+                           *args], capture_output=True, text=True, timeout=600, env=env)
+    lines = record.read_text().splitlines() if record.exists() else []
+    return done, [json.loads(line) for line in lines]
+
+
+def runtime_calls(records: list[dict]) -> list[str]:
+    return [f"{r['call']} from {' <- '.join(reversed(r['stack'][-4:]))}" for r in records if r["kind"] == "cuda_runtime"]
+
+
+def engine_call(done, records: list[dict]) -> dict:
+    calls = [r for r in records if r["kind"] == "vllm.LLM"]
+    assert len(calls) == 1, f"vllm.LLM was not reached: {done.stderr[-3000:]}"
+    return calls[0]
+
+
+def test_no_cuda_call_before_the_engine_and_a_utilization_that_fits_a_busy_gpu(tmp_path):
+    """GPU 0 has 30 GiB free (another process holds the rest): the default 0.5 does not fit, 0.36 does."""
+    done, records = run_on_gpus(tmp_path, [h100(0, 30 * GIB), h100(1, 79 * GIB)])
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert runtime_calls(records) == []
+    call = engine_call(done, records)
+    assert call["env"].get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"  # lm-eval's and transformers' checks: NVML
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in call["env"]  # nothing touched CUDA: vLLM may fork, as it does
+    assert call["kwargs"]["gpu_memory_utilization"] == 0.36  # (30 - 1) / 80, rounded down
+    assert "evalkit: chose gpu_memory_utilization=0.36" in done.stderr
+    assert "enforce_eager" not in call["kwargs"] and "block_size" not in call["kwargs"]  # no CPU choices on GPUs
+
+
+def test_vllm_spawns_where_cuda_was_initialised_anyway(tmp_path):
+    done, records = run_on_gpus(tmp_path, [h100(0, 79 * GIB), h100(1, 79 * GIB)], initialised=True)
+    call = engine_call(done, records)
+    assert call["env"].get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn"
+    assert "evalkit: chose env.VLLM_WORKER_MULTIPROC_METHOD=spawn" in done.stderr
+    assert call["kwargs"]["gpu_memory_utilization"] == 0.5  # idle GPUs: the asked share, untouched
+
+
+def test_a_split_the_heads_do_not_allow_fails_before_the_engine_in_one_line(tmp_path):
+    """The embedded model has 9 attention heads and 3 key/value heads: two ranks cannot split them."""
+    done, records = run_on_gpus(tmp_path, [h100(0, 79 * GIB), h100(1, 79 * GIB)], "tensor_parallel_size=2")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "evalkit: error: tensor_parallel_size=2 cannot split smollm2-135m-instruct's 9 attention heads "
+        "(num_attention_heads) in config.json evenly between the ranks, which vLLM needs; pass tensor_parallel_size=3")
+    assert records == []
