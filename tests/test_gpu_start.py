@@ -84,3 +84,70 @@ def test_a_split_the_heads_do_not_allow_fails_before_the_engine_in_one_line(tmp_
         "evalkit: error: tensor_parallel_size=2 cannot split smollm2-135m-instruct's 9 attention heads "
         "(num_attention_heads) in config.json evenly between the ranks, which vLLM needs; pass tensor_parallel_size=3")
     assert records == []
+
+
+def check_in_gpu_machine(tmp_path: Path, code: str, nvml_check: bool):
+    """Python code in a process on the recreated machine (two idle H100s): (its output, the CUDA runtime calls)."""
+    root = tmp_path / "machine"
+    (root / "proc/driver/nvidia").mkdir(parents=True, exist_ok=True)
+    record = tmp_path / "record.jsonl"
+    record.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    env.update(PYTHONPATH=str(MACHINE), EVALKIT_TEST_GPU_ROOT=str(root), EVALKIT_TEST_RECORD=str(record),
+               FAKE_NVML=json.dumps([h100(0, 79 * GIB), h100(1, 79 * GIB)]))
+    if nvml_check:
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    lines = record.read_text().splitlines() if record.exists() else []
+    return done.stdout.strip(), [json.loads(line)["call"] for line in lines]
+
+
+def test_torch_counts_gpus_through_nvml_only_with_the_variable_set(tmp_path):
+    """The mechanism, on torch's own code: is_available() calls cudaGetDeviceCount (which initialises CUDA)
+    unless PYTORCH_NVML_BASED_CUDA_CHECK=1 (torch/cuda/__init__.py, is_available and _nvml_based_avail)."""
+    code = "import torch\ntry:\n    print(torch.cuda.is_available())\nexcept RuntimeError:\n    print('failed')"
+    assert check_in_gpu_machine(tmp_path, code, nvml_check=False) == ("failed", ["torch._C._cuda_getDeviceCount"])
+    assert check_in_gpu_machine(tmp_path, code, nvml_check=True) == ("True", [])
+
+
+def test_the_recorded_hardware_names_the_gpus_through_nvml(tmp_path):
+    code = "from evalkit.engine.environment import hardware\nprint(hardware()['gpus'])"
+    assert check_in_gpu_machine(tmp_path, code, nvml_check=False) == (str([H100, H100]), [])
+
+
+def test_the_nvml_check_is_set_before_torch_unless_the_user_set_it(monkeypatch):
+    from evalkit.engine.environment import use_nvml_for_cuda_checks
+
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    use_nvml_for_cuda_checks()
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
+    use_nvml_for_cuda_checks()
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0"
+
+
+MAPS_AFTER_CUDA = """\
+55d0c6a00000-55d0c6a2e000 r--p 00000000 00:2a 1049 /usr/bin/python3.11
+7f3a18000000-7f3a1a4b1000 r-xp 00000000 00:2a 2211 /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12
+7f3a1c000000-7f3a1d2a4000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+7f3a1e000000-7f3a1e100000 r-xp 00000000 08:01 1235 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15
+"""
+
+
+def test_the_cuda_driver_is_read_off_the_process_maps():
+    from evalkit.engine.environment import cuda_driver_mapped
+
+    assert cuda_driver_mapped(MAPS_AFTER_CUDA)
+    before = "".join(line + "\n" for line in MAPS_AFTER_CUDA.splitlines() if "libcuda.so" not in line)
+    assert not cuda_driver_mapped(before)  # the runtime library and NVML loaded, the driver not: CUDA untouched
+    assert not cuda_driver_mapped(open("/proc/self/maps").read())  # this process: torch imported, no CUDA
+
+
+def test_cuda_counts_as_touched_where_torch_says_it_is_initialised(monkeypatch):
+    import torch
+
+    from evalkit.engine.environment import cuda_touched
+
+    assert not cuda_touched()
+    monkeypatch.setattr(torch.cuda, "_initialized", True)  # as torch.cuda._lazy_init leaves it
+    assert cuda_touched()

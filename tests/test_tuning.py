@@ -33,7 +33,7 @@ def test_the_engine_runs_in_process_only_with_one_rank_as_the_sole_engine_of_its
     assert "env.VLLM_ENABLE_V1_MULTIPROCESSING" not in chosen(env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
 
 
-def test_gpu_gets_nothing():
+def test_gpu_gets_no_cpu_settings():
     assert chosen(GPU_NODE) == {}
 
 
@@ -89,3 +89,44 @@ def test_the_environment_is_set_while_the_engine_starts_then_put_back(monkeypatc
 
         assert os.environ["EVALKIT_TEST_KEPT"] == "chosen" and os.environ["EVALKIT_TEST_NEW"] == "0"
     assert os.environ["EVALKIT_TEST_KEPT"] == "mine" and "EVALKIT_TEST_NEW" not in os.environ
+
+
+# --- on GPUs (issue 27): what the engine needs to start ---
+
+def h100(index, free_gib):
+    from evalkit.engine.gpus import Gpu
+
+    return Gpu(index, "NVIDIA H100 80GB HBM3", f"GPU-{index}", 80 * GIB, int(free_gib * GIB))
+
+
+def on_gpus(free=(79, 79), env=None, ranks=1, initialised=False, tune=True, utilization=0.9):
+    from evalkit.engine.tuning import gpu_choices
+
+    machine = Machine(device="cuda", cores=(0, 1), ram_bytes=512 * GIB, gpus=tuple(h100(i, f) for i, f in enumerate(free)))
+    choices = gpu_choices(machine=machine, env=env or {}, gpu_memory_utilization=utilization, ranks=ranks,
+                          weights_per_gpu=15 * GIB, cuda_initialised=initialised, tune=tune)
+    return {c.setting: c.value for c in choices}
+
+
+def test_idle_gpus_get_nothing():
+    assert on_gpus() == {}
+
+
+def test_a_busy_gpu_of_the_engine_gets_a_utilization_that_fits_and_others_do_not_count():
+    assert on_gpus(free=(40, 79)) == {"gpu_memory_utilization": 0.48}
+    assert on_gpus(free=(79, 40)) == {}  # GPU 1 is not the engine's (one rank)
+    assert on_gpus(free=(79, 40), ranks=2) == {"gpu_memory_utilization": 0.48}
+    assert on_gpus(free=(40, 79), tune=False) == {}  # preflight fails the run instead, in one line
+
+
+def test_vllm_spawns_after_cuda_was_initialised_unless_the_user_chose():
+    assert on_gpus(initialised=True) == {"env.VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    assert on_gpus(initialised=True, tune=False) == {"env.VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    assert on_gpus(initialised=True, env={"VLLM_WORKER_MULTIPROC_METHOD": "fork"}) == {}
+
+
+def test_a_chosen_utilization_is_an_engine_argument_printed_by_its_name():
+    choice = Choice("gpu_memory_utilization", 0.48, "why")
+    kwargs, env = apply([choice], {"seed": 1})
+    assert kwargs == {"seed": 1, "gpu_memory_utilization": 0.48} and env == {}
+    assert choice.line() == "evalkit: chose gpu_memory_utilization=0.48 (why)"
