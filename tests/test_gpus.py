@@ -80,3 +80,17 @@ def test_runs_as_a_plain_script_with_the_standard_library(machine, tmp_path):
 def test_summary_line():
     found = [gpus.Gpu(i, H100, None, None, None) for i in range(2)]
     assert gpus.summary(found, "nvml") == f"2 {H100}; {H100} (how: nvml)"
+
+
+def test_the_real_bindings_without_libnvidia_ml_fall_back_to_device_nodes(tmp_path, monkeypatch):
+    """A container without the NVIDIA "utility" capability: the driver's nodes are there, libnvidia-ml is not.
+    nvidia-ml-py itself (a dependency) raises NVMLError_LibraryNotFound, as it does on this machine."""
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has libnvidia-ml")
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setattr(gpus, "ROOT", str(fake_machine(tmp_path, nodes=2)))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    found, how = gpus.discover()
+    assert how == "device nodes" and [g.name for g in found] == [gpus.NO_NAME] * 2
