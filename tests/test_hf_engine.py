@@ -237,3 +237,28 @@ run and the session's HF run, tests/conftest.py)."""
     same = [a["resps"] == b["resps"] for a, b in zip(read_samples(hf_dir, "evalkit_arith"),
                                                         read_samples(vllm_dir, "evalkit_arith"))]
     assert len(same) == 20 and sum(same) >= 18  # as tests/test_parity.py: 20 here; a near-tie may break apart
+
+
+BF16_TEXTS = [("The capital of France is", " Paris"), ("2 + 3 =", " 5"), ("Question: What color is the sky?\nAnswer:",
+              " The sky is blue."), ("Once upon a time", " there was a princess who lived in a castle")]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("batch", [1, 4])
+def test_bfloat16_loglikelihoods_equal_lm_evals_hf_backend(embedded_model_dir, batch):
+    """In bfloat16 the two differ unless log_softmax runs in the model's dtype and no mask is passed, as
+    lm-eval's hf backend does (a float32 log_softmax moved each token by about 1e-2 nats here): one library,
+    the same operations on the same inputs, so the numbers must be the same."""
+    from lm_eval.models.huggingface import HFLM
+
+    from evalkit.engine.hf_engine import HFEngine
+
+    ours = HFEngine(model=embedded_model_dir, tokenizer=None, dtype="bfloat16", max_model_len=4096, batch_size=batch,
+                    seed=0, trust_remote_code=False, add_bos_token=None, engine_kwargs={})
+    theirs = HFLM(pretrained=embedded_model_dir, dtype="bfloat16", device="cpu", batch_size=batch)
+    pairs = [(ours.encode(c, add_special_tokens=False), ours.encode(x, add_special_tokens=False)) for c, x in BF16_TEXTS]
+    mine = ours.score([ScoreRequest(ids=tuple(c + x), start=len(c)) for c, x in pairs])
+    ref = theirs._loglikelihood_tokens([((c, x), ids, cont) for (c, x), (ids, cont) in zip(BF16_TEXTS, pairs)])
+    print(f"\nbfloat16, batch {batch}: max |diff| {max(abs(m.logprob - r[0]) for m, r in zip(mine, ref)):.1e}")
+    assert [m.logprob for m in mine] == pytest.approx([r[0] for r in ref], abs=1e-6, rel=0)
+    assert [m.is_greedy for m in mine] == [r[1] for r in ref]

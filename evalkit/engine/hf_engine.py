@@ -2,7 +2,7 @@
 
 The same :class:`evalkit.contracts.Engine` as ``vllm_engine.py``, so every evalkit feature runs on it
 unchanged. Log-likelihoods follow lm-eval's own ``hf`` backend (the whole sequence but its last token in
-one forward pass, log_softmax in float32, is_greedy when every scored token is the argmax); generations
+one forward pass, no attention mask, log_softmax in the model's dtype, is_greedy when every scored token is the argmax); generations
 follow vLLM's conventions (its sampling settings, stop strings cut from the text, the token ids up to the
 one that completed a stop, finish reasons), so the two engines' outputs can be compared request by request
 (tests/test_hf_engine.py). torch and transformers are imported here only, lazily.
@@ -92,17 +92,20 @@ class HFEngine(TokenizerSide):
 
     # --- log-likelihoods ---
     def _logprobs(self, batch: Sequence[ScoreRequest]) -> list[Any]:
-        """Per request, float32 log-probabilities [positions, vocab] of the positions predicting ids[max(start, 1):],
-        from one forward pass of the batch (right-padded) over each sequence but its last token, as lm-eval's hf
-        backend computes them. All logits are computed: asking the model for the scored positions only
-        (logits_to_keep) would change them by float32 rounding (measured: up to 8e-6 nats per request)."""
+        """Per request, log-probabilities [positions, vocab] of the positions predicting ids[max(start, 1):], as
+        lm-eval's hf backend computes them (``HFLM._loglikelihood_tokens``): one forward pass of the batch,
+        right-padded, over each sequence but its last token, with no attention mask (right padding comes after
+        every position a causal model reads), log_softmax in the model's dtype, and kept in it (lm-eval sums a
+        continuation's values in that dtype). All logits are computed: asking for the scored positions only
+        (logits_to_keep) would change them by rounding (measured: up to 8e-6 nats per request in float32). In
+        bfloat16, a float32 log_softmax and sum moved a continuation by up to 3.6e-2 nats from lm-eval's
+        (tests/test_hf_engine.py holds the two equal in bfloat16)."""
         import torch
 
-        ids, mask = self._padded([r.ids[:-1] for r in batch], left=False)
+        ids, _ = self._padded([r.ids[:-1] for r in batch], left=False)
         with torch.inference_mode():
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
-            return [torch.log_softmax(logits[row, max(r.start, 1) - 1:len(r.ids) - 1].float(), dim=-1)
-                    for row, r in enumerate(batch)]
+            rows = torch.log_softmax(self.model(input_ids=ids).logits, dim=-1)
+            return [rows[row, max(r.start, 1) - 1:len(r.ids) - 1] for row, r in enumerate(batch)]
 
     def _each_batch(self, requests: Sequence[ScoreRequest], read: Callable[[ScoreRequest, Any], Any], empty: Any,
                     progress: Progress | None) -> list[Any]:
@@ -149,6 +152,7 @@ class HFEngine(TokenizerSide):
         def read(r: ScoreRequest, rows: Any) -> TokenTrace:
             target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
             values, tokens = rows.topk(top_k, dim=-1)
+            rows = rows.float()
             return TokenTrace(logprobs=tuple(rows.gather(1, target[:, None])[:, 0].tolist()),
                               top=tuple(tuple(zip(t, v)) for t, v in zip(tokens.tolist(), values.tolist())))
 
