@@ -4,7 +4,9 @@ Run: pytest tests/test_compare_verdicts.py
 """
 
 import json
+import math
 
+import numpy as np
 import pytest
 
 from evalkit.compare import cli, paired
@@ -147,3 +149,117 @@ def test_locate_asks_for_noise_runs_outside_cpu_float32(tmp_path, capsys):
     noise = [str(runs["ref"]), str(runs["ref"])]
     assert cli.main([str(runs["ref"]), str(runs["cand"]), "--locate", "--noise", *noise]) == 0
     assert "noise floor 0 nats (--noise" in capsys.readouterr().out
+
+
+def add_rolling_task(folder, task, log_likelihoods, words, *, metrics=("word_perplexity", "byte_perplexity",
+                                                                        "bits_per_byte")):
+    """A wikitext-shaped task added to a hand-made run: per document (log-likelihood, words) for every metric
+    (bytes = 5 words), aggregated as lm-eval's wikitext aggregates them, lower is better."""
+    from lm_eval.api.registry import get_aggregation
+
+    aggregations = {"word_perplexity": "weighted_perplexity", "byte_perplexity": "weighted_perplexity",
+                    "bits_per_byte": "bits_per_byte"}
+    lines = [{"doc_id": i, "filter": "none", "metrics": list(metrics), "doc_hash": f"d{i}", "prompt_hash": f"p{i}",
+              "target_hash": f"t{i}", **{m: [ll, w * (1 if m == "word_perplexity" else 5)] for m in metrics}}
+             for i, (ll, w) in enumerate(zip(log_likelihoods, words))]
+    (folder / f"samples_{task}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results = json.loads((folder / "results.json").read_text())
+    results["results"][task] = {f"{m},none": get_aggregation(aggregations[m])([tuple(s[m]) for s in lines])
+                                for m in metrics}
+    results["configs"][task] = {"metric_list": [{"metric": m, "aggregation": aggregations[m]} for m in metrics]}
+    results["higher_is_better"][task] = {m: False for m in metrics}
+    results["n-shot"][task], results["versions"][task] = 0, 1.0
+    results["evalkit"]["files"]["samples"][task] = f"samples_{task}.jsonl"
+    (folder / "results.json").write_text(json.dumps(results))
+
+
+def wikitext_pair(tmp_path, acc_tasks, *, perplexity=(12.0, 150.0), documents=62, seed=0):
+    """acc_tasks unchanged 0/1 tasks of 100 documents and wikitext whose word perplexity goes from
+    perplexity[0] to perplexity[1] (documents of 50 to 400 words, each a little off the mean)."""
+    rng = np.random.default_rng(seed)
+    words = rng.integers(50, 400, size=documents)
+    jitter = rng.normal(0.0, 0.1, size=documents)
+    jitter -= np.average(jitter, weights=words)  # the corpus perplexity exactly perplexity[i]
+    tasks = {f"t{i:02d}": (0, 0, 100) for i in range(acc_tasks)}
+    ref, cand = hand_pair(tmp_path, tasks)
+    for folder, ppl in zip((ref, cand), perplexity):
+        add_rolling_task(folder, "wikitext", (-math.log(ppl) * (1 + jitter) * words).tolist(), words.tolist())
+    return ref, cand
+
+
+def test_a_perplexity_rise_is_worse_among_60_rows(tmp_path, capsys):
+    """57 unchanged tasks and wikitext's three perplexity rows: word perplexity 12 -> 150 must fail. A bootstrap
+    of 1,000 resamples could not (its p-value is at least 1/1001, times 60 rows by Holm: 0.06)."""
+    ref, cand = wikitext_pair(tmp_path, 57)
+    assert cli.main([str(ref), str(cand)]) == 1
+    out = capsys.readouterr().out
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    rows = table.set_index("metric").loc[["word_perplexity", "byte_perplexity", "bits_per_byte"]]
+    assert len(table) == 60 and set(rows.verdict) == {"worse"} and set(rows.p_floor) == {0.0}
+    assert rows.loc["word_perplexity", "method"] == "delta weighted_perplexity"
+    assert rows.loc["word_perplexity", ["reference", "candidate"]].tolist() == pytest.approx([12.0, 150.0])
+    assert "| wikitext" in out and "worse" in out
+
+
+def test_few_iterations_leave_no_row_blind(tmp_path):
+    """--iterations 100 and 6 rows: a bootstrap p-value of 1/101 times 6 rows is 0.059, above 0.05."""
+    ref, cand = wikitext_pair(tmp_path, 3)
+    assert cli.main([str(ref), str(cand), "--iterations", "100"]) == 1
+
+
+def test_a_corpus_row_says_when_its_resolution_limits_it(tmp_path):
+    """F1 is re-aggregated on every resample, so its resamples stop at 1,000: among 60 rows the note says that a
+    p-value of at least 1/1001 cannot reach 0.05 / 60."""
+    tasks = {f"t{i:02d}": (0, 0, 100) for i in range(59)}
+    ref, cand = hand_pair(tmp_path, tasks)
+    for folder, shift in ((ref, 0), (cand, 1)):
+        lines = [{"doc_id": i, "filter": "none", "metrics": ["f1"], "f1": [i % 2, (i + shift * (i % 3 == 0)) % 2],
+                  "doc_hash": f"d{i}", "prompt_hash": f"p{i}", "target_hash": f"t{i}"} for i in range(300)]
+        (folder / "samples_cls.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        results = json.loads((folder / "results.json").read_text())
+        results["results"]["cls"], results["configs"]["cls"] = {"f1,none": 0.5}, {}
+        results["higher_is_better"]["cls"], results["n-shot"]["cls"], results["versions"]["cls"] = {"f1": True}, 0, 1
+        results["evalkit"]["files"]["samples"]["cls"] = "samples_cls.jsonl"
+        (folder / "results.json").write_text(json.dumps(results))
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    row = table.set_index("task").loc["cls"]
+    assert row.method == "bootstrap f1_score" and row.p_floor == pytest.approx(1 / 1001)
+    assert row.verdict == "inconclusive" and "resolution: its p-values cannot go below 0.001" in row.note
+    assert "Holm over 60 rows needs 0.00083" in row.note
+
+
+def perplexity_group(tmp_path, rise, *, leaves=4, documents=62):
+    """A group of `leaves` wikitext-shaped leaves averaged equally (weight_by_size: false, as lm-eval's
+    uncheatable_eval), the candidate's word perplexity `rise` times the reference's on every leaf, give or take
+    0.3 % per document."""
+    rng = np.random.default_rng(1)
+    ref, cand = hand_pair(tmp_path, {})
+    names = [f"leaf{k}" for k in range(leaves)]
+    for name in names:
+        words = rng.integers(50, 400, size=documents)
+        ll = -math.log(rng.uniform(8, 20)) * (1 + rng.normal(0.0, 0.1, size=documents)) * words
+        wobble = rng.normal(0.0, 0.003, size=documents)
+        add_rolling_task(ref, name, ll.tolist(), words.tolist(), metrics=("word_perplexity",))
+        add_rolling_task(cand, name, (ll * (1 + wobble) - math.log(rise) * words).tolist(), words.tolist(),
+                         metrics=("word_perplexity",))
+    for folder in (ref, cand):
+        results = json.loads((folder / "results.json").read_text())
+        score = float(np.mean([results["results"][n]["word_perplexity,none"] for n in names]))
+        results["groups"] = {"g": {"word_perplexity,none": score}}
+        results["group_subtasks"] = {"g": names}
+        (folder / "results.json").write_text(json.dumps(results))
+    return ref, cand
+
+
+@pytest.mark.parametrize("rise, verdict, code", [(1.005, "lower", 0), (1.04, "worse", 1)])
+def test_a_group_of_perplexity_leaves_is_judged_like_a_perplexity_task(tmp_path, rise, verdict, code):
+    """Relative, lower is better, like each leaf: a 0.5 % rise is inside the 2 % tolerance (it was `worse`:
+    0.06 in perplexity units against an absolute 0.02); a 4 % rise is beyond it."""
+    ref, cand = perplexity_group(tmp_path, rise)
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    group, leaf = table.set_index("task").loc["g"], table.set_index("task").loc["leaf0"]
+    assert group.relative and leaf.relative and group.tolerance == leaf.tolerance == 0.02
+    assert group.higher_is_better == False and group["diff"] == pytest.approx(  # noqa: E712
+        -(group.candidate / group.reference - 1)) and group["diff"] < 0
+    assert group.method == "delta stratified weighted_perplexity" and group.verdict == verdict
+    assert cli.main([str(ref), str(cand)]) == code

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from evalkit.compare import locate, report, verdict
-from evalkit.compare.paired import compare_runs
+from evalkit.compare.paired import compare_family, compare_runs
 from evalkit.compare.runs import CompareError, load_run
 from evalkit.compare.verdict import Tolerances
 from evalkit.run import results
@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         reference, candidates = load_run(args.reference), [load_run(path) for path in args.candidates]
         noise = noise_columns(args, tolerances) if args.noise else None
         why = locate.from_args(args, reference, candidates) if args.locate else {}
-        compared = [compare_runs(reference, candidate, tolerance=tolerances, confidence=confidence,
-                                 iterations=args.iterations, seed=args.seed) for candidate in candidates]
-        tables = verdict.decide([table for table, _ in compared], args.alpha)  # one family: every candidate's rows
+        compared = compare_family(reference, candidates, tolerance=tolerances, confidence=confidence,
+                                  iterations=args.iterations, seed=args.seed)  # one family: every candidate's rows
+        tables = [table for table, _ in compared]
         for candidate, table, (_, details) in zip(candidates, tables, compared):
             text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
                                    confidence=confidence, noise=noise, why=why.get(candidate.path),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -110,27 +110,42 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
     return detail
 
 
-def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerances = 0.02, confidence: float = 0.95,
-                 iterations: int = 10_000, seed: int = 0) -> tuple[pd.DataFrame, list[TaskDetail]]:
-    """One row per task (then group), filter and metric (see ROW_COLUMNS) with verdicts Holm-adjusted over its
-    rows (verdict.decide; alpha = 1 - confidence), and the sample-level details. A float tolerance is the
-    absolute one, relative metrics keeping their default."""
-    check_like_for_like(reference, candidate)
-    tolerances = tolerance if isinstance(tolerance, Tolerances) else Tolerances(absolute=tolerance)
-    settings = dict(confidence=confidence, iterations=iterations, seed=seed)
-    results, rows, details = reference.results, [], []
-    values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
+def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, list[tuple[dict, dict]], list[str]]]:
+    """(task, filter, paired samples, metrics both runs scored on every document) of each task and filter."""
     for task in sorted(reference.samples):
-        ref_samples, cand_samples, values[task] = reference.samples[task], candidate.samples[task], {}
+        ref_samples, cand_samples = reference.samples[task], candidate.samples[task]
         for filt in sorted({f for _, f in ref_samples}):
             pairs = [(ref_samples[k], cand_samples[k]) for k in sorted(k for k in ref_samples if k[1] == filt)]
-            metrics = [m for m in pairs[0][0].get("metrics", []) if all(m in s for p in pairs for s in p)]
-            for metric in metrics:
-                ref, cand = values[task][(filt, metric)] = metric_values(pairs, metric)
-                rows.append({"task": task, "filter": filt, "metric": metric, "n": len(pairs), **compare_values(
-                    results, task, metric, ref, cand, higher_is_better=scoring.direction(results, task, metric),
-                    tolerances=tolerances, settings=settings)})
-            details.append(task_detail(task, filt, pairs, {m: values[task][(filt, m)] for m in metrics}))
+            yield task, filt, pairs, [m for m in pairs[0][0].get("metrics", []) if all(m in s for p in pairs for s in p)]
+
+
+def planned_rows(reference: Run, candidate: Run) -> int:
+    """The rows compare_runs gives at most (a group lm-eval recorded may give none): what sizes the resamples."""
+    return (sum(len(metrics) for *_, metrics in metric_pairs(reference, candidate))
+            + len(scoring.group_keys(reference.results)))
+
+
+def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerances = 0.02, confidence: float = 0.95,
+                 iterations: int = 10_000, seed: int = 0, family: int | None = None
+                 ) -> tuple[pd.DataFrame, list[TaskDetail]]:
+    """One row per task (then group), filter and metric (see ROW_COLUMNS) with verdicts Holm-adjusted over its
+    rows (verdict.decide; alpha = 1 - confidence), and the sample-level details. A float tolerance is the
+    absolute one, relative metrics keeping their default. family: the rows the verdicts will be adjusted over
+    (compare_family's; default this comparison's), which sizes the bootstrap resamples."""
+    check_like_for_like(reference, candidate)
+    tolerances = tolerance if isinstance(tolerance, Tolerances) else Tolerances(absolute=tolerance)
+    family = planned_rows(reference, candidate) if family is None else family
+    settings = dict(confidence=confidence, iterations=iterations, seed=seed, family=family)
+    results, rows, details = reference.results, [], []
+    values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
+    for task, filt, pairs, metrics in metric_pairs(reference, candidate):
+        scored = values.setdefault(task, {})
+        for metric in metrics:
+            ref, cand = scored[(filt, metric)] = metric_values(pairs, metric)
+            rows.append({"task": task, "filter": filt, "metric": metric, "n": len(pairs), **compare_values(
+                results, task, metric, ref, cand, higher_is_better=scoring.direction(results, task, metric),
+                tolerances=tolerances, settings=settings)})
+        details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}))
     rows += group_rows((results, candidate.results), values, tolerances=tolerances, settings=settings)
     unused = tolerances.unused({(r["task"], r["metric"]) for r in rows})
     if unused:
@@ -139,6 +154,22 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     return table[ROW_COLUMNS], details
 
 
+def compare_family(reference: Run, candidates: list[Run], *, tolerance: float | Tolerances = 0.02,
+                   confidence: float = 0.95, iterations: int = 10_000, seed: int = 0
+                   ) -> list[tuple[pd.DataFrame, list[TaskDetail]]]:
+    """Every candidate against the reference, all their rows one family: resamples sized to it and verdicts
+    Holm-adjusted over it (verdict.decide), so that a row's verdict is the same wherever it is shown (the command
+    line, the sweep report)."""
+    for candidate in candidates:
+        check_like_for_like(reference, candidate)
+    family = sum(planned_rows(reference, candidate) for candidate in candidates)
+    compared = [compare_runs(reference, candidate, tolerance=tolerance, confidence=confidence, iterations=iterations,
+                             seed=seed, family=family) for candidate in candidates]
+    tables = verdict.decide([table for table, _ in compared], 1.0 - confidence)
+    return [(table, details) for table, (_, details) in zip(tables, compared)]
+
+
 ROW_COLUMNS = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high", "tolerance",
                "relative", "higher_is_better", "mcnemar_b", "mcnemar_c", "mcnemar_p", "method", "p_worse", "p_better",
-               "p_equivalent", "p_lower", "p_higher", "note", "p_worse_holm", "p_equivalent_holm", "verdict"]
+               "p_equivalent", "p_lower", "p_higher", "p_floor", "note", "p_worse_holm", "p_equivalent_holm",
+               "verdict"]

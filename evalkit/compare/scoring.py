@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from evalkit.compare import stats
+from evalkit.compare import ratio, stats
 from evalkit.compare.verdict import Tolerance, Tolerances
 
 AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
@@ -62,7 +62,8 @@ def compare_values(results: dict[str, Any], task: str, metric: str, ref: list[An
     row = asdict(stats.compare_paired(ref, cand, aggregate=agg, aggregate_name=name,
                                       by_mean=is_mean(results, task, metric), higher_is_better=higher_is_better,
                                       tolerance=tolerance.value, relative=tolerance.relative,
-                                      aggregate_iterations=AGGREGATE_ITERATIONS, **settings))
+                                      aggregate_iterations=AGGREGATE_ITERATIONS,
+                                      analytic=analytic(results, task, metric), **settings))
     return {**row, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative}
 
 
@@ -88,28 +89,75 @@ def weight_by_size(runs: tuple[dict[str, Any], dict[str, Any]], group: str, key:
     return None if not fits else (True in fits)  # both fit (equal sizes or scores): lm-eval's default, by size
 
 
-def stratified_row(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
-                   weights: list[float], *, tolerance: Tolerance, higher_is_better: bool | None,
-                   settings: dict[str, Any]) -> dict[str, Any]:
-    """A group whose score is a weighted mean of its leaves' aggregations: the same weighted mean of the
-    differences, bootstrapped with each leaf's documents resampled within it (the leaves are strata)."""
+def analytic(results: dict[str, Any], task: str, metric: str) -> bool:
+    """Whether the metric's aggregation is lm-eval's own perplexity-family function (ratio.py tests it exactly)."""
+    from lm_eval.api.registry import get_aggregation
+
+    name, agg = aggregation(results, task, metric)
+    return name in ratio.LOG_SCORE and agg is get_aggregation(name)
+
+
+def resample_count(settings: dict[str, Any], *, corpus: bool) -> int:
+    """Resamples for a row: at least what its family needs (stats.resamples_for); a row that re-aggregates every
+    resample (corpus-level) at most AGGREGATE_ITERATIONS."""
+    count = max(settings["iterations"], stats.resamples_for(settings.get("family", 1), 1.0 - settings["confidence"]))
+    return min(count, AGGREGATE_ITERATIONS) if corpus else count
+
+
+def stratum_statistics(agg: Callable[[list], float], ref: list, cand: list, *, mean: bool, count: int,
+                       seed: int) -> np.ndarray:
+    """(2, count): one leaf's aggregation of the reference's and the candidate's resamples of its documents."""
+    out = np.empty((2, count))
+    done = 0
+    for rows in stats.resamples(len(ref), count, seed=seed):
+        block = slice(done, done + len(rows))
+        if mean:
+            out[:, block] = [np.asarray(side, dtype=float)[rows].mean(axis=1) for side in (ref, cand)]
+        else:
+            out[:, block] = [[agg([side[i] for i in r]) for r in rows] for side in (ref, cand)]
+        done += len(rows)
+    return out
+
+
+def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
+                       w: np.ndarray, scores: tuple[float, float], *, tolerance: Tolerance,
+                       higher_is_better: bool | None, settings: dict[str, Any]) -> tuple[Any, dict, str, float]:
+    """(interval, p-values, method, p_floor) of a weighted mean of leaves' aggregations: the delta method
+    (ratio.py) where every leaf is the same perplexity-family aggregation, else a bootstrap with each leaf's
+    documents resampled within it (the leaves are strata), relative like a task row where the tolerance is."""
+    reading = dict(tolerance=tolerance.value, confidence=settings["confidence"], higher_is_better=higher_is_better)
+    names = {aggregation(results, t, metric)[0] for t in tasks}
+    if len(names) == 1 and all(analytic(results, t, metric) for t in tasks):
+        name = names.pop()
+        read = ratio.read([ratio.stratum(r, c, name) for r, c in pairs], w, name, relative=tolerance.relative)
+        if np.allclose(read.scores, scores, rtol=1e-9, atol=0.0):
+            return (*stats.delta_reading(read, **reading), f"delta stratified {name}", 0.0)
+    means = [is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)]
+    count = resample_count(settings, corpus=not all(means))
+    totals = sum(wt * stratum_statistics(aggregation(results, t, metric)[1], *pair, mean=m, count=count,
+                                         seed=settings["seed"] + k)
+                 for k, (wt, t, pair, m) in enumerate(zip(w, tasks, pairs, means)))
+    statistics = totals[1] / totals[0] - 1.0 if tolerance.relative else totals[1] - totals[0]
+    diff = scores[1] / scores[0] - 1.0 if tolerance.relative else scores[1] - scores[0]
+    return (*stats.bootstrap_reading(diff, statistics, **reading), "bootstrap stratified", 1.0 / (count + 1))
+
+
+def stratified_row(results: dict[str, Any], group: str, tasks: list[str], metric: str,
+                   pairs: list[tuple[list, list]], weights: list[float], *, tolerances: Tolerances,
+                   higher_is_better: bool | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """A group whose score is a weighted mean of its leaves' aggregations, read as a task row of the metric is:
+    oriented by its direction, relative where the metric or the group's reference score calls for it."""
     w = np.asarray(weights, dtype=float) / float(np.sum(weights))
     aggregates = [aggregation(results, t, metric)[1] for t in tasks]
-    scores = [[_score(agg, side) for side in pair] for agg, pair in zip(aggregates, pairs)]
-    reference, candidate = (float(np.dot(w, [s[i] for s in scores])) for i in (0, 1))
-    iterations, statistics = settings["iterations"], np.zeros(settings["iterations"])
-    for k, (wt, agg, (ref, cand)) in enumerate(zip(w, aggregates, pairs)):
-        rows = np.concatenate(list(stats.resamples(len(ref), iterations, seed=settings["seed"] + k)))
-        if is_mean(results, tasks[k], metric) and stats.all_scalar(ref, cand):
-            statistics += wt * (np.asarray(cand, dtype=float) - np.asarray(ref, dtype=float))[rows].mean(axis=1)
-        else:
-            statistics += wt * np.array([agg([cand[i] for i in r]) - agg([ref[i] for i in r]) for r in rows])
-    interval, p = stats.bootstrap_reading(candidate - reference, statistics, tolerance=tolerance.value,
-                                          confidence=settings["confidence"], higher_is_better=higher_is_better)
-    return {"reference": reference, "candidate": candidate, "diff": interval.diff, "ci_low": interval.low,
-            "ci_high": interval.high, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None,
-            "method": "bootstrap stratified", **p, "higher_is_better": higher_is_better, "tolerance": tolerance.value,
-            "relative": False, "note": ""}
+    each = [[_score(agg, side) for side in pair] for agg, pair in zip(aggregates, pairs)]
+    scores = (float(np.dot(w, [s[0] for s in each])), float(np.dot(w, [s[1] for s in each])))
+    tolerance = tolerances.of(group, metric, scores[0])
+    interval, p, method, floor = stratified_reading(results, tasks, metric, pairs, w, scores, tolerance=tolerance,
+                                                    higher_is_better=higher_is_better, settings=settings)
+    return {"reference": scores[0], "candidate": scores[1], "diff": interval.diff, "ci_low": interval.low,
+            "ci_high": interval.high, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None, "method": method,
+            **p, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative,
+            "note": "", "p_floor": floor}
 
 
 def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group: str, key: str, *,
@@ -131,7 +179,7 @@ def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group
         how = f"{n} documents of {len(tasks)} tasks pooled (weight_by_size: lm-eval's size-weighted mean)"
     else:
         weights = [len(r) for r, _ in pairs] if weighted else [1] * len(tasks)
-        row = stratified_row(results, tasks, metric, pairs, weights, tolerance=tolerances.of(group, metric, math.nan),
+        row = stratified_row(results, group, tasks, metric, pairs, weights, tolerances=tolerances,
                              higher_is_better=known, settings=settings)
         how = f"{len(tasks)} tasks' scores averaged " + ("by size" if weighted else "equally (weight_by_size: false)")
     return {"task": group, "filter": filt, "metric": metric, "n": n, **row,
@@ -141,8 +189,13 @@ def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group
 def group_rows(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, *, tolerances: Tolerances,
                settings: dict[str, Any]) -> list[dict[str, Any]]:
     """A row per group score lm-eval recorded in the reference's results.json ("groups"), as it computed it."""
-    recorded = runs[0].get("groups") or {}
     rows = [group_row(runs, values, group, key, tolerances=tolerances, settings=settings)
-            for group in sorted(recorded) for key in sorted(recorded[group])
-            if "," in key and "_stderr," not in key and isinstance(recorded[group][key], (int, float))]
+            for group, key in group_keys(runs[0])]
     return [row for row in rows if row is not None]
+
+
+def group_keys(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """(group, "metric,filter") of every group score lm-eval recorded in results.json ("groups")."""
+    recorded = results.get("groups") or {}
+    return [(group, key) for group in sorted(recorded) for key in sorted(recorded[group])
+            if "," in key and "_stderr," not in key and isinstance(recorded[group][key], (int, float))]

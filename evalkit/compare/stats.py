@@ -16,6 +16,12 @@
 * The p-values of the one-sided tests against the tolerance (evalkit/compare/tost.py) go with each interval;
   evalkit/compare/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
 * A relative comparison (unbounded metrics: perplexity, BLEU, ...) bootstraps candidate / reference - 1.
+* lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte) are not resampled:
+  evalkit/compare/ratio.py tests them analytically (the delta method), so their p-values have no floor.
+* Resamples are sized to the family: a bootstrap p-value is at least 1 / (B + 1), and Holm over m rows needs
+  alpha / m, so a bootstrap of the mean draws at least 20 m / alpha resamples (resamples_for); corpus-level
+  aggregations, which re-aggregate every resample, at most aggregate_iterations. Each row says the smallest
+  p-value its method can give (p_floor), and verdict.decide says where that limits the row.
 """
 
 from __future__ import annotations
@@ -30,9 +36,15 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import binomtest, norm
 
-from evalkit.compare import tost
+from evalkit.compare import ratio, tost
 
 MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
+RESOLUTION = 20  # resamples per unit of the level a row needs (alpha / family): a p-value floor 20 times below it
+
+
+def resamples_for(family: int, alpha: float) -> int:
+    """Fewest bootstrap resamples whose p-value floor, 1 / (B + 1), lies RESOLUTION times below alpha / family."""
+    return int(math.ceil(RESOLUTION * max(family, 1) / alpha))
 
 
 @dataclass(frozen=True)
@@ -231,13 +243,15 @@ class Comparison:
     p_lower: float
     p_higher: float
     note: str  # why a reading is weaker than it looks ("" when nothing to say)
+    p_floor: float = 0.0  # the smallest p-value the method can give: 1 / (resamples + 1) for a bootstrap, else 0
 
 
 def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: float,
            higher_is_better: bool | None) -> tuple[Interval, tuple, dict[str, float]]:
     b, c, p = mcnemar_exact(ref, cand)
     n = len(ref)
-    interval = orient(tango_interval(b, c, n, confidence=2 * confidence - 1), higher_is_better)
+    low, high = tost.tango_limits(b, c, n, 1.0 - confidence, points=(-tolerance, 0.0, tolerance))  # what they test
+    interval = orient(Interval((c - b) / n, low, high, 2 * confidence - 1), higher_is_better)
     return interval, (b, c, p), tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below"),
                                               lambda t: tost.tango_p(b, c, n, t, "above"),
                                               tolerance=tolerance, higher_is_better=higher_is_better)
@@ -246,7 +260,8 @@ def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: f
 def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, confidence: float,
                       higher_is_better: bool | None) -> tuple[Interval, dict[str, float]]:
     """The (1 - 2 alpha) percentile interval and the one-sided p-values of a bootstrap distribution."""
-    interval = orient(_percentiles(diff, statistics, 2 * confidence - 1), higher_is_better)
+    interval = orient(Interval(float(diff), *tost.bootstrap_limits(statistics, 1.0 - confidence),
+                               2 * confidence - 1), higher_is_better)  # the interval bootstrap_p inverts
     if not interval.high > interval.low:  # a point, or NaN: no evidence of anything
         return interval, dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
     return interval, tost_p_values(lambda t: tost.bootstrap_p(statistics, t, "below"),
@@ -254,21 +269,46 @@ def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, 
                                    tolerance=tolerance, higher_is_better=higher_is_better)
 
 
+def delta_reading(reading: ratio.Reading, *, tolerance: float, confidence: float,
+                  higher_is_better: bool | None) -> tuple[Interval, dict[str, float]]:
+    """The (1 - 2 alpha) interval and the one-sided p-values of an analytic (delta-method) reading."""
+    low, high = reading.interval(2 * confidence - 1)
+    interval = orient(Interval(diff=reading.to_row(reading.estimate), low=low, high=high,
+                               confidence=2 * confidence - 1), higher_is_better)
+    if not reading.se > 0:  # the paired parts never vary: no evidence of anything
+        return interval, dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
+    return interval, tost_p_values(lambda t: reading.p(t, "below"), lambda t: reading.p(t, "above"),
+                                   tolerance=tolerance, higher_is_better=higher_is_better)
+
+
+def _delta(reference: Sequence[Any], candidate: Sequence[Any], name: str, scores: tuple[float, float], *,
+           relative: bool, **settings: Any) -> tuple[Interval, dict[str, float]] | None:
+    """The analytic reading of a perplexity-family row, None where it does not reproduce lm-eval's scores."""
+    reading = ratio.read([ratio.stratum(reference, candidate, name)], [1.0], name, relative=relative)
+    if not np.allclose(reading.scores, scores, rtol=1e-9, atol=0.0):
+        return None
+    return delta_reading(reading, **settings)
+
+
 def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggregate: Callable[[list], float] | None,
                    aggregate_name: str, by_mean: bool, higher_is_better: bool | None, tolerance: float,
                    relative: bool = False, confidence: float = 0.95, iterations: int = 10_000,
-                   aggregate_iterations: int = 1_000, seed: int = 0) -> Comparison:
+                   aggregate_iterations: int = 1_000, seed: int = 0, family: int = 1,
+                   analytic: bool = False) -> Comparison:
     """The interval and the one-sided p-values for one metric's paired per-document values.
 
     by_mean (the metric's aggregation is the mean) with 0/1 values: Tango's interval, McNemar's test and the
     exact p-values (tost.py); with other numbers: the bootstrap of the mean difference; anything else
     (perplexity's (ll, words), BLEU's (ref, pred), a non-mean aggregation) or relative (tolerance a fraction
-    of the reference's score): the bootstrap of the aggregation itself. confidence is 1 - alpha: the
-    interval is the (1 - 2 alpha) one that the two one-sided tests at alpha read.
+    of the reference's score): the bootstrap of the aggregation itself, except analytic (aggregate is lm-eval's
+    perplexity-family aggregation aggregate_name): the delta method (ratio.py). confidence is 1 - alpha: the
+    interval is the (1 - 2 alpha) one that the two one-sided tests at alpha read. family: the rows the
+    verdicts are Holm-adjusted over, which sizes the resamples (resamples_for).
     """
     nan, notes = math.nan, [] if higher_is_better is not None else [
         "direction unknown (higher_is_better null): diff is candidate - reference, unoriented"]
-    scores, mcnemar, method = (nan, nan), (None, None, None), None
+    scores, mcnemar, method, floor = (nan, nan), (None, None, None), None, 0.0
+    needed = resamples_for(family, 1.0 - confidence)
     try:
         if aggregate is None:
             raise ValueError(f"aggregation {aggregate_name!r} is not in lm-eval's registry")
@@ -280,19 +320,24 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
                                           **settings)
         elif by_mean and not relative and all_scalar(reference, candidate):
             method, delta = "bootstrap", np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
+            count = max(iterations, needed)
             interval, p = bootstrap_reading(float(delta.mean()),
-                                            bootstrap_means(delta, iterations=iterations, seed=seed), **settings)
+                                            bootstrap_means(delta, iterations=count, seed=seed), **settings)
+            floor = 1.0 / (count + 1)
+        elif analytic and (read := _delta(reference, candidate, aggregate_name, scores, relative=relative,
+                                          **settings)) is not None:
+            method, (interval, p) = f"delta {aggregate_name}", read
         else:
-            method = f"bootstrap {aggregate_name}"
+            method, count = f"bootstrap {aggregate_name}", min(max(iterations, needed), aggregate_iterations)
             interval, p = bootstrap_reading(*aggregate_statistics(
-                reference, candidate, aggregate, relative=relative, iterations=min(iterations, aggregate_iterations),
-                seed=seed), **settings)
+                reference, candidate, aggregate, relative=relative, iterations=count, seed=seed), **settings)
+            floor = 1.0 / (count + 1)
     except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError) as error:
         return Comparison(*scores, nan, nan, nan, *mcnemar, method, **NO_EVIDENCE,
                           note="; ".join(notes + [f"not compared: {error}"]))
     if math.isnan(interval.low) or math.isnan(interval.high):
         notes.append("no interval: the values or their aggregation are NaN")
     elif not interval.high > interval.low:
-        notes.append("zero-width interval: the resampled differences never vary, which is no evidence of equivalence")
+        notes.append("zero-width interval: the paired differences never vary, which is no evidence of equivalence")
     return Comparison(*scores, interval.diff, interval.low, interval.high, *mcnemar, method, **p,
-                      note="; ".join(notes))
+                      note="; ".join(notes), p_floor=floor)

@@ -13,6 +13,10 @@ better        shown beyond +tolerance (p_better)
 lower/higher  shown inside +-tolerance (p_equivalent) and shown below/above 0 (p_lower/p_higher)
 equivalent    shown inside +-tolerance, no difference from 0 shown
 inconclusive  none of these shown (too few documents, or a zero-width bootstrap: no evidence either way)
+
+A bootstrap p-value cannot go below 1 / (resamples + 1) (its p_floor); where that floor times the rows is not
+below alpha, the row's note says that its resolution, not the data, limits it (stats.resamples_for sizes the
+resamples so that this happens only to corpus-level rows, whose resamples are bounded).
 """
 
 from __future__ import annotations
@@ -102,8 +106,23 @@ def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
         [worse & unknown, worse, better, inside & (shown["p_lower"] < alpha), inside & (shown["p_higher"] < alpha),
          inside], ["changed", "worse", "better", "lower", "higher", "equivalent"], default="inconclusive")
     rows = rows.assign(verdict=verdicts, p_worse_holm=shown["p_worse"], p_equivalent_holm=shown["p_equivalent"])
+    rows["note"] = resolution_notes(rows, alpha)
     bounds = np.cumsum([0] + [len(t) for t in tables])
     return [rows.iloc[a:b].reset_index(drop=True) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def resolution_notes(rows: pd.DataFrame, alpha: float) -> list[str]:
+    """Each row's note, with a word where the smallest p-value its method can give (p_floor: 1 / (resamples + 1)
+    for a bootstrap), times the rows Holm adjusts over, cannot reach alpha: a verdict the row could not show."""
+    floors = rows["p_floor"] if "p_floor" in rows else pd.Series(0.0, index=rows.index)
+    notes = rows["note"] if "note" in rows else pd.Series("", index=rows.index)
+    m, out = len(rows), []
+    for floor, note, shown in zip(floors.fillna(0.0), notes.fillna(""), rows["verdict"]):
+        limited = floor * m >= alpha and shown not in ("worse", "changed", "better")
+        words = (f"resolution: its p-values cannot go below {floor:.2g} (1 / (resamples + 1)), and Holm over {m} "
+                 f"rows needs {alpha / m:.2g}: this row cannot be shown worse, better or equivalent here")
+        out.append("; ".join(filter(None, [note, words if limited else ""])))
+    return out
 
 
 def gate(tables: list[pd.DataFrame]) -> int:
