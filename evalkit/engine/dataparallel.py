@@ -29,6 +29,7 @@ from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreReq
 from evalkit.engine.backoff import classify
 from evalkit.engine.pool_plan import REPLACEMENTS, actor_resources, core_share, one_line, replacement_settings, shard
 from evalkit.engine.engine_bar import EngineBar
+from evalkit.engine.fingerprint import engine_gpus, pool_gpus
 from evalkit.engine.start import start_vllm
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 
@@ -65,10 +66,15 @@ class EngineActor:
     """One vLLM engine in a Ray actor process (the class is wrapped with ``ray.remote`` by the pool)."""
 
     def place(self) -> dict[str, Any]:
+        """Where this actor runs, and the models of its GPUs (named through NVML, which leaves CUDA alone; Ray's
+        CUDA_VISIBLE_DEVICES makes the visible GPUs this actor's own)."""
         import ray
 
+        from evalkit.engine.gpus import visible_gpus
+
         return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()]}
+                "gpus": [str(g) for g in ray.get_gpu_ids()],
+                "gpu_models": [gpu.name for gpu in visible_gpus()]}
 
     def start(self, cfg: EvalConfig, model_dir: str, slot: int, slots: int) -> dict[str, Any]:
         """Start the engine; on a node without GPUs, on this actor's share of the node's cores."""
@@ -145,6 +151,7 @@ class DataParallelEngine(TokenizerSide):
         self.replaced = 0
         self.trust_remote_code = cfg.trust_remote_code
         try:
+            self._one_gpu_model()
             for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
                 self._started(i, ref)
         except BaseException:
@@ -188,6 +195,12 @@ class DataParallelEngine(TokenizerSide):
         self.actors[i] = self.remote.options(**self.resources).remote()
         self.places[i] = ray.get(self.actors[i].place.remote())
         self.replaced += 1
+        self._one_gpu_model()  # the replacement may land on another GPU model
+
+    def _one_gpu_model(self) -> None:
+        """Refuse engines on different GPU models before they start: they would share one store
+        (fingerprint.pool_gpus says why)."""
+        pool_gpus([engine_gpus(p.get("gpu_models"), devices_per_engine(self.cfg)) for p in self.places])
 
     def _map(self, method: str, requests: Sequence[Any], progress: Progress | None, shards: int | None,
              *args: Any) -> list:
@@ -251,7 +264,9 @@ class DataParallelEngine(TokenizerSide):
     def describe(self) -> dict[str, Any]:
         """The first engine's description (every engine runs the same arguments), and where each one ran."""
         actors = [{**place, "settings": memory_settings(settings), "choices": description.get("choices"),
-                   "cores": description.get("cores"), "threads": description.get("threads")}
+                   "cores": description.get("cores"), "threads": description.get("threads"),
+                   "engine_gpus": description.get("engine_gpus"),
+                   "scheduling": description.get("scheduling")}
                   for place, settings, description in zip(self.places, self.settings, self.descriptions)]
         return {**self.descriptions[0], "data_parallel": {"size": len(self.actors), "shards": self.shards,
                                                           "replaced": self.replaced, "actors": actors}}

@@ -5,6 +5,10 @@ model runner and kernel-selecting environment, the library versions, the hardwar
 code. :func:`answers_key` is the coarser key the config alone decides, before the engine starts (the run lock,
 evalkit/run/lock.py). Settings that only change scheduling or memory are left out of both
 (``SCHEDULING_ONLY``), so the OOM back-off can resume a run under smaller settings.
+
+The hardware in the key is what decides the numbers: on GPUs, the models of the GPUs the engine itself computes
+on (:func:`engine_gpus`), not every GPU of the machine, so one engine with ``tensor_parallel_size=1`` on an
+8-GPU machine, the same under ``CUDA_VISIBLE_DEVICES=0`` and a data-parallel actor on one such GPU share a store.
 """
 
 from __future__ import annotations
@@ -13,10 +17,20 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from evalkit.config import cache_dir
+from evalkit.config import ConfigError, cache_dir
 
+# Scheduling, not numerically neutral everywhere: on the CPU engine in float32 they move log-likelihoods by about
+# 1e-5 nats (tests/test_scheduling.py), but on GPUs in bfloat16/float16, max_num_seqs, max_num_batched_tokens,
+# enforce_eager and the data-parallel split change batch shapes, CUDA-graph padding and chunked prefill, hence
+# the kernels' reduction order: answers differ in the last bits and near-ties can flip. They stay out of the key
+# all the same: a store keyed on them would not make a resumed run bit-equal to an uninterrupted one (the chunks
+# it reuses were batched with other requests than a fresh run would batch them with), and the OOM back-off
+# would lose every answer at each step. Runs that must be bit-stable set batch_invariant=true (vLLM's
+# VLLM_BATCH_INVARIANT=1, hashed with the environment), under which these settings are truly neutral; each
+# stored answer records the settings of the try that computed it (request_store.py), and the run records
+# vLLM's resolved ones (VLLMEngine.describe()["scheduling"]). docs/survive.md, "No stale answer".
 SCHEDULING_ONLY = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
                    "swap_space", "cpu_offload_gb", "disable_log_stats", "kv_cache_memory_bytes",
                    # how the ranks of one engine are started (a data-parallel actor of TP > 1 picks "mp"): the
@@ -38,8 +52,10 @@ SCHEDULING_ENV = {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "
                   "VLLM_DISABLE_SHARED_EXPERTS_STREAM", "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_DIST_IDENT",
                   "VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE", "VLLM_USE_BREAKABLE_CUDAGRAPH"}
 SMALL_FILE = 16 << 20  # model files up to this size are hashed on every start; larger ones once (large_file_sha256)
-# The hardware facts that decide kernels; the OS release, core count and host name are recorded, not hashed.
-HARDWARE_KEYS = ("machine", "cpu_model", "cpu_bf16", "gpus")
+# The hardware facts that decide kernels; the OS release, core count and host name are recorded, not hashed. On
+# GPUs the processor computes no answer: the engine's own GPUs replace the CPU's facts (engine_gpus).
+CPU_KEYS = ("machine", "cpu_model", "cpu_bf16")
+REMOTE_GPU = "a GPU on another node (not read)"  # a rank vLLM's Ray executor may place off this node
 
 
 def sha256(obj: Any) -> str:
@@ -150,7 +166,6 @@ def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
     engine_args = description.get("engine_args", {})
     settings = {k: v for k, v in engine_args.items() if k not in SCHEDULING_ONLY and k not in ("model", "tokenizer")}
     tokenizer = engine_args.get("tokenizer")
-    hardware = description.get("hardware") or {}
     environment = {k: v for k, v in (description.get("environment") or {}).items() if k not in SCHEDULING_ENV}
     return sha256({"engine": description.get("name", "vllm"),
                    "model": model_files(model_dir, engine_args.get("revision")),
@@ -158,7 +173,61 @@ def fingerprint(model_dir: str, description: dict[str, Any]) -> str:
                                  if tokenizer and tokenizer != model_dir else None),
                    "settings": settings, "model_runner": description.get("model_runner"),
                    "environment": environment, "versions": description.get("versions"),
-                   "hardware": {k: hardware.get(k) for k in HARDWARE_KEYS}, "code": code_signature()})
+                   "hardware": hardware_key(description), "code": code_signature()})
+
+
+def hardware_key(description: dict[str, Any]) -> dict[str, Any]:
+    """The hardware that decides an engine's numbers: its own GPUs' models in rank order (tensor x pipeline
+    parallel of them), or on CPUs the processor's model and bfloat16 support. How many GPUs the machine has,
+    and which of them (CUDA_VISIBLE_DEVICES), is recorded in describe() but not hashed. A data-parallel pool
+    is keyed as any one of its engines, which must all run on one GPU model (:func:`pool_gpus`)."""
+    hardware = description.get("hardware") or {}
+    actors = (description.get("data_parallel") or {}).get("actors")
+    if actors:
+        pool_gpus([actor.get("engine_gpus") for actor in actors])
+    gpus = engine_gpus_of(description)
+    if gpus:
+        return {"machine": hardware.get("machine"), "gpus": gpus}
+    return {**{k: hardware.get(k) for k in CPU_KEYS}, "gpus": None}
+
+
+def engine_gpus(visible: Sequence[str] | None, devices: int, *, remote_ranks: bool = False) -> list[str] | None:
+    """The models of the GPUs one engine computes on, in rank order, from the names of the GPUs this process
+    sees (CUDA_VISIBLE_DEVICES order): vLLM puts rank i of its ``devices`` (tensor x pipeline) ranks on the
+    i-th of them, so the first ``devices``. In a data-parallel actor, Ray's CUDA_VISIBLE_DEVICES makes them the
+    actor's own. None where no GPU is visible (a CPU engine). remote_ranks (vLLM's Ray executor): ranks past
+    this node's GPUs run elsewhere, on a GPU this process cannot name; they count as REMOTE_GPU."""
+    names = list(visible or [])[:devices]
+    if remote_ranks:
+        names += [REMOTE_GPU] * (devices - len(names))
+    return names or None
+
+
+def engine_gpus_of(description: dict[str, Any]) -> list[str] | None:
+    """engine_gpus for an Engine.describe(): its devices from its engine arguments (vLLM's tensor x pipeline
+    parallel sizes; HF's device_map), the visible GPUs from its hardware."""
+    args = description.get("engine_args") or {}
+    visible = (description.get("hardware") or {}).get("gpus")
+    if (description.get("versions") or {}).get("vllm_distribution") == "vllm-cpu" and description.get("name") == "vllm":
+        return None  # vLLM's CPU build computes on the processor, whatever GPUs the machine has
+    if "device_map" in args:  # HF: one device, or its layers spread over every visible GPU
+        device_map = args["device_map"]
+        return None if device_map == "cpu" else engine_gpus(visible, len(visible or []) if device_map == "auto" else 1)
+    devices = int(args.get("tensor_parallel_size") or 1) * int(args.get("pipeline_parallel_size") or 1)
+    return engine_gpus(visible, devices, remote_ranks=args.get("distributed_executor_backend") == "ray")
+
+
+def pool_gpus(engines: Sequence[Sequence[str] | None]) -> list[str] | None:
+    """The GPU models of a data-parallel pool, one per engine rank, which every engine must share: the pool sends
+    a shard to whichever engine is free, so on engines of two GPU models a request's answer (last bits, near-ties)
+    would depend on which one took it, and all of them would go into one store. Raises ConfigError naming them."""
+    models = [list(gpus) if gpus else None for gpus in engines]
+    if any(m != models[0] for m in models):
+        seen = ", ".join(f"engine {i}: {', '.join(m) if m else 'no GPU'}" for i, m in enumerate(models))
+        raise ConfigError(f"the data-parallel engines landed on different GPU models ({seen}), whose answers differ "
+                          "in the last bits and would share one request store: run the pool on nodes of one GPU "
+                          "model (one run per model)")
+    return models[0] if models else None
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")

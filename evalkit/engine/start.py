@@ -23,6 +23,7 @@ def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) ->
     engine_kwargs, env = tuning.apply(choices, {**parallel_kwargs(cfg), **cfg.engine_kwargs})
     if cfg.distributed_executor_backend == "ray" and cfg.cluster.address:
         env["RAY_ADDRESS"] = cfg.cluster.address  # where vLLM's Ray executor connects
+    env.update(invariance_env(cfg))
     for choice in choices:
         print(choice.line(), file=sys.stderr, flush=True)
     with tuning.environment(env):
@@ -32,6 +33,12 @@ def start_vllm(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) ->
             max_num_seqs=cfg.batch_size, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
             add_bos_token=cfg.add_bos_token, engine_kwargs=engine_kwargs, choices=choices,
         )
+
+
+def invariance_env(cfg: EvalConfig) -> dict[str, str]:
+    """batch_invariant=true: vLLM's batch-invariant kernels, read by the engine's processes from the environment
+    they start under (recorded and hashed with the engine's VLLM_* variables)."""
+    return {"VLLM_BATCH_INVARIANT": "1"} if cfg.batch_invariant else {}
 
 
 def parallel_kwargs(cfg: EvalConfig) -> dict[str, Any]:

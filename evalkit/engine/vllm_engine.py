@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.environment import hardware, library_versions
+from evalkit.engine.fingerprint import engine_gpus_of
 from evalkit.engine.logprob_reads import (BadRead, PathRead, chained_score, chunked, next_token_scores, path_scores,
                                           plan_paths, read_next_token, read_path, scored_positions, summed,
                                           token_steps, whole_blocks_before_rows)
@@ -80,11 +81,11 @@ class VLLMEngine(TokenizerSide):
         gc.freeze()
         self.llm = LLM(**self.args)  # its configuration, model load, KV cache and warm-up (its log has each)
         self.start_seconds["engine_init"] = round(time.perf_counter() - clock, 3)
+        self.trust_remote_code = trust_remote_code
         if add_bos_token is None and not self.args.get("skip_tokenizer_init"):
             # the engine's own, loaded by the get_tokenizer lm-eval's vllm backend calls, from the same files
             # and settings (the engine's tokenizer_mode and revision included): a second copy cost about 1.3 s
             # of the engine's start here (docs/speed.md, Start-up)
-        self.trust_remote_code = trust_remote_code
             self.tokenizer = self.llm.get_tokenizer()
         else:  # lm-eval passes add_bos_token to get_tokenizer (the engine's copy was loaded without it); or none
             clock = time.perf_counter()
@@ -311,9 +312,26 @@ class VLLMEngine(TokenizerSide):
         return dict(self._counts)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
-                "model_runner": self.runner, "environment": dict(self.environment),
-                "versions": library_versions(), "hardware": hardware(), "start_seconds": dict(self.start_seconds)}
+        """For results.json: the arguments, runner, VLLM_* environment, versions and hardware (the fingerprint's
+        inputs); the models of the GPUs this engine computes on (``engine_gpus``: its tensor x pipeline ranks'
+        of the visible ``hardware.gpus``); the scheduling vLLM resolved, which is not in the key but is not
+        numerically neutral on GPUs unless VLLM_BATCH_INVARIANT=1 (evalkit/engine/fingerprint.py)."""
+        description = {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
+                       "model_runner": self.runner, "environment": dict(self.environment),
+                       "versions": library_versions(), "hardware": hardware(), "start_seconds": dict(self.start_seconds)}
+        return {**description, "engine_gpus": engine_gpus_of(description), "scheduling": self.scheduling()}
+
+    def scheduling(self) -> dict[str, Any] | None:
+        """The batch shapes vLLM chose (its defaults where evalkit passed none), and whether its batch-invariant
+        kernels were on."""
+        config = getattr(self.llm, "llm_engine", None) and self.llm.llm_engine.vllm_config
+        if config is None:
+            return None
+        return {"max_num_seqs": config.scheduler_config.max_num_seqs,
+                "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+                "enforce_eager": config.model_config.enforce_eager,
+                "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
+                "batch_invariant": self.environment.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")}
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
