@@ -236,3 +236,16 @@ def test_the_pool_refuses_engines_on_two_gpu_models_before_they_start(monkeypatc
     monkeypatch.setattr(ray, "kill", lambda actor, **kwargs: None)
     with pytest.raises(ConfigError, match=f"engine 1: {A100}"):
         pool._replace(1, ray.exceptions.ActorDiedError())
+
+
+def test_batch_invariant_runs_have_a_lock_key_of_their_own_however_it_is_asked_for(monkeypatch):
+    """batch_invariant=true changes the store (VLLM_BATCH_INVARIANT is hashed), so it changes the lock key too; the
+    variable exported by hand gives the same engine, so the same key."""
+    from evalkit.config import compose_config
+    from evalkit.engine.fingerprint import answers_key
+
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    plain, invariant = answers_key(compose_config([])), answers_key(compose_config(["batch_invariant=true"]))
+    assert plain != invariant
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert answers_key(compose_config([])) == invariant

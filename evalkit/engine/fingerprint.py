@@ -100,7 +100,14 @@ def answers_key(cfg: Any) -> str:
                    "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
                    "tensor_parallel_size": cfg.tensor_parallel_size, "seed": cfg.seed,
                    "pipeline_parallel_size": cfg.pipeline_parallel_size,
+                   "batch_invariant": batch_invariant(cfg),
                    "engine_kwargs": engine_kwargs})[:12]  # the executor backend is scheduling (SCHEDULING_ONLY)
+
+
+def batch_invariant(cfg: Any) -> bool:
+    """Whether cfg's engine will run vLLM's batch-invariant kernels: batch_invariant=true, or VLLM_BATCH_INVARIANT set
+    here (the engine inherits it; the fingerprint hashes it with the other VLLM_* variables)."""
+    return bool(cfg.batch_invariant) or os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
 
 
 def code_signature() -> dict[str, str]:
