@@ -223,8 +223,11 @@ def completed(out, run_id, cfg, description):
     """A finished run folder as evaluate() leaves it, as far as completed_run reads it."""
     from evalkit.engine.fingerprint import fingerprint
 
+    from evalkit.run.sources import task_sources
+
+    sources = task_sources(names=cfg.tasks, tasks_dirs=cfg.tasks_dirs, task_data=cfg.task_data)
     section = {"config": asdict(cfg), "engine": {**description, "model_dir": cfg.vllm_path},
-               "provenance": {"model_fingerprint": fingerprint(cfg.vllm_path, description)}}
+               "provenance": {"model_fingerprint": fingerprint(cfg.vllm_path, description), "task_sources": sources}}
     (out / "m" / run_id).mkdir(parents=True)
     (out / "m" / run_id / "results.json").write_text(json.dumps({"results": {}, "evalkit": section}))
     return out / "m" / run_id
@@ -259,3 +262,38 @@ def test_a_completed_run_is_skipped_only_with_the_answers_this_point_would_have(
     monkeypatch.delenv("VLLM_ATTENTION_BACKEND")
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))  # another model there now
     assert completed_run(str(out), "m", asdict(cfg)) is None
+
+
+@pytest.mark.parametrize("collapse", [False, True])
+def test_the_sweep_report_agrees_with_compare_over_all_points(tmp_path, capsys, collapse):
+    """Ten points each losing 8 of 100 documents: alone, each would be `worse` (p 0.009 < 0.05); as one family of
+    ten rows, none is (Holm: 0.09), which `python -m evalkit.compare REF P1 ... P10` says with exit 0. The report
+    says the same of every point, and where one point collapses (40 of 100 lost) both fail that point alone."""
+    from tests.test_compare_verdicts import hand_run
+
+    folder = tmp_path / ".sweeps" / "20260101-100000"
+    runs = [hand_run(tmp_path / "m" / "ref", {"t": (8, 0, 100)}, side="ref")]
+    runs += [hand_run(tmp_path / "m" / f"p{n}", {"t": (40 if collapse and n == 3 else 8, 0, 100)}, side="cand")
+             for n in range(1, 11)]
+    for num, run in enumerate(runs):
+        write_point(folder / str(num), replace(record(num, "ok", run), overrides=[f"seed={num}"]))
+    assert report_main([str(folder)]) == 0
+    table = pd.read_csv(folder / "report.csv").set_index("point")
+    capsys.readouterr()
+    code = cli_main([str(r) for r in runs])
+    shown = {n: v for n, v in table.verdict.items() if n}
+    from_compare = {n: v for n, v in zip(range(1, 11), compare_verdicts(capsys.readouterr().out))}
+    assert shown == from_compare and code == int("worse" in shown.values())
+    assert set(shown.values()) == ({"worse", "inconclusive"} if collapse else {"inconclusive"})
+    assert not collapse or shown[3] == "worse"
+
+
+def cli_main(argv):
+    from evalkit.compare.cli import main
+
+    return main(argv)
+
+
+def compare_verdicts(out):
+    """The verdict of the one row of each candidate's table, in the order python -m evalkit.compare prints them."""
+    return [line.split("|")[-2].strip() for line in out.splitlines() if line.startswith("| t ")]

@@ -8,7 +8,8 @@ per task, metric and filter), ``throughput.png`` (tokens/s per point), ``report.
 images) and, per compared point, ``compare-<point>-vs-<reference>.md`` / ``.html`` (evalkit.compare's report).
 
 Columns (:data:`COLUMNS`): ``point``, ``overrides``, ``status``, then per task, metric and filter the run's
-``value`` and ``stderr`` (lm-eval's), ``verdict`` and ``diff`` against the reference (evalkit.compare's;
+``value`` and ``stderr`` (lm-eval's), ``verdict`` and ``diff`` against the reference (evalkit.compare's, every
+compared point's rows one family as ``python -m evalkit.compare REF P1 ... Pk`` makes them;
 "reference" on the reference's rows, "not comparable: ..." where the runs saw different documents), the
 point's ``wall_seconds``, ``tokens_per_s`` and, for a failed point (one row, no metrics), its ``error``.
 
@@ -104,8 +105,9 @@ def choose_reference(points: list[PointRecord], runs: dict[int, dict[str, Any]],
 
 def compare_points(points: list[PointRecord], reference: int | None, *, tolerance: float
                    ) -> tuple[dict[int, pd.DataFrame | str], dict[str, str]]:
-    """Each completed point against the reference with evalkit.compare: point -> its table (or a word), and
-    the comparison reports by file name."""
+    """Every completed point against the reference with evalkit.compare, all of them one family (as
+    ``python -m evalkit.compare REF P1 ... Pk`` compares them: the same rows, resamples and verdicts): point -> its
+    table (or a word), and the comparison reports by file name."""
     from evalkit.compare import paired, runs
     from evalkit.compare import report as compare_report
 
@@ -119,18 +121,24 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
         ref = runs.load_run(by_num[reference].run_dir)
     except runs.CompareError as error:  # no samples (log_samples=false): nothing can be compared with it
         return {**{p.num: f"not comparable: reference {error}" for p in points}, reference: "reference"}, files
+    comparable: dict[int, runs.Run] = {}
     for point in points:
         if point.num == reference or point.status not in COMPLETED or not point.run_dir:
             continue
         try:
-            table, details = paired.compare_runs(ref, runs.load_run(point.run_dir), tolerance=tolerance)
+            candidate = runs.load_run(point.run_dir)
+            runs.check_like_for_like(ref, candidate)
+            comparable[point.num] = candidate
         except runs.CompareError as error:
             verdicts[point.num] = f"not comparable: {error}"
-            continue
-        verdicts[point.num] = table
-        text = compare_report.markdown(f"point {reference}: {ref.name}", f"point {point.num}: {point.run_dir}",
-                                       table, details, tolerance=tolerance, confidence=0.95)
-        stem = f"compare-{point.num}-vs-{reference}"
+    compared = paired.compare_family(ref, list(comparable.values()), tolerance=tolerance) if comparable else []
+    family = sum(len(table) for table, _ in compared)
+    for num, (table, details) in zip(comparable, compared):
+        verdicts[num] = table
+        text = compare_report.markdown(f"point {reference}: {ref.name}", f"point {num}: {by_num[num].run_dir}",
+                                       table, details, tolerance=tolerance, confidence=0.95, family=family,
+                                       comparisons=len(compared))
+        stem = f"compare-{num}-vs-{reference}"
         files[f"{stem}.md"] = text
         files[f"{stem}.html"] = compare_report.html_page(text, table, compare_report.plots(table, details, tolerance))
     return verdicts, files
@@ -203,8 +211,9 @@ def markdown(table: pd.DataFrame, points: list[PointRecord], *, sweep_dir: str, 
     lines = ["# evalkit sweep report", "", f"- sweep: `{sweep_dir}`",
              "- points: " + ", ".join(f"{v} {k}" for k, v in statuses.items()),
              f"- reference: point {reference}" if reference is not None else "- reference: none (no point completed)",
-             f"- verdicts: evalkit.compare against the reference, tolerance ±{tolerance}; "
-             "tokens/s: prompt + generated tokens per second in the engine", ""]
+             f"- verdicts: evalkit.compare against the reference, tolerance ±{tolerance}, the rows of every compared "
+             "point one family (Holm), as `python -m evalkit.compare REF P1 ... Pk` gives them",
+             "- tokens/s: prompt + generated tokens per second in the engine", ""]
     shown = table.astype(object).where(table.notna(), None)  # empty cells, not "nan"
     lines += [shown.to_markdown(index=False, floatfmt=".4g", missingval=""), "", "## Points", ""]
     for p in points:
