@@ -19,7 +19,7 @@ import pytest
 
 from evalkit.config import ConfigError, OomRetry, compose_config, validate
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.engine.pool_plan import actor_resources, core_share, replacement_settings, shard
+from evalkit.engine.pool_plan import actor_resources, core_share, one_line, replacement_settings, shard
 from evalkit.engine.start import parallel_kwargs
 from evalkit.run.results import read_samples
 from tests.conftest import DEFAULT_RUN_TASKS, EAGER, PARITY_TASKS
@@ -153,6 +153,108 @@ def test_an_actor_that_dies_at_start_and_then_starts_is_kept_with_its_settings(m
     pool._started(0, pool._start(0))
     assert pool.descriptions[0] == {"engine_args": {"model": "m"}}
     assert pool.replaced == 2 and pool.settings[0] is settings
+
+
+# --- an engine that fails in its own process, as vLLM 0.32 runs it on GPUs ---
+# A stand-in actor process, its stdout and stderr files as a Ray worker's are: it calls through call_explained
+# (as EngineActor does) a start or a generate that fails as vLLM 0.32's does when its EngineCore process fails.
+# The EngineCore is a real process forked as vLLM forks it on GPUs, printing through vLLM's own logging (configure_logging,
+# decorate_logs, the messages of core.py and gpu_model_runner.py) and raising torch's OutOfMemoryError; the
+# caller gets only vLLM's own error: the RuntimeError of wait_for_engine_startup (raised with no cause), or
+# EngineDeadError raised "from None" (core_client.py, get_output).
+STAND_IN_ACTOR = r"""
+import multiprocessing, pickle, sys, traceback
+
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+            "1.06 GiB is free. Including non-PyTorch memory, this process has 78.10 GiB memory in use.")
+
+
+def engine_core(case):
+    import torch
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging, init_logger
+    from vllm.utils.system_utils import decorate_logs
+
+    configure_logging(LoggingConfig())
+    decorate_logs()
+    core = init_logger("vllm.v1.engine.core")
+    try:
+        try:
+            raise torch.OutOfMemoryError(CUDA_OOM)
+        except torch.OutOfMemoryError as e:
+            if case == "weights":  # gpu_model_runner.py, load_model
+                msg = ("Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization to "
+                       "free memory for weights, increasing --tensor-parallel-size, or using --quantization. See "
+                       "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more tips.")
+                init_logger("vllm.v1.worker.gpu_model_runner").error(f"{msg} (original error: {e})")
+            raise e
+    except Exception:
+        core.exception("EngineCore failed to start." if case != "dead" else "EngineCore encountered a fatal error.")
+        raise
+
+
+def vllm_call(case):
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    process = multiprocessing.get_context("fork").Process(target=engine_core, args=(case,), name="EngineCore_DP0")
+    process.start()
+    process.join()
+    if case == "dead":
+        raise EngineDeadError(suppress_context=True) from None
+    raise RuntimeError("Engine core initialization failed. See root cause above. "
+                       f"Failed core proc(s): {{'EngineCore_DP0': {process.exitcode}}}")
+
+
+if __name__ == "__main__":
+    import torch, vllm.logger, vllm.utils.system_utils, vllm.v1.engine.exceptions  # once, before the forks
+    from evalkit.engine.engine_output import call_explained
+
+    failures = {}
+    for case in sys.argv[2:]:
+        try:
+            call_explained(vllm_call, case)
+        except Exception as error:
+            failures[case] = (error, "".join(traceback.format_exception(error)))
+    with open(sys.argv[1], "wb") as f:
+        pickle.dump(failures, f)
+"""
+
+
+def failed_in_actor(tmp_path, *cases) -> dict:
+    """case -> the exception ray.get raises on the driver for it (a RayTaskError built as Ray builds it)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from ray.exceptions import RayTaskError
+
+    script, found = tmp_path / "actor.py", tmp_path / "failures.pickle"
+    script.write_text(STAND_IN_ACTOR)
+    with open(tmp_path / "worker.out", "w") as out, open(tmp_path / "worker.err", "w") as err:
+        subprocess.run([sys.executable, str(script), str(found), *cases], stdout=out, stderr=err, check=True,
+                       timeout=300, start_new_session=True)
+    with open(found, "rb") as f:
+        failures = pickle.load(f)
+    return {case: RayTaskError("EngineActor.start", tb, error, proctitle="ray::EngineActor.start", pid=1,
+                               ip="10.0.0.1").as_instanceof_cause() for case, (error, tb) in failures.items()}
+
+
+def test_an_engine_core_that_fails_in_its_own_process_is_backed_off_or_fails_at_once(tmp_path, monkeypatch):
+    """The pool reads vLLM's EngineCore failure as what it is: out of memory at start or while running backs the
+    actor off (the message says vLLM's own cause), and weights that do not fit fail the run at once."""
+    errors = failed_in_actor(tmp_path, "start", "dead", "weights")
+    print("\n" + "\n".join(f"{case}: {one_line(error)[-300:]}" for case, error in errors.items()))
+    for case in ("start", "dead"):
+        pool = fake_pool([0], monkeypatch)
+        pool.settings[0] = compose_config(["gpu_memory_utilization=0.9"])
+        pool._replace(0, errors[case])
+        assert pool.settings[0].gpu_memory_utilization == pytest.approx(0.8), case
+        assert "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in str(errors[case])
+    pool = fake_pool([0], monkeypatch)
+    with pytest.raises(RuntimeError, match=r"^engine 0: the model's weights do not fit in one engine's GPU memory: "
+                                           r"raise tensor_parallel_size \(or use a smaller dtype\)"):
+        pool._replace(0, errors["weights"])
+    assert pool.replaced == 0
 
 
 # --- two actors on the real engine ---

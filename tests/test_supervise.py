@@ -26,6 +26,11 @@ VLLM_ERRORS = {
     "OSError: [Errno 12] Cannot allocate memory": "pressure",
     "ValueError: Unsupported architecture FooForCausalLM": None,
     "RuntimeError: Engine core initialization failed. See root cause above.": None,
+    # vLLM 0.32, gpu_model_runner.py: logged before it raises CUDA's out-of-memory error
+    "Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization to free memory for "
+    "weights, increasing --tensor-parallel-size, or using --quantization. See https://docs.vllm.ai/en/latest/"
+    "configuration/conserving_memory/ for more tips. (original error: CUDA out of memory. Tried to allocate "
+    "20.00 MiB.)": "weights",
 }
 
 
@@ -97,6 +102,27 @@ def test_sequence_steps_only_go_down():
     assert next_settings(dataclasses.replace(start, batch_size=4), "pressure", policy) is None
 
 
+def test_weights_that_do_not_fit_are_not_backed_off():
+    assert next_settings(cfg(gpu_memory_utilization=0.9), "weights", OomRetry()) is None
+
+
+def test_hf_backs_off_its_batch_only_and_never_above_its_default():
+    """engine=hf has no utilization to lower and no CUDA graphs: only the batch helps, and a step that would
+    raise it above HF's default (16) is no step."""
+    from evalkit.engine.hf_engine import DEFAULT_BATCH_SIZE
+
+    policy = OomRetry(max_num_seqs=[64, 16, 4], eager=True, max_attempts=20)
+    faults = Faults(*[OOM] * 5)
+    outcome, attempts = run_with_retries(cfg(engine="hf", gpu_memory_utilization=0.9, oom_retry=policy), faults)
+    assert DEFAULT_BATCH_SIZE == 16
+    assert [a["settings"] for a in attempts] == [
+        {"gpu_memory_utilization": 0.9, "batch_size": None, "enforce_eager": False},
+        {"gpu_memory_utilization": 0.9, "batch_size": 4, "enforce_eager": False},
+    ]
+    assert outcome.status == "memory"  # nothing left that could help
+    assert next_settings(cfg(engine="hf", batch_size=8), "pressure", policy).batch_size == 4
+
+
 @pytest.mark.parametrize("failure", [Outcome(status="error", message="Unsupported architecture"),
                                      Outcome(status="config", message="unknown task 'x'")])
 def test_other_failures_are_not_retried(failure):
@@ -126,6 +152,15 @@ def test_root_cause_is_read_off_the_engine_log():
     assert root_cause("x\nKeyError: 'foo'\nRuntimeError: Engine core initialization failed.") == \
         "RuntimeError: Engine core initialization failed."
     assert root_cause("all fine") is None
+    weights = "\n".join([  # vLLM 0.32's EngineCore output when the weights do not fit, as it prints it
+        "(EngineCore_DP0 pid=7) ERROR 12-01 18:30:39 [gpu_model_runner.py:5145] Failed to load model - not enough "
+        "GPU memory. Try lowering --gpu-memory-utilization to free memory for weights, increasing "
+        "--tensor-parallel-size, or using --quantization. (original error: CUDA out of memory.)",
+        "(EngineCore_DP0 pid=7) ERROR 12-01 18:30:39 [core.py:1510] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=7) ERROR 12-01 18:30:39 [core.py:1510] torch.OutOfMemoryError: CUDA out of memory.",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ])
+    assert root_cause(weights).startswith("Failed to load model - not enough GPU memory. Try lowering")
 
 
 # --- the try's output: every line to the run's log, evalkit's own lines to the terminal ---
@@ -147,6 +182,12 @@ ends = {
             "RuntimeError: Engine core initialization failed. See root cause above."],
     "error": ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
               "ValueError: Unsupported architecture FooForCausalLM"],
+    "weights": ["(EngineCore_DP0 pid=77) ERROR 05-01 12:00:02 [gpu_model_runner.py:5145] Failed to load model - "
+                "not enough GPU memory. Try lowering --gpu-memory-utilization to free memory for weights, "
+                "increasing --tensor-parallel-size, or using --quantization. (original error: CUDA out of memory.)",
+                "(EngineCore_DP0 pid=77) ERROR 05-01 12:00:02 [core.py:1510] torch.OutOfMemoryError: CUDA out of memory.",
+                "RuntimeError: Engine core initialization failed. See root cause above. "
+                "Failed core proc(s): {'EngineCore_DP0': 1}"],
 }
 for line in ends.get(plan, []):
     say(line)
@@ -210,6 +251,15 @@ def test_a_failed_run_shows_its_failing_lines_and_keeps_its_log(fake_tries, caps
     assert shown[-1] == f"evalkit: full log: {log}"
     text = log.read_text()
     assert text.startswith("=== try 1 at ") and "Initializing a V1 LLM engine" in text and "Traceback" in text
+
+
+def test_weights_that_do_not_fit_fail_at_once_saying_what_to_do(fake_tries, capsys):
+    with pytest.raises(RunFailed) as failed:
+        supervise(fake_tries("weights", "ok"))
+    assert str(failed.value).startswith("the model's weights do not fit in one engine's GPU memory: raise "
+                                        "tensor_parallel_size (or use a smaller dtype) (vLLM: Failed to load model")
+    assert str(failed.value).count(": error") == 1  # one try, no back-off
+    assert "ran out of memory" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("ending, error", [("config", ConfigError), ("stopped", RunStopped)])

@@ -37,11 +37,13 @@ pytestmark = pytest.mark.engine
 MULTIPROCESS = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
-def start(*args, log: Path | None = None):
-    """python -m evalkit with args; its output to log (a pipe nobody reads would fill and stall the run)."""
+def start(*args, log: Path | None = None, tmpdir: Path | None = None):
+    """python -m evalkit with args; its output to log (a pipe nobody reads would fill and stall the run), its
+    temporary files under tmpdir."""
     cmd = [sys.executable, "-m", "evalkit", *args, EAGER]
     output = open(log, "w") if log else subprocess.PIPE
-    return subprocess.Popen(cmd, stdout=output, stderr=output, text=True, env=MULTIPROCESS)
+    env = {**MULTIPROCESS, **({"TMPDIR": str(tmpdir)} if tmpdir else {})}
+    return subprocess.Popen(cmd, stdout=output, stderr=output, text=True, env=env)
 
 
 def attempt_session(supervisor: subprocess.Popen, timeout: float = 120) -> int:
@@ -62,6 +64,18 @@ def members(session: int) -> list[psutil.Process]:
             if os.getsid(proc.pid) == session:
                 alive.append(proc)
         except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return alive
+
+
+def living(session: int) -> list[psutil.Process]:
+    """The members of the session that are not zombies (dead, holding no memory, waiting for init to reap them)."""
+    alive = []
+    for proc in members(session):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
             continue
     return alive
 
@@ -128,16 +142,28 @@ def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
 # SIGTERM and SIGINT share the supervisor's handler (evalkit/run/supervise.py): SIGTERM once the engine runs,
 # SIGINT (Ctrl-C) as soon as the try has started, before its engine (the same path, one engine start fewer)
 @pytest.mark.parametrize("sig, code, engine_up", [(signal.SIGTERM, 143, True), (signal.SIGINT, 130, False)])
-def test_signals_leave_no_engine_process(tmp_path, sig, code, engine_up):
-    run = start("limit=3", f"output_dir={tmp_path / 'result'}", "gpu_memory_utilization=0.25", log=tmp_path / "log")
+def test_signals_leave_no_engine_process_and_no_temporary_folder(tmp_path, sig, code, engine_up):
+    """The run ends with its one line, its try's group gone by the time it exits, nothing left in its TMPDIR
+    (the handler used to wait on a try the main thread was reaping: 15 s, and evalkit-attempt-* left behind)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    run = start("limit=3", f"output_dir={tmp_path / 'result'}", "gpu_memory_utilization=0.25", log=tmp_path / "log",
+                tmpdir=tmpdir)
     session = attempt_session(run)
     deadline = time.time() + 120
     while engine_up and not engine_running(session):
         assert time.time() < deadline, "the engine never started"
         time.sleep(0.2)
     run.send_signal(sig)
+    signalled = time.time()
     assert run.wait(timeout=60) == code
-    assert wait_until_gone(session) == []
+    print(f"\n{sig.name} to the supervisor ({'engine running' if engine_up else 'try starting'}): the run exited "
+          f"{time.time() - signalled:.1f} s later")
+    assert living(session) == []  # the supervisor waited for its try's group to end
+    err = (tmp_path / "log").read_text()
+    assert f"evalkit: error: stopped: by {sig.name}; finished answers are kept for a rerun" in err, err[-2000:]
+    assert "Traceback" not in err.split("evalkit: error:")[-1]
+    assert list(tmpdir.glob("evalkit-attempt-*")) == []
     assert not (tmp_path / "result" / "smollm2-135m-instruct").exists()  # no half-written run
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import re
 
 from evalkit.config import EvalConfig, OomRetry
+from evalkit.engine.hf_engine import DEFAULT_BATCH_SIZE
 
 # Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
 # asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization
@@ -18,10 +19,18 @@ PRESSURE = re.compile(r"out of memory|OutOfMemoryError|\bMemoryError\b|Cannot al
                       r"is less than desired (?:CPU|GPU) memory utilization", re.IGNORECASE)
 KV_CACHE = re.compile(r"No available memory for the cache blocks|"
                       r"which is larger than the available KV cache memory", re.IGNORECASE)
+# "weights": the model's weights alone do not fit (vLLM 0.32 logs this from the process that loads them,
+# gpu_model_runner.py, before it raises CUDA's out-of-memory error). No smaller setting can cure it.
+WEIGHTS = re.compile(r"Failed to load model - not enough GPU memory")
+WEIGHTS_ADVICE = "the model's weights do not fit in one engine's GPU memory: raise tensor_parallel_size " \
+                 "(or use a smaller dtype)"
+ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
 
 
 def classify(text: str) -> str | None:
-    """"pressure", "kv_cache" or None (not a memory failure) for an error message or log tail."""
+    """"weights", "kv_cache", "pressure" or None (not a memory failure) for an error message or log tail."""
+    if WEIGHTS.search(text):
+        return "weights"
     if KV_CACHE.search(text):
         return "kv_cache"
     if PRESSURE.search(text):
@@ -29,14 +38,45 @@ def classify(text: str) -> str | None:
     return None
 
 
+def weights_failure(cause: str) -> str:
+    """The one line for weights that do not fit: what to do, then what vLLM said (its first sentence)."""
+    said = WEIGHTS.search(cause)
+    return f"{WEIGHTS_ADVICE} (vLLM: {said.group(0)})" if said else f"{WEIGHTS_ADVICE} ({cause})"
+
+
+def root_cause(log: str) -> str | None:
+    """The engine's own error line from its output (vLLM reports it from its EngineCore and worker processes,
+    while the caller sees "Engine core initialization failed. See root cause above" or EngineDeadError):
+    the last line saying the weights do not fit, else the last error line naming a memory failure, else the
+    last error line of all."""
+    found = []
+    for line in log.splitlines():
+        weights, error = WEIGHTS.search(line), ERROR_LINE.search(line)
+        if weights:
+            found.append(line[weights.start():].strip())
+        elif error:
+            found.append(error.group(1) + ": " + error.group(2).strip())
+    for kinds in (("weights",), ("weights", "kv_cache", "pressure")):
+        chosen = [line for line in found if classify(line) in kinds]
+        if chosen:
+            return chosen[-1]
+    return (found or [None])[-1]
+
+
 def next_settings(cfg: EvalConfig, kind: str, policy: OomRetry) -> EvalConfig | None:
-    """The next, smaller settings to try after a memory failure of this kind, or None when none are left."""
+    """The next, smaller settings to try after a memory failure of this kind, or None when none are left
+    (at once for weights that do not fit). On engine=hf only the batch can help (no utilization to lower, no
+    CUDA graphs), and a step never raises its batch above HF's default."""
+    if kind == "weights":
+        return None
+    hf = cfg.engine == "hf"
     lower = round(cfg.gpu_memory_utilization - policy.utilization_step, 4)
-    if kind == "pressure" and lower >= policy.utilization_floor - 1e-9:
+    if kind == "pressure" and not hf and lower >= policy.utilization_floor - 1e-9:
         return dataclasses.replace(cfg, gpu_memory_utilization=lower)
-    smaller = [n for n in policy.max_num_seqs if cfg.batch_size is None or n < cfg.batch_size]
+    batch = cfg.batch_size if cfg.batch_size is not None or not hf else DEFAULT_BATCH_SIZE
+    smaller = [n for n in policy.max_num_seqs if batch is None or n < batch]
     if smaller:
         return dataclasses.replace(cfg, batch_size=max(smaller))
-    if policy.eager and not cfg.engine_kwargs.get("enforce_eager"):
+    if policy.eager and not hf and not cfg.engine_kwargs.get("enforce_eager"):
         return dataclasses.replace(cfg, engine_kwargs={**cfg.engine_kwargs, "enforce_eager": True})
     return None

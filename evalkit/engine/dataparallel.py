@@ -26,7 +26,9 @@ from typing import Any, Callable, Sequence
 
 from evalkit.config import EvalConfig, devices_per_engine, memory_settings
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
-from evalkit.engine.backoff import classify
+from evalkit.engine.backoff import classify, weights_failure
+from evalkit.engine.engine_output import call_explained
+from evalkit.engine.process_group import guard_own_group
 from evalkit.engine.pool_plan import REPLACEMENTS, actor_resources, core_share, one_line, replacement_settings, shard
 from evalkit.engine.engine_bar import EngineBar
 from evalkit.engine.fingerprint import engine_gpus, pool_gpus
@@ -92,24 +94,27 @@ class EngineActor:
         if devices_per_engine(cfg) > 1 and cfg.distributed_executor_backend is None:
             # vLLM would pick its Ray executor inside a Ray actor; this engine's ranks are its own processes
             cfg = dataclasses.replace(cfg, distributed_executor_backend="mp")
-        self.engine = start_vllm(cfg, model_dir, sole_engine=True)
+        # the engine's processes (EngineCore, workers) die with this actor, however it dies (ray.kill is SIGKILL)
+        self.guard = guard_own_group()
+        # vLLM's error names no cause when its EngineCore fails ("See root cause above"): read it off the output
+        self.engine = call_explained(start_vllm, cfg, model_dir, sole_engine=True)
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         return {**self.engine.describe(), "cores": cores, "threads": torch.get_num_threads()}
 
     def generate(self, requests: list[GenRequest], queue: Any) -> list[Generation]:
         progress = ReportedProgress(queue)
-        answers = self.engine.generate(requests, progress)
+        answers = call_explained(self.engine.generate, requests, progress)
         progress.flush()
         return answers
 
     def score(self, requests: list[ScoreRequest], queue: Any, fast: bool) -> list[Scored]:
         progress = ReportedProgress(queue)
-        answers = self.engine.score(requests, progress, fast=fast)
+        answers = call_explained(self.engine.score, requests, progress, fast=fast)
         progress.flush()
         return answers
 
     def trace(self, requests: list[ScoreRequest], top_k: int) -> list[TokenTrace]:
-        return self.engine.trace(requests, top_k)
+        return call_explained(self.engine.trace, requests, top_k)
 
     def close(self) -> None:
         self.engine.close()
@@ -185,7 +190,11 @@ class DataParallelEngine(TokenizerSide):
         """A fresh actor in place of actor i, with the settings replacement_settings gives."""
         import ray
 
-        kind = "pressure" if isinstance(error, ray.exceptions.OutOfMemoryError) else classify(str(error))
+        kind = classify(str(error))
+        if kind == "weights":  # no smaller setting loads them: fail now, not after every replacement
+            raise RuntimeError(f"engine {i}: {weights_failure(str(error))}") from error
+        if isinstance(error, ray.exceptions.OutOfMemoryError):  # Ray's memory monitor killed the actor
+            kind = "pressure"
         died = isinstance(error, ray.exceptions.RayActorError)
         self.settings[i] = replacement_settings(self.settings[i], kind=kind, died=died, error=error,
                                                 policy=self.cfg.oom_retry)

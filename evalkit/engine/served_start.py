@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.config import EvalConfig
+from evalkit.engine.process_group import end_group
 
 PR_SET_PDEATHSIG = 1
 READY_TIMEOUT = 900.0  # seconds for the server to answer /health (a large model loads for minutes)
@@ -74,23 +75,8 @@ class Server:
         self.choices = list(choices or [])  # what evalkit.engine.tuning filled in, as for an offline engine
 
     def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM to the whole group, then SIGKILL to whatever is left of it."""
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:  # the guard gone, the rest of its group may still be dying
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
+        """SIGTERM to the whole group, then SIGKILL to whatever is left of it; returns when the group is empty."""
+        end_group(self.process.pid, leader=self.process, grace=grace)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout

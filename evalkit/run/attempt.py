@@ -9,7 +9,8 @@ thread, not the main thread (which may sit in a long C call), kills the whole gr
 * the supervisor dies, even by SIGKILL: the pipe DEATH_FD, whose only writer is the supervisor, reads
   end-of-file (and PR_SET_PDEATHSIG sends SIGTERM as a second line of defence).
 
-Finished answers are safe in the request store either way.
+Finished answers are safe in the request store either way. The outcome is written once (:class:`OutcomeFile`):
+the first writer wins, and a stop that comes while the main thread records its finished run leaves that record.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import OmegaConf
 
@@ -46,43 +49,74 @@ def die_with_parent() -> None:
         die_with_group()
 
 
-def write_outcome(path: Path, **outcome) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(outcome))
-    os.replace(tmp, path)
+class OutcomeFile:
+    """The try's outcome, written once: whoever writes first (the main thread's result, or "stopped" from a
+    signal) wins, atomically, and a later writer leaves it (a unique temporary file hard-linked to the name,
+    which fails when the name exists). The lock orders the two writers: a stop waits while the main thread
+    records its result, so a run that was published is never recorded as stopped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+
+    def write(self, *, wait: bool = True, **outcome) -> bool | None:
+        """Write outcome unless one is written: True when this call wrote it, False when one was there, None
+        when another writer holds the file and wait is False."""
+        if not self.lock.acquire(blocking=wait):
+            return None
+        try:
+            return self._link(outcome)
+        finally:
+            self.lock.release()
+
+    def _link(self, outcome: dict) -> bool:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(outcome))
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
 
 
-def stop(signum: int, outcome: Path) -> None:
-    """Record that the try was stopped from outside (unless it already finished), then kill the group."""
-    if not outcome.exists():
-        write_outcome(outcome, status="stopped", signal=signal.Signals(signum).name,
-                      message=f"the try was stopped by {signal.Signals(signum).name} from outside")
-    die_with_group()
+def stop(signum: int, outcome: OutcomeFile, *, wait: bool, kill: Callable[[], None] | None = None) -> None:
+    """Record that the try was stopped from outside (unless it already has an outcome), then kill the group.
+
+    wait: wait for a writer that holds the outcome (the watchdog thread). The main thread's own handler passes
+    False: it may have interrupted the main thread in the middle of its write, which then finishes and ends the
+    try; the watchdog, which got the same signal, kills the group after it."""
+    name = signal.Signals(signum).name
+    if outcome.write(wait=wait, status="stopped", signal=name,
+                     message=f"the try was stopped by {name} from outside") is not None:
+        (kill or die_with_group)()
 
 
-def watchdog(signals: int, death: int | None, outcome: Path) -> None:
+def watchdog(signals: int, death: int | None, outcome: OutcomeFile) -> None:
     """Block until a signal arrives (its number written to the signals pipe by the C-level handler) or the
     supervisor's pipe closes; then kill the group, this process and its engine included."""
     ready, _, _ = select.select([signals] + ([death] if death is not None else []), [], [])
     if signals in ready:
-        stop(os.read(signals, 1)[0], outcome)
+        stop(os.read(signals, 1)[0], outcome, wait=True)
     die_with_group()
 
 
-def guard(outcome: Path, death: int | None) -> None:
+def guard(outcome: OutcomeFile, death: int | None) -> None:
     """SIGTERM/SIGINT and the supervisor's death handled off the main thread (see the module docstring);
     the main thread's own handler does the same when it gets there first (or when a library took the wakeup fd)."""
     read, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write)  # the C-level handler writes the signal number here at once
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop(signum, outcome))
+        signal.signal(sig, lambda signum, frame: stop(signum, outcome, wait=False))
     threading.Thread(target=watchdog, args=(read, death, outcome), daemon=True, name="evalkit-watchdog").start()
 
 
 def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
     use_nvml_for_cuda_checks()  # before lm-eval, transformers or vLLM import torch (evalkit/engine/environment.py)
-    outcome = Path(outcome_file)
+    outcome = OutcomeFile(Path(outcome_file))
     die_with_parent()
     guard(outcome, int(death_fd) if death_fd else None)
     from evalkit.harness.budget import PromptTooLong
@@ -93,7 +127,7 @@ def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
     try:
         run_dir = evaluate(cfg, attempts=spec["attempts"], started_at=spec.get("started_at"))
     except (ConfigError, PromptTooLong) as error:
-        write_outcome(outcome, status="config", message=str(error))
+        outcome.write(status="config", message=str(error))
         return 2
     except Exception as error:  # any other failure: the supervisor decides whether memory was the cause
         traceback.print_exc()
@@ -101,9 +135,9 @@ def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
         while error is not None and len(causes) < 5:
             causes.append(f"{type(error).__name__}: {error}")
             error = error.__cause__ or error.__context__
-        write_outcome(outcome, status="error", message=" <- ".join(causes))
+        outcome.write(status="error", message=" <- ".join(causes))
         return 1
-    write_outcome(outcome, status="ok", run_dir=str(run_dir))
+    outcome.write(status="ok", run_dir=str(run_dir))
     return 0
 
 

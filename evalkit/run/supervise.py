@@ -5,8 +5,11 @@ run there is refused, evalkit/run/lock.py), then starts ``python -m evalkit.run.
 When a try fails for lack of memory it is retried with smaller settings (:func:`next_settings`,
 ``oom_retry.*``); answers already computed are reused from the request store, so a retry redoes no
 finished work. A try stopped by a signal from outside is not retried (:class:`RunStopped`); any other
-failure stops at once with its message. After every try the whole process group is killed, so no
-``VLLM::EngineCore`` or worker outlives it; Ctrl-C and SIGTERM stop the try the same way, and a try whose
+failure stops at once with its message. After every try the whole process group is killed and waited for
+until it is empty (evalkit/engine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it and the
+next try finds its memory free. Ctrl-C and SIGTERM send SIGTERM to the try's group (the try records "stopped"
+and kills its group) and never wait in the handler: the main thread sits in the try's ``wait()``, which then
+returns, and ends the run in its own time (the group gone, the try's temporary folder removed). A try whose
 supervisor dies kills its own group when the pipe it watches closes (evalkit/run/attempt.py).
 
 Output: every line a try prints (vLLM's log, lm-eval's, tracebacks, evalkit's) goes to one log per run,
@@ -22,7 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +38,8 @@ from typing import Any, Callable
 
 from evalkit.engine import preflight
 from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
-from evalkit.engine.backoff import classify, next_settings
+from evalkit.engine.backoff import classify, next_settings, root_cause, weights_failure
+from evalkit.engine.process_group import end_group, signal_group
 from evalkit.engine.fingerprint import answers_key
 from evalkit.run.lock import result_lock
 from evalkit.run.progress import RunLog, Terminal, show_failure
@@ -61,15 +65,7 @@ class Outcome:
     signal: str | None = None  # SIGTERM | SIGINT, for status "stopped"
 
 
-ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
-
-
-def root_cause(log: str) -> str | None:
-    """The engine's own error line from a try's output (vLLM reports it from its worker processes):
-    the last one that names a memory failure, else the last error line of all."""
-    found = [m.group(1) + ": " + m.group(2).strip() for m in map(ERROR_LINE.search, log.splitlines()) if m]
-    memory = [line for line in found if classify(line)]
-    return (memory or found or [None])[-1]
+STOP_GRACE = 10.0  # seconds a signalled try has to end its group before SIGKILL
 
 
 def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outcome]) -> tuple[Outcome, list]:
@@ -106,9 +102,12 @@ class Attempt:
         spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history, "started_at": started_at()}))
         self.outcome_file = self.work / "outcome.json"
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
+        self.stopping = threading.Event()  # a signal asked the try to stop
+        self.ended = threading.Event()  # the try's group has ended
         # The try watches the read end: when this process dies, even by SIGKILL, the kernel closes the
         # write end, the try reads end-of-file and kills its group (evalkit/run/attempt.py).
-        death_read, self.death_write = os.pipe()
+        death_read, death_write = os.pipe()
+        self.death_write: int | None = death_write
         self.process = subprocess.Popen(
             [sys.executable, "-m", "evalkit.run.attempt", str(spec), str(self.outcome_file), str(death_read)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
@@ -116,6 +115,8 @@ class Attempt:
         os.close(death_read)
         self.reader = threading.Thread(target=self._read, args=(on_line,), daemon=True)
         self.reader.start()
+        # started here, not in the signal handler (starting a thread there could wait on a lock the main thread holds)
+        threading.Thread(target=self._escalate, daemon=True).start()
 
     def _read(self, on_line: Callable[[str], None]) -> None:
         # vLLM logs to stdout; none of the try's output reaches stdout, which is left to the score table
@@ -123,29 +124,58 @@ class Attempt:
             on_line(line)
             self.tail.append(line)
 
-    def stop(self, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
-        """Signal the whole group, wait, then kill whatever is left of it."""
-        for s, wait in ((sig, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.process.pid, s)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
+    def interrupt(self) -> None:
+        """From a signal handler: SIGTERM to the try's group (the try records "stopped" and kills its group),
+        SIGKILL STOP_GRACE seconds later if any of it is left; a second call kills at once. Never waits: the main
+        thread may be inside this try's wait(), holding the lock that reaping it needs."""
+        if self.stopping.is_set():
+            self._kill()
+            return
+        self.stopping.set()
+        signal_group(self.process.pid, signal.SIGTERM)
+
+    def _escalate(self) -> None:
+        """SIGKILL to the group STOP_GRACE seconds after a stop was asked for, unless it has ended by then."""
+        self.stopping.wait()
+        if not self.ended.wait(STOP_GRACE):
+            self._kill()
+
+    def _kill(self) -> None:
+        if not self.ended.is_set():  # once the group has ended its number may be reused
+            signal_group(self.process.pid, signal.SIGKILL)
 
     def wait(self) -> Outcome:
-        code = self.process.wait()
-        self.stop(signal.SIGKILL, grace=1.0)  # engine processes left in the group, if any
-        os.close(self.death_write)
+        """Wait for the try, end what is left of its group, and read its outcome; the temporary folder goes."""
+        try:
+            code = self.process.wait()
+            self._end()
+            return self._outcome(code, "".join(self.tail))
+        finally:
+            self.close()
+
+    def _end(self) -> None:
+        """Kill what is left of the try's group (engine processes) and wait until it is empty: then its memory
+        is free, and every line it wrote has been read."""
+        end_group(self.process.pid, leader=self.process, first=signal.SIGKILL, grace=STOP_GRACE)
+        self.ended.set()
         self.reader.join(timeout=5)
-        log = "".join(self.tail)
+
+    def close(self) -> None:
+        """End the try's group if it has not ended, stop the watch and remove the temporary folder."""
+        if not self.ended.is_set():
+            self._end()
+        self.stopping.set()  # lets the escalation thread end
+        if self.death_write is not None:
+            os.close(self.death_write)
+            self.death_write = None
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def _outcome(self, code: int, log: str) -> Outcome:
         if self.outcome_file.is_file():
             outcome = Outcome(**json.loads(self.outcome_file.read_text()))
         else:
             outcome = Outcome(status="error", message=f"the try exited with code {code} and no outcome")
-            if code == -signal.SIGKILL:  # not by us: the kernel's out-of-memory killer
+            if code == -signal.SIGKILL and not self.stopping.is_set():  # not by us: the kernel's out-of-memory killer
                 outcome = Outcome(status="memory", message="killed by SIGKILL (the system ran out of memory?)",
                                   memory_kind="pressure")
         if outcome.status == "error":
@@ -153,11 +183,10 @@ class Attempt:
             if cause and cause not in outcome.message:
                 outcome.message = f"{cause} (engine log) <- {outcome.message}"
             kind = classify(outcome.message)
-            if kind:
+            if kind == "weights":
+                outcome = Outcome(status="error", message=weights_failure(outcome.message))
+            elif kind:
                 outcome = Outcome(status="memory", message=outcome.message, memory_kind=kind)
-        for f in self.work.iterdir():
-            f.unlink()
-        self.work.rmdir()
         return outcome
 
 
@@ -175,18 +204,18 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
         lock.release()
         raise
     current: list[Attempt] = []
+    stops: list[str] = []  # the signals that asked this run to stop
 
-    def on_signal(signum, frame):
+    def on_signal(signum, frame):  # asks and returns: the main thread ends the try (Attempt.interrupt)
+        stops.append(signal.Signals(signum).name)
         for attempt in current:
-            attempt.stop(signal.SIGTERM)
-        name = signal.Signals(signum).name
-        raise RunStopped(f"by {name}; finished answers are kept for a rerun", name)
+            attempt.interrupt()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     outcome: Outcome | None = None
     try:
         terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
-        outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current))
+        outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current, stops))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -196,9 +225,12 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     if outcome.status == "config":
         raise ConfigError(outcome.message)
     if outcome.status == "stopped":
-        raise RunStopped(f"{outcome.message}; nothing was retried, finished answers are kept for a rerun",
-                         outcome.signal or "SIGTERM")
+        said = f"by {stops[0]}" if stops else f"{outcome.message}; nothing was retried"
+        raise RunStopped(f"{said}; finished answers are kept for a rerun", outcome.signal or "SIGTERM")
     if outcome.status != "ok":
+        if cfg.engine == "served":  # the server's failure: no engine log of ours to quote, no memory settings tried
+            show_failure(None, [], log_path)
+            raise RunFailed(outcome.message)
         show_failure(root_cause("".join(current[-1].tail)), list(current[-1].tail), log_path)
         tries = "; ".join(f"{a['settings']}: {a['status']}" for a in attempts)
         raise RunFailed(f"{outcome.message} (tries: {tries})")
@@ -208,10 +240,11 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     return Path(outcome.run_dir)
 
 
-def attempt_in_fresh_process(log: RunLog, terminal: Terminal,
-                       current: list[Attempt]) -> Callable[[EvalConfig, list], Outcome]:
+def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Attempt],
+                             stops: list[str]) -> Callable[[EvalConfig, list], Outcome]:
     """The attempt function for run_with_retries: each try in a fresh process, its output to the log and
-    the terminal, the try under way in current (for the signal handler)."""
+    the terminal, the try under way in current (for the signal handler). Once stops names a signal, no try
+    starts and the one under way ends as stopped (unless it finished its run)."""
 
     def on_line(line: str) -> None:
         log.write(line)
@@ -221,13 +254,20 @@ def attempt_in_fresh_process(log: RunLog, terminal: Terminal,
             pass
 
     def attempt(settings: EvalConfig, history: list) -> Outcome:
+        stopped = lambda: Outcome(status="stopped", signal=stops[0], message=f"by {stops[0]}")
+        if stops:
+            return stopped()
         number = len(history) + 1
         log.header(number, memory_settings(settings))
         if number > 1:
             print(f"evalkit: try {number} with {memory_settings(settings)}", file=sys.stderr)
         current[:] = [Attempt(settings, history, on_line=on_line)]
+        if stops and not current[0].stopping.is_set():  # the signal came while the try was being started
+            current[0].interrupt()
         outcome = current[0].wait()
         terminal.end()
+        if stops and outcome.status != "ok":
+            return stopped()
         if outcome.status == "memory":
             print(f"evalkit: try {number} ran out of memory: {outcome.message}", file=sys.stderr)
         return outcome
