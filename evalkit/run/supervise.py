@@ -102,8 +102,8 @@ class Attempt:
         spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history, "started_at": started_at()}))
         self.outcome_file = self.work / "outcome.json"
         self.tail: collections.deque[str] = collections.deque(maxlen=400)
-        self.stopping = threading.Event()  # a signal asked the try to stop
-        self.ended = threading.Event()  # the try's group has ended
+        self.stop_asked: float | None = None  # when a signal asked the try to stop (time.monotonic)
+        self.ended = False  # the try's group has ended
         # The try watches the read end: when this process dies, even by SIGKILL, the kernel closes the
         # write end, the try reads end-of-file and kills its group (evalkit/run/attempt.py).
         death_read, death_write = os.pipe()
@@ -115,8 +115,6 @@ class Attempt:
         os.close(death_read)
         self.reader = threading.Thread(target=self._read, args=(on_line,), daemon=True)
         self.reader.start()
-        # started here, not in the signal handler (starting a thread there could wait on a lock the main thread holds)
-        threading.Thread(target=self._escalate, daemon=True).start()
 
     def _read(self, on_line: Callable[[str], None]) -> None:
         # vLLM logs to stdout; none of the try's output reaches stdout, which is left to the score table
@@ -127,27 +125,28 @@ class Attempt:
     def interrupt(self) -> None:
         """From a signal handler: SIGTERM to the try's group (the try records "stopped" and kills its group),
         SIGKILL STOP_GRACE seconds later if any of it is left; a second call kills at once. Never waits: the main
-        thread may be inside this try's wait(), holding the lock that reaping it needs."""
-        if self.stopping.is_set():
-            self._kill()
+        thread may be inside this try's wait(), holding the lock that reaping it needs; it takes no lock."""
+        if self.ended:  # its number may be reused
             return
-        self.stopping.set()
+        if self.stop_asked is not None:
+            signal_group(self.process.pid, signal.SIGKILL)
+            return
+        self.stop_asked = time.monotonic()
         signal_group(self.process.pid, signal.SIGTERM)
 
-    def _escalate(self) -> None:
-        """SIGKILL to the group STOP_GRACE seconds after a stop was asked for, unless it has ended by then."""
-        self.stopping.wait()
-        if not self.ended.wait(STOP_GRACE):
-            self._kill()
-
-    def _kill(self) -> None:
-        if not self.ended.is_set():  # once the group has ended its number may be reused
-            signal_group(self.process.pid, signal.SIGKILL)
+    def _wait_for_try(self) -> int:
+        """The try's exit code; SIGKILL to its group STOP_GRACE seconds after a stop was asked for."""
+        while True:
+            try:
+                return self.process.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if self.stop_asked is not None and time.monotonic() - self.stop_asked > STOP_GRACE:
+                    signal_group(self.process.pid, signal.SIGKILL)
 
     def wait(self) -> Outcome:
         """Wait for the try, end what is left of its group, and read its outcome; the temporary folder goes."""
         try:
-            code = self.process.wait()
+            code = self._wait_for_try()
             self._end()
             return self._outcome(code, "".join(self.tail))
         finally:
@@ -157,14 +156,13 @@ class Attempt:
         """Kill what is left of the try's group (engine processes) and wait until it is empty: then its memory
         is free, and every line it wrote has been read."""
         end_group(self.process.pid, leader=self.process, first=signal.SIGKILL, grace=STOP_GRACE)
-        self.ended.set()
+        self.ended = True
         self.reader.join(timeout=5)
 
     def close(self) -> None:
         """End the try's group if it has not ended, stop the watch and remove the temporary folder."""
-        if not self.ended.is_set():
+        if not self.ended:
             self._end()
-        self.stopping.set()  # lets the escalation thread end
         if self.death_write is not None:
             os.close(self.death_write)
             self.death_write = None
@@ -175,7 +173,7 @@ class Attempt:
             outcome = Outcome(**json.loads(self.outcome_file.read_text()))
         else:
             outcome = Outcome(status="error", message=f"the try exited with code {code} and no outcome")
-            if code == -signal.SIGKILL and not self.stopping.is_set():  # not by us: the kernel's out-of-memory killer
+            if code == -signal.SIGKILL and self.stop_asked is None:  # not by us: the kernel's out-of-memory killer
                 outcome = Outcome(status="memory", message="killed by SIGKILL (the system ran out of memory?)",
                                   memory_kind="pressure")
         if outcome.status == "error":
@@ -262,7 +260,7 @@ def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Atte
         if number > 1:
             print(f"evalkit: try {number} with {memory_settings(settings)}", file=sys.stderr)
         current[:] = [Attempt(settings, history, on_line=on_line)]
-        if stops and not current[0].stopping.is_set():  # the signal came while the try was being started
+        if stops and current[0].stop_asked is None:  # the signal came while the try was being started
             current[0].interrupt()
         outcome = current[0].wait()
         terminal.end()
