@@ -279,3 +279,60 @@ def test_attach_log_moves_the_log_and_never_replaces_a_file(tmp_path):
     with pytest.raises(FileExistsError):
         attach_log(run_dir, log)
     assert (run_dir / "engine.log").read_text() == "a\n" and log.exists()
+
+
+# --- a stop from outside, to the supervisor: a try that ignores SIGTERM is killed, nothing is left ---
+HANGING_TRY = r'''
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("evalkit: the try runs", file=sys.stderr, flush=True)
+time.sleep(600)
+'''
+SUPERVISOR = r'''
+import sys
+from evalkit.config import EvalConfig
+from evalkit.run import supervise as module
+
+module.preflight.check_devices = module.preflight.check_model = lambda *args: None
+module.preflight.resolve_model_path = lambda path: path
+sys.executable = sys.argv[1]  # the stand-in try
+try:
+    module.supervise(EvalConfig(model_name="m", vllm_path="/x", output_dir=sys.argv[2]))
+except module.RunStopped as error:
+    print(f"evalkit: error: stopped: {error}", file=sys.stderr, flush=True)
+    sys.exit(error.exit_code)
+'''
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_try_that_ignores_the_stop_is_killed_and_leaves_nothing(tmp_path, signals):
+    """Ctrl-C once: SIGTERM to the try's group, SIGKILL 10 s later (the try ignores SIGTERM); twice: SIGKILL at
+    once. Either way the run ends with its one line, no process of the try's group and no temporary folder."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from evalkit.engine.process_group import live_members
+
+    (tmp_path / "try.py").write_text(HANGING_TRY)
+    (tmp_path / "supervisor.py").write_text(SUPERVISOR)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'try.py'} \"$@\"\n")
+    python.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    run = subprocess.Popen([sys.executable, str(tmp_path / "supervisor.py"), str(python), str(tmp_path / "result")],
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert run.stderr.readline() == "evalkit: the try runs\n"
+    (try_pid,) = [c.pid for c in psutil.Process(run.pid).children()]
+    signalled = time.monotonic()
+    for _ in range(signals):
+        run.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+    assert run.wait(timeout=60) == 130
+    print(f"\n{signals} SIGINT to a supervisor whose try ignores SIGTERM: exited {time.monotonic() - signalled:.1f} s later")
+    assert run.stderr.read().strip() == "evalkit: error: stopped: by SIGINT; finished answers are kept for a rerun"
+    assert live_members(try_pid) == []
+    assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "result").exists()
