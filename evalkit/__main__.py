@@ -64,7 +64,7 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
     from evalkit.config import devices_needed
     from evalkit.run.supervise import RunFailed, RunStopped, supervise
     from evalkit.sweep.devices import check_launcher_devices, point_launcher
-    from evalkit.sweep.points import PointRecord, completed_run, now_iso, write_point
+    from evalkit.sweep.points import PointRecord, find_completed, now_iso, write_point
 
     record = PointRecord(num=num, overrides=overrides, status="running", run_dir=None, error=None,
                          wall_seconds=None, devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -78,7 +78,9 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
                                     wall_seconds=round(time.perf_counter() - started, 1)))
 
     try:
-        done = completed_run(cfg.output_dir, cfg.model_name, asdict(cfg))
+        done, passed = find_completed(cfg.output_dir, cfg.model_name, asdict(cfg))
+        if done is None and passed:
+            print(f"evalkit: point {num} runs again: {passed}", file=sys.stderr)
         if done is not None:
             done = done.resolve()
             finish("skipped", done)

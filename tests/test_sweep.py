@@ -6,20 +6,28 @@
   the terminal through Ray; the sweep exits non-zero and leaves report.csv/md/html, scores.png and
   throughput.png with a verdict per point;
 * the same sweep again, on Hydra's basic launcher: the two completed points are skipped (no engine start, no
-  new run folder), the failed one is tried again and fails again.
-Two engine starts in all (about 30 s each here); the submitit launcher: tests/test_launcher_engine.py.
+  new run folder), the failed one is tried again and fails again;
+* the task's prompt edited (a custom task in tasks_dirs), and its first point swept again: it runs again, saying
+  why in one line, and its new run holds the new prompt.
+The task is a copy of evalkit_facts in a tasks_dirs folder of the test's own (sweep_facts). Three engine starts
+in all (about 30 s each here); the submitit launcher: tests/test_launcher_engine.py.
 Run: pytest -m engine -s tests/test_sweep.py
 """
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from evalkit.config import TASKS_DIR
+from evalkit.run.results import read_samples
 from evalkit.sweep.points import read_points
 from tests.conftest import EAGER, run_dirs
 
@@ -27,11 +35,20 @@ pytestmark = pytest.mark.engine
 MODEL = "smollm2-135m-instruct"
 
 
-def sweep(out, *launcher):
+def custom_task(folder):
+    """evalkit_facts copied into folder as the custom task sweep_facts (its YAML and data)."""
+    (folder / "sweep_facts").mkdir(parents=True)
+    shutil.copy(TASKS_DIR / "evalkit_facts" / "test.jsonl", folder / "sweep_facts")
+    text = (TASKS_DIR / "evalkit_facts" / "evalkit_facts.yaml").read_text()
+    (folder / "sweep_facts" / "sweep_facts.yaml").write_text(text.replace("task: evalkit_facts", "task: sweep_facts"))
+    return folder
+
+
+def sweep(out, *launcher, lengths="1024,2048,100000"):
     """The sweep, its output, its sweep folder and its seconds."""
     before = set((out / ".sweeps").iterdir()) if (out / ".sweeps").is_dir() else set()
-    cmd = [sys.executable, "-m", "evalkit", "-m", *launcher, "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
-           "max_model_len=1024,2048,100000", "gpu_memory_utilization=0.25", EAGER]
+    cmd = [sys.executable, "-m", "evalkit", "-m", *launcher, "tasks=[sweep_facts]", f"tasks_dirs=[{out.parent / 'tasks'}]",
+           "limit=3", f"output_dir={out}", f"max_model_len={lengths}", "gpu_memory_utilization=0.25", EAGER]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     (folder,) = set((out / ".sweeps").iterdir()) - before
@@ -40,13 +57,21 @@ def sweep(out, *launcher):
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
-    out = tmp_path_factory.mktemp("result")
+    out = tmp_path_factory.mktemp("sweep") / "result"
+    out.mkdir()
+    tasks = custom_task(out.parent / "tasks")
     first = sweep(out, "hydra/launcher=evalkit_ray")
     runs_after_first = run_dirs(out / MODEL)
     time.sleep(1)  # the sweep folder is named by the second it starts
     second = sweep(out)
-    print(f"\nfirst sweep {first[2]:.0f} s, second {second[2]:.0f} s")
-    return {"out": out, "first": first, "second": second, "runs_after_first": runs_after_first}
+    runs_after_second = run_dirs(out / MODEL)
+    yaml = tasks / "sweep_facts" / "sweep_facts.yaml"
+    yaml.write_text(yaml.read_text().replace('doc_to_text: "Question:', 'doc_to_text: "Q:'))  # the prompt edited
+    time.sleep(1)
+    third = sweep(out, lengths="1024")  # point 0's config again
+    print(f"\nfirst sweep {first[2]:.0f} s, second {second[2]:.0f} s, third {third[2]:.0f} s")
+    return {"out": out, "first": first, "second": second, "third": third, "runs_after_first": runs_after_first,
+            "runs_after_second": runs_after_second}
 
 
 def test_two_points_run_one_fails_and_the_sweep_reports_it(sweeps):
@@ -65,7 +90,7 @@ def test_two_points_run_one_fails_and_the_sweep_reports_it(sweeps):
     for name in ("report.csv", "report.md", "report.html", "scores.png", "throughput.png", "compare-1-vs-0.md"):
         assert (folder / name).is_file(), name
     table = pd.read_csv(folder / "report.csv")
-    facts = table[table.task == "evalkit_facts"].set_index(["point", "metric"])
+    facts = table[table.task == "sweep_facts"].set_index(["point", "metric"])
     assert facts.loc[(0, "acc"), "verdict"] == "reference"
     assert facts.loc[(1, "acc"), "verdict"] in ("equivalent", "inconclusive", "better", "worse")
     assert (facts["tokens_per_s"] > 0).all() and (facts["value"].between(0, 1)).all()
@@ -94,8 +119,30 @@ def test_the_same_sweep_again_skips_the_completed_points(sweeps):
     assert [p.run_dir for p in points[:2]] == [p.run_dir for p in first[:2]]
     for p in points[:2]:
         assert f"evalkit: point {p.num} was done in {p.run_dir}; skipped" in done.stderr
-    assert run_dirs(sweeps["out"] / MODEL) == sweeps["runs_after_first"]  # nothing ran again
+    assert sweeps["runs_after_second"] == sweeps["runs_after_first"]  # nothing ran again
     assert not any(f"evalkit: {word} " in done.stderr for word in ("progress", "done", "chose"))  # no engine started
     assert "evalkit: sweep 3/3 points done (1 failed, 2 skipped)" in done.stderr
     table = pd.read_csv(folder / "report.csv")
     assert set(table.loc[table.point == 0, "verdict"]) == {"reference"} and set(table.status) == {"skipped", "failed"}
+
+
+def test_a_point_runs_again_after_its_tasks_prompt_changed(sweeps):
+    """The config and the model are those of a completed point, but the custom task's prompt was edited since:
+    the point is not skipped; it runs again, says why in one line, and its new run holds the new prompt (the
+    earlier run's scores are no longer shown as this point's)."""
+    done, folder, _ = sweeps["third"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    (point,) = read_points(folder)
+    first = read_points(sweeps["first"][1])[0]
+    assert point.status == "ok" and point.run_dir != first.run_dir, done.stderr[-3000:]
+    line = (f"evalkit: point 0 runs again: {first.run_dir} has this config, but its tasks read other files (task "
+            "YAMLs, data files or a hub dataset's revision changed since)")
+    assert line in done.stderr.splitlines(), done.stderr[-3000:]
+    assert "evalkit: done " in done.stderr  # the engine ran
+    prompts = [s["prompt"] for s in read_samples(point.run_dir, "sweep_facts")]
+    assert prompts and all(p.startswith("Q:") for p in prompts), prompts[:1]
+    old = [s["prompt"] for s in read_samples(first.run_dir, "sweep_facts")]
+    assert all(p.startswith("Question:") for p in old)
+    sources = [json.loads((Path(r) / "results.json").read_text())["evalkit"]["provenance"]["task_sources"]
+               for r in (first.run_dir, point.run_dir)]
+    assert sources[0] != sources[1]

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from evalkit.engine import preflight
 from evalkit.run import results
 from evalkit.run.progress import Progress
+from evalkit.run.sources import task_sources
 from evalkit.engine.fingerprint import fingerprint as model_fingerprint
 from evalkit.engine.request_store import RequestStore, ResumableEngine
 from evalkit.engine.factory import start_engines
@@ -131,6 +132,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     watch = Stopwatch()
     untested_versions = check_versions()  # one line where vLLM or lm-eval is not a tested version
     model_dir, manager, tasks = prepare(cfg, check_devices=check_devices, watch=watch)
+    sources = task_sources(names=list(cfg.tasks), tasks_dirs=list(cfg.tasks_dirs), task_data=dict(cfg.task_data))
     run_id = results.new_run_id()
     try:
         engine = engine_factory(cfg, model_dir)
@@ -173,7 +175,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         "sampling": lm.effective_sampling(),
         "scoring": {"fast_scoring": cfg.fast_scoring, "model_runner": description.get("model_runner"),
                     **{k: v for k, v in sorted(scoring.items()) if v}},
-        "provenance": results.provenance(outcome, config=asdict(cfg), model_fingerprint=fingerprint),
+        "provenance": {**results.provenance(outcome, config=asdict(cfg), model_fingerprint=fingerprint),
+                       "task_sources": sources},  # what the tasks read (evalkit/run/sources.py)
         "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,
                                           "seconds": timings["total"]}],
         "resume": engine.record() if cfg.resume else None,

@@ -7,9 +7,10 @@ status, each time atomically. The records are plain files, so any launcher (Hydr
 launcher) can write and read them; the sweep's progress line and report are built from them alone.
 
 A point whose answers an earlier run in ``<output_dir>/<model_name>/`` already has (:func:`completed_run`: its
-config, and the request store's fingerprint of the model's files, library versions, hardware, vLLM environment
-and evalkit's answer code) is recorded "skipped" with that run's folder: a sweep run again only runs what is
-missing, and after an upgrade, on other hardware or with another model in the folder it runs again.
+config, the request store's fingerprint of the model's files, library versions, hardware, vLLM environment
+and evalkit's answer code, and the content its tasks read) is recorded "skipped" with that run's folder: a sweep
+run again only runs what is missing, and after an upgrade, on other hardware, with another model in the folder or
+after a task's prompt or data changed it runs again (saying why, for a changed task).
 """
 
 from __future__ import annotations
@@ -164,8 +165,15 @@ def described_here(recorded: dict[str, Any], machine: dict[str, Any] | None = No
     """What this point's engine would describe (Engine.describe()), without starting it: a completed run's
     description (its engine arguments, model runner and tuning choices, which an equal config decides on equal
     versions, hardware and environment) with the versions and hardware of this machine (:func:`machine_here`)
-    and the vLLM environment of this process."""
+    and the vLLM environment of this process; a served run's weights, where evalkit started its server, as they
+    are now."""
     here = {**recorded, **(machine or machine_here())}
+    deployment = recorded.get("deployment")
+    if isinstance(deployment, dict) and "weights" in deployment and recorded.get("model_dir"):
+        from evalkit.engine.served_probe import weights_identity  # a served run on a server evalkit started
+
+        here["deployment"] = {**deployment, **weights_identity(started_from=recorded["model_dir"], deployment_id=None,
+                                                                keeps_answers=False, url="")}  # the weights now
     if "environment" in recorded:  # vLLM's: the VLLM_* variables it starts under, with those tuning set
         tuned = {c["setting"].split(".", 1)[1]: str(c["value"]) for c in recorded.get("choices") or []
                  if str(c.get("setting", "")).startswith("env.")}
@@ -174,16 +182,26 @@ def described_here(recorded: dict[str, Any], machine: dict[str, Any] | None = No
 
 
 def completed_run(output_dir: str, model_name: str, config: dict[str, Any]) -> Path | None:
-    """The newest run folder in ``<output_dir>/<model_name>/`` that has this point's answers, or None: its
-    results.json records this very config (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig) and the
-    request store's fingerprint (``evalkit.provenance.model_fingerprint``) that this point's run would have,
-    by evalkit.engine.fingerprint.fingerprint of the model folder now and :func:`described_here`. Run folders appear
-    complete or not at all (evalkit/run/results.py), so a results.json found here belongs to a finished run.
+    """The newest run folder in ``<output_dir>/<model_name>/`` that has this point's answers, or None
+    (:func:`find_completed`, without the reason)."""
+    return find_completed(output_dir, model_name, config)[0]
+
+
+def find_completed(output_dir: str, model_name: str, config: dict[str, Any]) -> tuple[Path | None, str | None]:
+    """The newest run folder in ``<output_dir>/<model_name>/`` that has this point's answers, or None, with one
+    line saying why a run with this config was passed over, if one was. A run has them when its results.json
+    records this very config (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig), the request store's
+    fingerprint (``evalkit.provenance.model_fingerprint``) that this point's run would have, by
+    evalkit.engine.fingerprint.fingerprint of the model folder now and :func:`described_here`, and the hash of
+    what its tasks read (``evalkit.provenance.task_sources``, evalkit/run/sources.py: task YAMLs, data files,
+    hub datasets' revisions) as they are now. Run folders appear complete or not at all
+    (evalkit/run/results.py), so a results.json found here belongs to a finished run.
     Raises ConfigError when a run has the config and the model cannot be found (the run would fail alike)."""
     from evalkit.engine.preflight import resolve_model_path
     from evalkit.engine.fingerprint import fingerprint
+    from evalkit.run.sources import task_sources
 
-    wanted, model_dir, machine = plain(config), None, None
+    wanted, model_dir, machine, sources, passed = plain(config), None, None, None, None
     for results_file in sorted((Path(output_dir) / model_name).glob("*/results.json"), reverse=True):
         if results_file.parent.name.startswith("."):
             continue
@@ -195,6 +213,12 @@ def completed_run(output_dir: str, model_name: str, config: dict[str, Any]) -> P
         except (OSError, ValueError, AttributeError):
             continue
         model_dir, machine = model_dir or resolve_model_path(config["vllm_path"]), machine or machine_here()
-        if recorded == fingerprint(model_dir, described_here(section.get("engine") or {}, machine)):
-            return results_file.parent
-    return None
+        if recorded != fingerprint(model_dir, described_here(section.get("engine") or {}, machine)):
+            continue
+        sources = sources or task_sources(names=list(config["tasks"]), tasks_dirs=list(config["tasks_dirs"]),
+                                          task_data=dict(config["task_data"]))
+        if section["provenance"].get("task_sources") == sources:
+            return results_file.parent, None
+        passed = passed or (f"{results_file.parent} has this config, but its tasks read other files (task YAMLs, "
+                            "data files or a hub dataset's revision changed since)")
+    return None, passed
