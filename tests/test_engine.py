@@ -214,3 +214,58 @@ def test_more_than_128_one_token_choices_split_the_request(engine):
     assert counts["contexts"] == 1 and counts["context_requests"] == 2, counts
     plain = engine.score(requests, paths=())
     assert drift(fast, plain) <= 1e-4 and [s.is_greedy for s in fast] == [s.is_greedy for s in plain]
+
+
+def test_an_empty_continuation_is_answered_as_lm_eval_answers_it_never_sent(engine):
+    """start == len(ids): (0.0, True), lm-eval's sum over no tokens, fast scoring on or off, and never sent.
+    On the GPU runner (V2) the request would carry prompt_logprob_token_ids=[], which vLLM's own validation
+    refuses ("must be a non-empty integer array"), failing the whole call: the engine is made to plan for V2
+    here (a copy of it with runner "v2", same vLLM engine), so what it would send passes through vLLM's
+    validation."""
+    import copy
+
+    context = "Question: What is the capital of France?\nAnswer:"
+    lm = EvalkitLM(engine, model_name="m", max_tokens=6)
+    for fast in (True, False):
+        lm.fast_scoring = fast
+        assert lm.loglikelihood([SimpleNamespace(task_name="t", doc_id=0, args=(context, ""))]) == [(0.0, True)]
+    ids = tuple(engine.encode(context, True))
+    empty, other = ScoreRequest(ids=ids, start=len(ids)), ScoreRequest(ids=ids, start=len(ids) - 2)
+    as_v2 = copy.copy(engine)
+    as_v2.runner = "v2"
+    for fast in (True, False):
+        (scored,), counts = counted(engine, lambda: as_v2.score([empty], fast=fast))
+        assert (scored.logprob, scored.is_greedy) == (0.0, True) and counts["unscored"] == 1
+    first, second = engine.score([empty, other], fast=False)
+    assert (first.logprob, first.is_greedy) == (0.0, True) and second.logprob < 0
+
+
+def test_more_than_128_two_token_choices_split_the_path_read(engine):
+    """200 choices of two tokens behind one question (" is" and then one of 200 tokens): one path read would
+    ask for 200 next-token ids, and vLLM takes at most 128 per request. Split, they score as the plain path
+    scores them."""
+    context = tuple(engine.encode("Question: pick a word.\nAnswer:", True))
+    (is_,) = engine.encode(" is", False)
+    requests = [ScoreRequest(ids=context + (is_, token), start=len(context)) for token in range(1000, 1200)]
+    fast, counts = counted(engine, lambda: engine.score(requests, paths=("chained",)))
+    assert counts["path_reads"] == 1 and counts["split_reads"] == 1 and counts["resent"] == 0, counts
+    plain = engine.score(requests, paths=())
+    assert drift(fast, plain) <= 1e-4 and [s.is_greedy for s in fast] == [s.is_greedy for s in plain]
+
+
+def test_a_context_ending_on_a_block_boundary_is_read_once(engine):
+    """A context of exactly two KV-cache blocks and three chained choices: the context's last block is whole,
+    so once one choice's read computed it the others (and the same question asked again) found it cached up to
+    their first row, whose rows were then never written (V1; V2 drops them): the read was sent twice. Cut at the
+    boundary (the first tokens from one next-token read of the context), none is sent twice, and the scores are
+    the plain path's."""
+    block = engine.block_size
+    context = tuple(engine.encode(" ".join(f"w{i}" for i in range(4 * block)), True))[:2 * block]
+    choices = [engine.encode(text, False)[:3] for text in (" the red one", " a blue sky", " seventy-seven")]
+    assert len({c[0] for c in choices}) == 3 and all(len(c) >= 2 for c in choices)
+    requests = [ScoreRequest(ids=context + tuple(c), start=len(context)) for c in choices]
+    (fast, again), counts = counted(engine, lambda: [engine.score(requests, paths=("chained",)) for _ in (1, 2)])
+    assert counts["resent"] == 0 and counts["resubmitted"] == 0 and counts["cut_reads"] >= 2, counts
+    plain = engine.score(requests, paths=())
+    for result in (fast, again):
+        assert drift(result, plain) <= 1e-4 and [s.is_greedy for s in result] == [s.is_greedy for s in plain]

@@ -21,10 +21,10 @@ raises :class:`BadRead`; the engine asks again without the cache, and a second f
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from evalkit.contracts import Scored, ScoreRequest
+from evalkit.engine.read_plan import PathRead
 
 TIE = 1e-6  # a target within this of the row's top-1 is the top-1 (floats read back from one tensor row)
 
@@ -36,6 +36,15 @@ class BadRead(ValueError):
 def scored_positions(request: ScoreRequest) -> range:
     """Prompt positions whose log-probability a score needs: ids[start:], but never position 0 (no context)."""
     return range(max(request.start, 1), len(request.ids))
+
+
+NOTHING_SCORED = Scored(logprob=0.0, is_greedy=True)  # a continuation with no scored position, as lm-eval sums it
+
+
+def unscored(requests: Sequence[ScoreRequest]) -> list[int]:
+    """Indices of requests with no scored position (an empty continuation): answered NOTHING_SCORED without
+    asking the engine (vLLM refuses ``prompt_logprob_token_ids=[]``, and lm-eval returns (0, True) for them)."""
+    return [i for i, r in enumerate(requests) if not scored_positions(r)]
 
 
 def _checked(value: float, position: int, where: str) -> float:
@@ -67,8 +76,20 @@ def prompt_row_values(request: ScoreRequest, flat: Any) -> list[tuple[float, boo
             got = flat.token_ids[first] if end > first else None
             raise BadRead(f"row of position {position} is for token {got}, the request has {ids[position]}")
         value = _checked(flat.logprobs[first], position, "prompt row")
-        values.append((value, value >= max(flat.logprobs[first:end])))
+        values.append((value, value >= _top(flat.logprobs[first + 1:end], value, position)))
     return values
+
+
+def _top(others: Sequence[float], value: float, position: int) -> float:
+    """The top-1 of a prompt row (the entries after its target), checked to be no smaller than the target's
+    value: a target above the row's best (beyond TIE) is no row vLLM computes."""
+    if not others:
+        raise BadRead(f"row of position {position} holds no top-1 entry beside its token")
+    top = max(others)
+    if value > top + TIE:
+        raise BadRead(f"row of position {position}: the token's log-probability {value!r} is above the row's top-1 "
+                      f"{top!r}")
+    return top
 
 
 def token_id_values(request: ScoreRequest, scores: Any, first_row: int) -> list[float]:
@@ -99,6 +120,15 @@ def read_next_token(context: Sequence[int], asked: Sequence[int], flat: Any) -> 
     if missing:
         raise BadRead(f"next-token log-probabilities lack the asked ids {missing[:5]}")
     return entries
+
+
+def next_token_asks(requests: Sequence[ScoreRequest], most: int) -> list[tuple[tuple[int, ...], list[int]]]:
+    """(context, ids) per request to send for one-token continuations: each distinct context once, asking for
+    every token that follows it there, at most most ids a request (more split into further requests)."""
+    contexts: dict[tuple[int, ...], set[int]] = {}
+    for r in requests:
+        contexts.setdefault(r.ids[:r.start], set()).add(r.ids[r.start])
+    return [(c, ids) for c in contexts for ids in chunked(sorted(contexts[c]), most)]
 
 
 def next_token_scores(requests: Sequence[ScoreRequest], entries: dict[tuple[int, ...], dict[int, float]]
@@ -133,62 +163,6 @@ def chained_score(steps: Sequence[ScoreRequest], found: dict[ScoreRequest, Score
     return Scored(logprob=sum(s.logprob for s in scores), is_greedy=all(s.is_greedy for s in scores))
 
 
-@dataclass(frozen=True)
-class PathRead:
-    """One request that reads several chain steps: the rows of prompt[start:] (None: no rows) and the next-token
-    log-probabilities of the ids in asked after the whole prompt."""
-
-    prompt: tuple[int, ...]
-    start: int | None
-    asked: tuple[int, ...]
-
-    def steps(self) -> list[ScoreRequest]:
-        """The steps this read answers, in the order read_path returns them."""
-        rows = range(self.start, len(self.prompt)) if self.start is not None else range(0)
-        return ([ScoreRequest(ids=self.prompt[:p + 1], start=p) for p in rows] +
-                [ScoreRequest(ids=self.prompt + (t,), start=len(self.prompt)) for t in self.asked])
-
-
-def plan_paths(requests: Sequence[ScoreRequest]) -> tuple[list[PathRead], list[ScoreRequest]]:
-    """Path reads for the steps of these continuations (token_steps), each as long as the continuations go: a
-    step whose next token lies on a longer prompt is read from that prompt's rows, the last token of each
-    continuation from the next-token log-probabilities after its own context. Choices of 2+ tokens behind one
-    question then need one request per distinct last context, not one per step, and each request prefills
-    the question's tail (the part past vLLM's last full cached block) once. Returns the reads and the steps
-    no read covers (to be read as one-token continuations)."""
-    inner: dict[tuple[int, ...], tuple[int, ...]] = {}  # a context that a longer one extends -> that one
-    for r in requests:
-        for p in range(r.start, len(r.ids) - 1):
-            inner.setdefault(r.ids[:p], r.ids[:-1])
-
-    def longest(context: tuple[int, ...]) -> tuple[int, ...]:
-        while context in inner:
-            context = inner[context]
-        return context
-
-    starts: dict[tuple[int, ...], int | None] = {}
-    asked: dict[tuple[int, ...], dict[int, None]] = {}
-    rest: list[ScoreRequest] = []
-
-    def rows_from(prompt: tuple[int, ...], position: int) -> None:
-        current = starts[prompt]
-        starts[prompt] = position if current is None else min(current, position)
-
-    for r in requests:
-        last, prompt = r.ids[:-1], longest(r.ids[:-1])
-        starts.setdefault(prompt, None)
-        if len(r.ids) - 1 > r.start:  # steps before the last: rows of the prompt that extends them
-            rows_from(prompt, r.start)
-        if prompt == last:
-            asked.setdefault(prompt, {})[r.ids[-1]] = None
-        elif prompt[len(last)] == r.ids[-1]:
-            rows_from(prompt, len(last))
-        else:
-            rest.append(ScoreRequest(ids=r.ids, start=len(r.ids) - 1))
-    reads = [PathRead(prompt=p, start=s, asked=tuple(sorted(asked.get(p, {})))) for p, s in starts.items()]
-    return reads, list(dict.fromkeys(rest))
-
-
 def path_scores(read: PathRead, rows: Sequence[tuple[float, bool]], entries: dict[int, float]
                 ) -> dict[ScoreRequest, Scored]:
     """The steps a PathRead answers, from its verified prompt rows (prompt_row_values) and next-token entries
@@ -217,16 +191,3 @@ def read_path(read: PathRead, *, runner: str, prompt_rows: Any, token_id_scores:
             rows = [(v, g) for v, (_, g) in zip(values, rows)]
     entries = read_next_token(read.prompt, read.asked, next_token) if read.asked else {}
     return rows, entries
-
-
-def whole_blocks_before_rows(reads: Sequence[PathRead], block: int) -> list[tuple[int, ...]]:
-    """The prefixes of whole KV-cache blocks that lie before each read's first row (whose logits come from the
-    position before it), once each. Prefilled first with no rows asked, they are in vLLM's prefix cache when
-    the reads come, so a runner that computes a row for every position it computes (V1) computes rows only
-    past them; a read's rows then start after its cache hit, as its check requires."""
-    prefixes: dict[tuple[int, ...], None] = {}
-    for r in reads:
-        whole = (r.start - 1) // block * block if r.start is not None else 0
-        if whole:
-            prefixes[r.prompt[:whole]] = None
-    return list(prefixes)

@@ -17,11 +17,12 @@ from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreReq
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.environment import hardware, library_versions
 from evalkit.engine.fingerprint import engine_gpus_of
-from evalkit.engine.logprob_reads import (BadRead, PathRead, chained_score, chunked, next_token_scores, path_scores,
-                                          plan_paths, read_next_token, read_path, scored_positions, summed,
-                                          token_steps, whole_blocks_before_rows)
+from evalkit.engine.logprob_reads import (NOTHING_SCORED, BadRead, chained_score, next_token_asks, next_token_scores,
+                                          path_scores, read_next_token, read_path, scored_positions,
+                                          token_steps, unscored)
+from evalkit.engine.read_plan import (MAX_LOGPROB_TOKEN_IDS, PathRead, block_safe, plan_paths, split_asked,
+                                      whole_blocks_before_rows)
 
-MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 CHAIN_TOKENS = 16  # continuations up to this long are scored token by token, read by path (fast)
 
 
@@ -71,7 +72,9 @@ class VLLMEngine(TokenizerSide):
         # what the scoring paths did, as they return it (scoring_counts() hands out a copy): single_token (scored from one context's next token), chained and chain_steps (continuations read token by token, and the reads), contexts (those
         # contexts), context_requests (the requests sent for them), prompt_logprobs (scored from their own
         # prompt), cache_hits (of those, read a cached prefix), resubmitted (V1 rows the cache covered, sent
-        # again), mismatched (reads that failed their check, sent again), runner_v1 / runner_v2 (which layout)
+        # again), mismatched (reads that failed their check, sent again), resent (every read sent twice),
+        # cut_reads / split_reads (requests added so no cache hit passes a read's first row / past 128 asked ids),
+        # unscored (empty continuations, never sent), runner_v1 / runner_v2 (which layout)
         self._counts: Counter[str] = Counter()
         # the VLLM_* variables the engine started under (evalkit.engine.tuning sets some only for the start)
         self.environment = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
@@ -123,21 +126,25 @@ class VLLMEngine(TokenizerSide):
           once, with every choice's token in ``logprob_token_ids`` (at most 128 per request, more are split);
           the next-token distribution gives them all, and the greedy token beside them.
         * ``chained`` (a continuation of 2 to CHAIN_TOKENS tokens): each of its tokens scored at its own
-          position, read by path (``logprob_reads.plan_paths``): one request per distinct last context, whose
-          prompt rows give the tokens before the last and whose next-token read (``logprob_token_ids``) gives
-          the last token of every choice that ends there. Each request prefills only what vLLM's prefix cache
-          lacks; rows the V1 cache covered are resubmitted. The sum over the tokens, greedy where every token is.
+          position, read by path (``read_plan.plan_paths``): one request per distinct last context, whose
+          prompt rows give the tokens before the last and whose next-token read (``logprob_token_ids``, split
+          past 128) gives the last token of every choice that ends there. Each request prefills only what vLLM's
+          prefix cache lacks, and is cut at block boundaries where other requests may share its blocks
+          (``read_plan.block_safe``), so no hit reaches past its first row on either runner. The sum over the
+          tokens, greedy where every token is.
         * ``shared_prefix``: prompt log-probabilities reading vLLM's prefix cache, so the choices of one
-          question (kept adjacent, as lm-eval orders them) prefill their common context once. On the V2 runner
+          question (kept adjacent, as lm-eval orders them) prefill their common context once; cut as the chained
+          reads are. On the V2 runner
           the request asks vLLM's own API for rows from the continuation on (``prompt_logprob_start``,
           ``prompt_logprob_token_ids``); on V1 a result whose cache reached the continuation
           (``num_cached_tokens``) is resubmitted without the cache, as its rows there were never written.
         * plain: prompt log-probabilities of the whole sequence, no cache (``fast=False``).
 
         paths names the fast paths to take (tests choose them one by one); by default all three when fast, none
-        otherwise. Every read is checked against the request (evalkit/engine/logprob_reads.py): a read that
-        fails is resubmitted without the cache and counted (``scoring_counts()["mismatched"]``); a second failure
-        raises :class:`ScoringError`.
+        otherwise. A request with nothing to score (an empty continuation) is answered (0.0, True), as lm-eval
+        sums it, and never sent. Every read is checked against the request (evalkit/engine/logprob_reads.py): a
+        read that fails is resubmitted without the cache and counted (``scoring_counts()["mismatched"]``,
+        ``["resent"]``); a second failure raises :class:`ScoringError`.
 
         is_greedy as lm-eval's vllm backend reads it: each scored token must have the highest log-probability
         at its position, a tie counting as greedy (the token comes first in vLLM's logprob dict there).
@@ -145,19 +152,23 @@ class VLLMEngine(TokenizerSide):
         if not requests:
             return []
         chosen = set(("next_token", "chained", "shared_prefix") if fast else ()) if paths is None else set(paths)
+        empty = unscored(requests)  # nothing to score: answered as lm-eval sums it, never sent
         single = [i for i, r in enumerate(requests)
                   if "next_token" in chosen and len(r.ids) - r.start == 1 and r.start >= 1]
         chain = [i for i, r in enumerate(requests)
                  if "chained" in chosen and r.start >= 1 and 1 < len(r.ids) - r.start <= CHAIN_TOKENS]
-        taken = set(single) | set(chain)
+        taken = set(single) | set(chain) | set(empty)
         rest = [i for i in range(len(requests)) if i not in taken]
         scored: list[Scored | None] = [None] * len(requests)
         next_token, counts = self._score_next_token([requests[i] for i in single])
-        chained, chain_counts = self._score_chained([requests[i] for i in chain])
-        prompts, prompt_counts = self._score_prompts([requests[i] for i in rest], "shared_prefix" in chosen)
-        for i, result in [*zip(single, next_token), *zip(chain, chained), *zip(rest, prompts)]:
+        # each group's reads are cut where the other group's requests may share their blocks (read_plan.block_safe)
+        chained, chain_counts = self._score_chained([requests[i] for i in chain], [requests[i].ids for i in rest])
+        prompts, prompt_counts = self._score_prompts([requests[i] for i in rest], "shared_prefix" in chosen,
+                                                     [requests[i].ids[:-1] for i in chain])
+        for i, result in [*zip(single, next_token), *zip(chain, chained), *zip(rest, prompts),
+                          *((i, NOTHING_SCORED) for i in empty)]:
             scored[i] = result
-        self._counts.update(counts + chain_counts + prompt_counts)
+        self._counts.update(counts + chain_counts + prompt_counts + Counter(unscored=len(empty)))
         if progress:
             progress.advance(len(requests), sum(len(r.ids) for r in requests))
         return scored  # type: ignore[return-value]
@@ -165,11 +176,7 @@ class VLLMEngine(TokenizerSide):
     def _score_next_token(self, requests: Sequence[ScoreRequest]) -> tuple[list[Scored], Counter[str]]:
         from vllm import SamplingParams
 
-
-        contexts: dict[tuple[int, ...], set[int]] = {}
-        for r in requests:
-            contexts.setdefault(r.ids[:r.start], set()).add(r.ids[r.start])
-        asks = [(c, ids) for c in contexts for ids in chunked(sorted(contexts[c]), MAX_LOGPROB_TOKEN_IDS)]
+        asks = next_token_asks(requests, MAX_LOGPROB_TOKEN_IDS)
 
         def send(batch, read_cache: bool):
             params = [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, flat_logprobs=True,
@@ -187,20 +194,24 @@ class VLLMEngine(TokenizerSide):
         for (context, ids), out in zip(again, send(again, False) if again else []):
             entries.setdefault(context, {}).update(self._second_read(
                 lambda: read_next_token(context, ids, out.outputs[0].logprobs), len(context)))
-        counts = Counter(single_token=len(requests), contexts=len(contexts), context_requests=len(asks),
-                         mismatched=len(again))
+        counts = Counter(single_token=len(requests), contexts=len({c for c, _ in asks}), context_requests=len(asks),
+                         mismatched=len(again), resent=len(again))
         return next_token_scores(requests, entries), counts
 
-    def _score_chained(self, requests: Sequence[ScoreRequest]) -> tuple[list[Scored], Counter[str]]:
+    def _score_chained(self, requests: Sequence[ScoreRequest], others: Sequence[tuple[int, ...]]
+                       ) -> tuple[list[Scored], Counter[str]]:
         """Each continuation token as a one-token continuation of everything before it; a request's
         log-probability is their sum, greedy where every token is. The steps are read by path
-        (logprob_reads.plan_paths): one request per distinct last context, its prompt rows giving the tokens
-        before the last and its next-token read the last tokens of every choice that ends there."""
+        (read_plan.plan_paths): one request per distinct last context, its prompt rows giving the tokens
+        before the last and its next-token read the last tokens of every choice that ends there; cut where
+        these or others (the prompts of the call's other reads) may share cached blocks past a read's first row,
+        and split past 128 asked ids."""
         if not requests:
             return [], Counter()
         steps, unique = token_steps(requests)
         reads, rest = plan_paths(requests)
-        found, counts = self._read_paths(reads)
+        found, counts = self._send_reads(reads, True, others)
+        counts.update(path_reads=len(reads))
         left, rest_counts = self._score_next_token(rest)
         found.update(zip(rest, left))
         scored = [chained_score(steps[r], found) for r in requests]
@@ -228,19 +239,23 @@ class VLLMEngine(TokenizerSide):
                          token_id_scores=getattr(out, "prompt_token_id_logprobs", None),
                          next_token=out.outputs[0].logprobs)
 
-    def _send_reads(self, reads: Sequence[PathRead], read_cache: bool
-                    ) -> tuple[list[tuple[list[tuple[float, bool]], dict[int, float]]], Counter[str]]:
-        """Every read sent in one call, each answer checked (logprob_reads.read_path). One whose rows the V1
-        cache covered (never written) or that fails its check is sent again without the cache; a second
-        failure stops the run."""
-        if not reads:
-            return [], Counter()
+    def _send_reads(self, planned: Sequence[PathRead], read_cache: bool, others: Sequence[tuple[int, ...]] = ()
+                    ) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
+        """Every step of the planned reads (PathRead.steps), scored. Sent in one call as read_plan cuts them when
+        the cache is read (no hit can reach past a read's first row: counted ``cut_reads``) and splits them past
+        128 asked ids (``split_reads``). Each answer is checked (logprob_reads.read_path); one whose rows the V1
+        cache covered (never written) or that fails its check is sent again without the cache (``resent``); a
+        second failure stops the run."""
+        if not planned:
+            return {}, Counter()
         from vllm import SamplingParams
 
+        cut = block_safe(planned, self.block_size, others) if read_cache else list(planned)
+        reads = split_asked(cut)
         prompts = [{"prompt_token_ids": list(r.prompt)} for r in reads]
-        # V1 computes a row for every prompt position it computes: the whole blocks before each read's rows go
-        # first, in the same call and with no rows, so that the reads compute rows only past them
-        warm = whole_blocks_before_rows(reads, self.block_size) if read_cache and self.runner == "v1" else []
+        # both runners compute a row for every prompt position they compute: the whole blocks before each read's
+        # rows go first, in the same call and with no rows, so that the reads compute rows only past them
+        warm = whole_blocks_before_rows(reads, self.block_size) if read_cache else []
         outputs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in warm] + prompts,
             [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)] * len(warm) +
@@ -261,20 +276,18 @@ class VLLMEngine(TokenizerSide):
                                        use_tqdm=False)
             for i, out in zip(again, resent):
                 found[i] = self._second_read(lambda: self._read_path(reads[i], out), len(reads[i].prompt))
-        return found, Counter(resubmitted=len(uncached), mismatched=len(mismatched), prefilled_blocks=len(warm),
-                              cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
-
-    def _read_paths(self, reads: Sequence[PathRead]) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
-        answers, counts = self._send_reads(reads, read_cache=True)
-        counts.update(path_reads=len(reads))
-        return {step: value for read, answer in zip(reads, answers)
+        counts = Counter(resubmitted=len(uncached), mismatched=len(mismatched), resent=len(again),
+                         prefilled_blocks=len(warm), cut_reads=len(cut) - len(planned),
+                         split_reads=len(reads) - len(cut), cache_hits=sum(1 for out in outputs if out.num_cached_tokens))
+        return {step: value for read, answer in zip(reads, found)
                 for step, value in path_scores(read, *answer).items()}, counts
 
-    def _score_prompts(self, requests: Sequence[ScoreRequest], read_cache: bool) -> tuple[list[Scored], Counter[str]]:
+    def _score_prompts(self, requests: Sequence[ScoreRequest], read_cache: bool, others: Sequence[tuple[int, ...]]
+                       ) -> tuple[list[Scored], Counter[str]]:
         """Each request from its own prompt rows, ids[start:] (never position 0): a path read with no next token."""
         reads = [PathRead(prompt=r.ids, start=scored_positions(r).start, asked=()) for r in requests]
-        answers, counts = self._send_reads(reads, read_cache)
-        scored = [summed(rows) for rows, _ in answers]
+        found, counts = self._send_reads(reads, read_cache, others)
+        scored = [chained_score(read.steps(), found) for read in reads]
         if requests:
             counts.update({"prompt_logprobs": len(requests), f"runner_{self.runner}": len(requests)})
         return scored, counts
