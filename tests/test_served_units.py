@@ -168,3 +168,33 @@ def test_a_served_store_is_keyed_on_the_deployment_and_the_tokenizer_not_the_url
     assert fingerprint(str(tmp_path), {**served, "deployment": rebuilt}) != first
     (tmp_path / "tokenizer.json").write_text('{"a": 1}')
     assert fingerprint(str(tmp_path), served) != first
+
+
+def test_more_than_128_next_token_ids_go_in_several_bodies_that_vllm_accepts(embedded_model_dir):
+    """200 two-token choices behind one question (" is" and one of 200 tokens), chained as ServedEngine chains
+    them: the 200 last tokens share one context, and vLLM 0.32 takes at most 128 logprob_token_ids a request.
+    They go in two bodies, each turned into SamplingParams by vLLM's own CompletionRequest and passing vLLM's
+    own validation (SamplingParams.verify against the model's ModelConfig); the one body asking all 200 fails
+    there."""
+    from vllm.config import ModelConfig
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    from evalkit.engine.logprob_reads import next_token_asks, token_steps
+    from evalkit.engine.served import MAX_LOGPROB_TOKEN_IDS
+
+    config = ModelConfig(model=embedded_model_dir, max_model_len=4096)
+
+    def verified(sent):
+        CompletionRequest(**sent).to_sampling_params(1).verify(config, None, None, None)
+
+    question, is_ = (1, 510, 3437), 314
+    requests = [ScoreRequest(ids=question + (is_, 1000 + w), start=3) for w in range(200)]
+    _, steps = token_steps(requests)
+    asks = next_token_asks(steps, MAX_LOGPROB_TOKEN_IDS)
+    assert sorted(len(ids) for _, ids in asks) == [1, 72, 128]
+    assert {t for c, ids in asks if c == question + (is_,) for t in ids} == set(range(1000, 1200))
+    for context, ids in asks:
+        verified(body.next_token_body(context, ids, "m", "salt"))
+    with pytest.raises(VLLMValidationError, match="greater than max allowed: 128"):
+        verified(body.next_token_body(question + (is_,), list(range(1000, 1200)), "m", "salt"))

@@ -18,7 +18,8 @@ from evalkit.contracts import (Generation, GenRequest, PartialAnswers, Progress,
 from evalkit.engine import served_body as body
 from evalkit.engine import served_openai as openai
 from evalkit.engine.environment import library_versions
-from evalkit.engine.logprob_reads import BadRead, chained_score, chunked, next_token_scores, token_steps
+from evalkit.engine.logprob_reads import (NOTHING_SCORED, BadRead, chained_score, next_token_asks, next_token_scores,
+                                          token_steps, unscored)
 from evalkit.engine.served_http import Client, Failure, without_credentials
 from evalkit.engine.served_probe import ServerRefused, deployment, probe, salt, server_defaults
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
@@ -122,7 +123,11 @@ class ServedEngine(TokenizerSide):
         asking for every token that follows it there (``logprob_token_ids``), so the choices of a question
         share their requests and, under the engine's one ``cache_salt``, the server's prefix cache. The rest
         from prompt log-probabilities, each under a fresh salt (vLLM reads no cache for them either). Through
-        the OpenAI API alone (api: openai), every request by echo."""
+        the OpenAI API alone (api: openai), every request by echo. A request with nothing to score (an empty
+        continuation) is answered (0.0, True), as lm-eval sums it, and never sent."""
+        empty = set(unscored(requests))
+        if empty:
+            return self._with_unscored(requests, empty, progress, fast)
         if self.api != "vllm":
             return self._echo(requests, progress)
         chained = [i for i, r in enumerate(requests) if fast and 1 <= r.start < len(r.ids) <= r.start + CHAIN_TOKENS]
@@ -140,6 +145,22 @@ class ServedEngine(TokenizerSide):
         if reasons:
             raise failed(scored, reasons[0])
         return scored
+
+    def _with_unscored(self, requests: Sequence[ScoreRequest], empty: set[int], progress: Progress | None,
+                       fast: bool) -> list[Scored]:
+        self._counts.update(unscored=len(empty))
+        if progress:
+            progress.advance(len(empty), sum(len(requests[i].ids) for i in empty))
+        reason = None
+        try:
+            answers = self.score([r for i, r in enumerate(requests) if i not in empty], progress, fast=fast)
+        except ServedError as error:
+            answers, reason = error.answers, error.reason
+        sent = iter(answers)
+        merged = [NOTHING_SCORED if i in empty else next(sent) for i in range(len(requests))]
+        if reason:
+            raise failed(merged, reason)
+        return merged
 
     def _chained(self, requests: Sequence[ScoreRequest], progress: Progress | None) -> list[Scored | None]:
         """Each continuation token scored by the next-token read of its own context; a request's log-probability
@@ -169,11 +190,8 @@ class ServedEngine(TokenizerSide):
     def _next_token(self, requests: Sequence[ScoreRequest]) -> list[Scored | None]:
         """One-token continuations: one request per context, asking for every token that follows it (at most 128
         per request, more split)."""
-        contexts: dict[tuple[int, ...], set[int]] = {}
-        for r in requests:
-            contexts.setdefault(r.ids[:r.start], set()).add(r.ids[r.start])
-        asks = [(c, tuple(ids)) for c in contexts for ids in chunked(sorted(contexts[c]), MAX_LOGPROB_TOKEN_IDS)]
-        self._counts.update(contexts=len(contexts), context_requests=len(asks))
+        asks = [(c, tuple(ids)) for c, ids in next_token_asks(requests, MAX_LOGPROB_TOKEN_IDS)]
+        self._counts.update(contexts=len({c for c, _ in asks}), context_requests=len(asks))
         reason = None
         try:
             found = self._batch(asks, lambda a: body.next_token_body(a[0], a[1], self.model, self.cache_salt),
