@@ -263,3 +263,66 @@ def test_a_group_of_perplexity_leaves_is_judged_like_a_perplexity_task(tmp_path,
         -(group.candidate / group.reference - 1)) and group["diff"] < 0
     assert group.method == "delta stratified weighted_perplexity" and group.verdict == verdict
     assert cli.main([str(ref), str(cand)]) == code
+
+
+def add_corpus_task(folder, task, metric, aggregation, items, score):
+    """A corpus-level task added to a hand-made run: per document lm-eval's item (a list in the samples file)."""
+    lines = [{"doc_id": i, "filter": "none", "metrics": [metric], metric: item, "doc_hash": f"d{i}",
+              "prompt_hash": f"p{i}", "target_hash": f"t{i}"} for i, item in enumerate(items)]
+    (folder / f"samples_{task}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results = json.loads((folder / "results.json").read_text())
+    results["results"][task] = {f"{metric},none": score}
+    results["configs"][task] = {"metric_list": [{"metric": metric, "aggregation": aggregation}]}
+    results["higher_is_better"][task], results["n-shot"][task], results["versions"][task] = {metric: True}, 0, 1.0
+    results["evalkit"]["files"]["samples"][task] = f"samples_{task}.jsonl"
+    (folder / "results.json").write_text(json.dumps(results))
+
+
+def corpus_group(tmp_path, metric, aggregation, leaf_items):
+    """A group averaging its leaves equally (flores_gl's shape), each leaf (reference items, candidate items)."""
+    from lm_eval.api.registry import get_aggregation
+
+    ref, cand = hand_pair(tmp_path, {})
+    names = [f"leaf{k}" for k in range(len(leaf_items))]
+    for folder, side in ((ref, 0), (cand, 1)):
+        scores = [get_aggregation(aggregation)(items[side]) for items in leaf_items]
+        for name, items, score in zip(names, leaf_items, scores):
+            add_corpus_task(folder, name, metric, aggregation, items[side], score)
+        results = json.loads((folder / "results.json").read_text())
+        results["groups"], results["group_subtasks"] = {"g": {f"{metric},none": float(np.mean(scores))}}, {"g": names}
+        (folder / "results.json").write_text(json.dumps(results))
+    return ref, cand
+
+
+def sentences(rng, count):
+    words = "the a cat dog sat on mat river runs to sea birds sing in morning she reads book rain falls".split()
+    return [" ".join(rng.choice(words, size=rng.integers(8, 20))) for _ in range(count)]
+
+
+def test_a_bleu_group_is_relative_and_its_resamples_are_sums(tmp_path):
+    """BLEU is 0-100: the group row is relative like each leaf's (it was absolute, the reference score passed as
+    NaN). Its resamples sum per-segment counts (evalkit/compare/corpus.py), so they are sized to the family."""
+    rng = np.random.default_rng(0)
+    leaves = []
+    for _ in range(3):
+        refs = sentences(rng, 40)
+        hyps = [r if i % 4 else " ".join(r.split()[:-2]) for i, r in enumerate(refs)]
+        leaves.append(([(r, r) for r in refs], [(r, h) for r, h in zip(refs, hyps)]))
+    ref, cand = corpus_group(tmp_path, "bleu", "bleu", leaves)
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    group, leaf = table.set_index("task").loc["g"], table.set_index("task").loc["leaf0"]
+    assert group.relative and leaf.relative and group.method == "bootstrap stratified"
+    assert group["diff"] == pytest.approx(group.candidate / group.reference - 1) and group["diff"] < 0
+    assert group.p_floor == leaf.p_floor == pytest.approx(1 / 10_001)  # --iterations, above 20 * 4 / 0.05
+
+
+def test_a_slow_corpus_group_is_bounded_like_a_corpus_row(tmp_path):
+    """A median re-aggregates every resample, as chrF, TER, F1 do: a group of such leaves takes at most 1,000
+    resamples, as such a task row does (it took all 10,000 of --iterations: hours for flores_gl's BLEU then)."""
+    rng = np.random.default_rng(0)
+    leaves = [(scores.tolist(), (scores - 0.1 * (rng.random(60) < 0.3)).tolist())
+              for scores in (rng.random(60) for _ in range(3))]
+    ref, cand = corpus_group(tmp_path, "score", "median", leaves)
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    group, leaf = table.set_index("task").loc["g"], table.set_index("task").loc["leaf0"]
+    assert group.method == "bootstrap stratified" and group.p_floor == leaf.p_floor == pytest.approx(1 / 1001)

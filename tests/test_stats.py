@@ -235,3 +235,53 @@ def test_holm_adjusts_step_down_by_hand():
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone: 0.02, 0.03, 0.06, 0.06
     assert holm(np.array([0.01, 0.04, 0.03, 0.005])) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm(np.array([0.2, math.nan])) == pytest.approx([0.4, 1.0])  # no test: never rejected, still counted
+
+
+def word_perplexity_documents(rng, n, ratio):
+    """n documents of 50-400 words, the candidate's perplexity `ratio` times the reference's in expectation,
+    each document's log-likelihood per word spread 10 % around it, the runs' spreads correlated."""
+    words = rng.integers(50, 400, size=n).astype(float)
+    base = -math.log(15.0) * (1 + rng.normal(0, 0.1, size=n))
+    cand = base * (1 + rng.normal(0, 0.02, size=n)) - math.log(ratio)
+    return list(zip(base * words, words)), list(zip(cand * words, words))
+
+
+@pytest.mark.parametrize("n", [30, 300])
+def test_the_delta_method_keeps_its_level_at_the_tolerance(n):
+    """A candidate whose word perplexity is exactly 2 % higher (the tolerance): `worse` is H1: more than 2 %
+    higher, so at most alpha of such candidates may be shown worse (400 simulations: within 2.5 standard errors
+    of 0.05), and one 8 % higher is shown worse almost always (no resample floor in the way)."""
+    from lm_eval.api.registry import get_aggregation
+
+    rng = np.random.default_rng(n)
+    weighted = get_aggregation("weighted_perplexity")
+
+    def worse(ratio):
+        ref, cand = word_perplexity_documents(rng, n, ratio)
+        row = compare_paired(ref, cand, aggregate=weighted, aggregate_name="weighted_perplexity", by_mean=False,
+                             higher_is_better=False, tolerance=0.02, relative=True, analytic=True)
+        assert row.method == "delta weighted_perplexity" and row.p_floor == 0.0
+        return row.p_worse < 0.05
+
+    size = np.mean([worse(1.02) for _ in range(400)])
+    assert size <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 400)
+    assert np.mean([worse(1.08) for _ in range(50)]) >= 0.9
+
+
+def test_bleu_resamples_summed_from_counts_equal_lm_evals_bleu():
+    """corpus.py's fast path is exact: each resample's BLEU from summed per-segment counts is lm-eval's bleu of
+    the resampled documents."""
+    from lm_eval.api.registry import get_aggregation
+
+    from evalkit.compare import corpus
+
+    rng = np.random.default_rng(0)
+    words = "the a cat dog sat on mat river runs to sea birds sing".split()
+    items = [(" ".join(rng.choice(words, size=12)), [" ".join(rng.choice(words, size=10))]) for _ in range(50)]
+    bleu = get_aggregation("bleu")
+    fast = corpus.additive(bleu, items)
+    rows = rng.integers(0, 50, size=(20, 50))
+    assert fast is not None
+    assert corpus.resampled(bleu, items, rows, fast) == pytest.approx(corpus.resampled(bleu, items, rows, None),
+                                                                      rel=1e-12, abs=1e-12)
+    assert corpus.additive(get_aggregation("chrf"), [(a, b[0]) for a, b in items]) is None  # no counts to sum

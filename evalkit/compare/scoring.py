@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from evalkit.compare import ratio, stats
+from evalkit.compare import corpus, ratio, stats
 from evalkit.compare.verdict import Tolerance, Tolerances
 
 AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
@@ -97,26 +97,23 @@ def analytic(results: dict[str, Any], task: str, metric: str) -> bool:
     return name in ratio.LOG_SCORE and agg is get_aggregation(name)
 
 
-def resample_count(settings: dict[str, Any], *, corpus: bool) -> int:
+def resample_count(settings: dict[str, Any], *, slow: bool) -> int:
     """Resamples for a row: at least what its family needs (stats.resamples_for); a row that re-aggregates every
-    resample (corpus-level) at most AGGREGATE_ITERATIONS."""
+    resample the slow way (corpus-level, not corpus.additive) at most AGGREGATE_ITERATIONS."""
     count = max(settings["iterations"], stats.resamples_for(settings.get("family", 1), 1.0 - settings["confidence"]))
-    return min(count, AGGREGATE_ITERATIONS) if corpus else count
+    return min(count, AGGREGATE_ITERATIONS) if slow else count
 
 
-def stratum_statistics(agg: Callable[[list], float], ref: list, cand: list, *, mean: bool, count: int,
-                       seed: int) -> np.ndarray:
+def stratum_statistics(agg: Callable[[list], float], ref: list, cand: list, *, mean: bool, count: int, seed: int,
+                       fast: tuple | None) -> np.ndarray:
     """(2, count): one leaf's aggregation of the reference's and the candidate's resamples of its documents."""
-    out = np.empty((2, count))
-    done = 0
+    parts = []
     for rows in stats.resamples(len(ref), count, seed=seed):
-        block = slice(done, done + len(rows))
         if mean:
-            out[:, block] = [np.asarray(side, dtype=float)[rows].mean(axis=1) for side in (ref, cand)]
+            parts.append([np.asarray(side, dtype=float)[rows].mean(axis=1) for side in (ref, cand)])
         else:
-            out[:, block] = [[agg([side[i] for i in r]) for r in rows] for side in (ref, cand)]
-        done += len(rows)
-    return out
+            parts.append([corpus.resampled(agg, side, rows, quick) for side, quick in zip((ref, cand), fast)])
+    return np.concatenate(parts, axis=1)
 
 
 def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
@@ -133,10 +130,12 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
         if np.allclose(read.scores, scores, rtol=1e-9, atol=0.0):
             return (*stats.delta_reading(read, **reading), f"delta stratified {name}", 0.0)
     means = [is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)]
-    count = resample_count(settings, corpus=not all(means))
-    totals = sum(wt * stratum_statistics(aggregation(results, t, metric)[1], *pair, mean=m, count=count,
-                                         seed=settings["seed"] + k)
-                 for k, (wt, t, pair, m) in enumerate(zip(w, tasks, pairs, means)))
+    aggregates = [aggregation(results, t, metric)[1] for t in tasks]
+    fast = [None if m else tuple(corpus.additive(agg, side) for side in pair)
+            for m, agg, pair in zip(means, aggregates, pairs)]
+    count = resample_count(settings, slow=any(f is not None and None in f for f in fast))
+    totals = sum(wt * stratum_statistics(agg, *pair, mean=m, count=count, seed=settings["seed"] + k, fast=f)
+                 for k, (wt, agg, pair, m, f) in enumerate(zip(w, aggregates, pairs, means, fast)))
     statistics = totals[1] / totals[0] - 1.0 if tolerance.relative else totals[1] - totals[0]
     diff = scores[1] / scores[0] - 1.0 if tolerance.relative else scores[1] - scores[0]
     return (*stats.bootstrap_reading(diff, statistics, **reading), "bootstrap stratified", 1.0 / (count + 1))

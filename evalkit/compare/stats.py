@@ -19,8 +19,9 @@
 * lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte) are not resampled:
   evalkit/compare/ratio.py tests them analytically (the delta method), so their p-values have no floor.
 * Resamples are sized to the family: a bootstrap p-value is at least 1 / (B + 1), and Holm over m rows needs
-  alpha / m, so a bootstrap of the mean draws at least 20 m / alpha resamples (resamples_for); corpus-level
-  aggregations, which re-aggregate every resample, at most aggregate_iterations. Each row says the smallest
+  alpha / m, so a bootstrap draws at least 20 m / alpha resamples (resamples_for); corpus-level aggregations
+  that re-aggregate every resample at most aggregate_iterations (BLEU, whose resamples are sums of per-document
+  counts, evalkit/compare/corpus.py, is not bounded). Each row says the smallest
   p-value its method can give (p_floor), and verdict.decide says where that limits the row.
 """
 
@@ -36,7 +37,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import binomtest, norm
 
-from evalkit.compare import ratio, tost
+from evalkit.compare import corpus, ratio, tost
 
 MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
 RESOLUTION = 20  # resamples per unit of the level a row needs (alpha / family): a p-value floor 20 times below it
@@ -153,21 +154,23 @@ def paired_bootstrap(reference: np.ndarray, candidate: np.ndarray, *, iterations
 
 
 def aggregate_statistics(reference: Sequence[Any], candidate: Sequence[Any], aggregate: Callable[[list[Any]], float],
-                         *, iterations: int, seed: int, relative: bool = False,
-                         max_cells: int = MAX_CELLS) -> tuple[float, np.ndarray]:
-    """aggregate(candidate) - aggregate(reference) (relative: their ratio - 1) and the same over paired resamples."""
+                         *, iterations: int, seed: int, relative: bool = False, max_cells: int = MAX_CELLS,
+                         fast: tuple | None = None) -> tuple[float, np.ndarray]:
+    """aggregate(candidate) - aggregate(reference) (relative: their ratio - 1) and the same over paired resamples;
+    fast: each run's corpus.additive counts (None: read here), which make a resample a sum."""
     if len(reference) == 0 or len(reference) != len(candidate):
         raise ValueError(f"need paired documents, got {len(reference)} and {len(candidate)}")
+    fast = fast or (corpus.additive(aggregate, reference), corpus.additive(aggregate, candidate))
 
-    def statistic(ref: list[Any], cand: list[Any]) -> float:
-        return aggregate(cand) / aggregate(ref) - 1.0 if relative else aggregate(cand) - aggregate(ref)
+    def statistic(ref: Any, cand: Any) -> Any:
+        return cand / ref - 1.0 if relative else cand - ref
 
     with warnings.catch_warnings():  # resamples of one class make sklearn's F1/MCC warn, once per resample
         warnings.simplefilter("ignore")
-        statistics = np.array([statistic([reference[i] for i in row], [candidate[i] for i in row])
-                               for idx in resamples(len(reference), iterations, seed=seed, max_cells=max_cells)
-                               for row in idx], dtype=float)
-    return statistic(list(reference), list(candidate)), statistics
+        statistics = np.concatenate([statistic(corpus.resampled(aggregate, reference, idx, fast[0]),
+                                               corpus.resampled(aggregate, candidate, idx, fast[1]))
+                                     for idx in resamples(len(reference), iterations, seed=seed, max_cells=max_cells)])
+    return statistic(aggregate(list(reference)), aggregate(list(candidate))), statistics
 
 
 def paired_bootstrap_aggregate(reference: Sequence[Any], candidate: Sequence[Any],
@@ -328,9 +331,13 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
                                           **settings)) is not None:
             method, (interval, p) = f"delta {aggregate_name}", read
         else:
-            method, count = f"bootstrap {aggregate_name}", min(max(iterations, needed), aggregate_iterations)
+            fast = (corpus.additive(aggregate, reference), corpus.additive(aggregate, candidate))
+            count = max(iterations, needed)
+            count = count if None not in fast else min(count, aggregate_iterations)  # slow: each re-aggregates
+            method = f"bootstrap {aggregate_name}"
             interval, p = bootstrap_reading(*aggregate_statistics(
-                reference, candidate, aggregate, relative=relative, iterations=count, seed=seed), **settings)
+                reference, candidate, aggregate, relative=relative, iterations=count, seed=seed, fast=fast),
+                **settings)
             floor = 1.0 / (count + 1)
     except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError) as error:
         return Comparison(*scores, nan, nan, nan, *mcnemar, method, **NO_EVIDENCE,
