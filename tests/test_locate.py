@@ -7,7 +7,6 @@
 Run: pytest tests/test_locate.py
 """
 
-import base64
 import json
 import shutil
 import subprocess
@@ -152,7 +151,8 @@ def test_why_section_counts_classes_names_tokens_and_says_when_worse_rests_on_ne
 def test_why_plot_and_the_full_report():
     table, details = compared([0])
     images = report.why_plots(localisation(["near-tie", "logit drift"]))
-    assert base64.b64decode(images["Why: drift up to the divergence"])[:8] == b"\x89PNG\r\n\x1a\n"
+    plot = images["Why: drift up to the divergence"]
+    assert plot.png[:8] == b"\x89PNG\r\n\x1a\n" and "noise floor" in plot.caption
     assert report.why_plots(None) == {}
     text = report.markdown("a", "b", table.assign(n=1, reference=1.0, candidate=0.0, diff=-1.0, note=""), details,
                            tolerance=0.02, confidence=0.95, why=localisation(["logit drift"]))

@@ -3,21 +3,23 @@
 --alpha (verdict.py), 2 on bad input.
 
 Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]
-[--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--locate]`` (``--locate``: why each changed document
-changed, evalkit/compare/locate.py).
+[--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--output DIR] [--locate]`` (``--locate``: why each changed
+document changed, evalkit/compare/locate.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from evalkit.compare import locate, report, verdict
 from evalkit.compare.paired import compare_family, compare_runs
-from evalkit.compare.runs import CompareError, load_run
+from evalkit.compare.runs import CompareError, Run, load_run
 from evalkit.compare.verdict import Tolerances
 from evalkit.run import results
 
@@ -42,18 +44,47 @@ examples:
 exit codes:
   0  no row of any candidate is worse or changed (inconclusive rows exit 0 too: read the verdicts)
   1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha
-  2  unusable input: a run missing or unreadable, runs not like-for-like (other tasks, versions, documents,
-     prompts or targets), a bad option, or an engine --locate cannot start
+  2  unusable input: a run missing, unreadable, truncated or damaged, runs not like-for-like (other tasks,
+     versions, documents, prompts or targets), a bad option (a tolerance not above 0, --alpha outside
+     (0, 0.5)), or an engine --locate cannot start
+  a report that cannot be written (a read-only folder) is said on stderr; the exit code stays the verdict's
 
 more: docs/compare.md and docs/locate.md"""
 
 
 def tolerances_from(args: Any) -> Tolerances:
+    """The tolerances asked for, each a number above 0 (an absolute one for 0-1 metrics below 1): a negative one
+    would call identical runs worse, zero or NaN would call nothing equivalent; anything else a CompareError."""
+    if not 0 < args.tolerance < 1:
+        raise CompareError(f"--tolerance {args.tolerance}: the largest acceptable change of a 0-1 metric lies in "
+                           "(0, 1), e.g. 0.02")
+    if not 0 < args.relative_tolerance < math.inf:
+        raise CompareError(f"--relative-tolerance {args.relative_tolerance}: a fraction above 0, e.g. 0.02 (2 %)")
     try:
         overrides = dict(verdict.parse_override(text) for text in args.tolerance_for)
     except ValueError as error:
         raise CompareError(str(error)) from None
+    for (task, metric), tolerance in overrides.items():
+        if not math.isfinite(tolerance.value):
+            raise CompareError(f"--tolerance-for {task}/{metric}: {tolerance.value} is no tolerance")
     return Tolerances(absolute=args.tolerance, relative=args.relative_tolerance, overrides=overrides)
+
+
+def write_report(reference: Run, candidate: Run, files: dict[str, str], output: str | None) -> None:
+    """The report beside the candidate run (or in --output DIR, named after both runs). One that cannot be
+    written is said on stderr, and the command goes on: the verdict was printed and decides the exit code."""
+    stem = f"compare-vs-{reference.path.parent.name}-{reference.path.name}"
+    folder = candidate.path if output is None else Path(output)
+    if output is not None:
+        stem = f"compare-{candidate.path.parent.name}-{candidate.path.name}-vs-{stem[len('compare-vs-'):]}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        written = results.write_beside(folder, {f"{stem}{suffix}": text for suffix, text in files.items()})
+    except OSError as error:
+        print(f"evalkit.compare: the report could not be written to {folder} ({error.strerror or error}); the "
+              "verdict above stands; --output DIR writes it elsewhere", file=sys.stderr)
+        return
+    print(f"\nwritten: {', '.join(map(str, written))}")
 
 
 def add_arguments(parser: Any) -> None:
@@ -73,6 +104,8 @@ def add_arguments(parser: Any) -> None:
                              "tolerance anywhere fails (exit 1), Holm over every row compared (default 0.05)")
     parser.add_argument("--iterations", type=int, default=10_000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--output", metavar="DIR",
+                        help="write the reports into DIR (made if missing) instead of beside each candidate run")
     parser.add_argument("--noise", nargs=2, metavar=("RUN_A", "RUN_B"),
                         help="two runs of one config (python -m evalkit.compare.noise) to show the engine's own variation")
 
@@ -106,11 +139,12 @@ def main(argv: list[str] | None = None) -> int:
                                    confidence=confidence, noise=noise, why=why.get(candidate.path),
                                    family=sum(map(len, tables)), comparisons=len(tables))
             images = {**report.plots(table, details, args.tolerance), **report.why_plots(why.get(candidate.path))}
-            page = report.html_page(text, report.with_noise(table, noise), images)
-            stem = f"compare-vs-{reference.path.parent.name}-{reference.path.name}"
-            written = results.write_beside(candidate.path, {f"{stem}.md": text, f"{stem}.html": page})
+            page = report.html_page(text, report.with_noise(table, noise), images, exit_code=verdict.gate(tables),
+                                    tolerance=args.tolerance, confidence=confidence, reference=reference,
+                                    candidate=candidate, details=details, why=why.get(candidate.path),
+                                    family=sum(map(len, tables)))
             print(text)
-            print(f"\nwritten: {', '.join(map(str, written))}")
+            write_report(reference, candidate, {".md": text, ".html": page}, args.output)
         return verdict.gate(tables)
     except CompareError as error:
         print(f"evalkit.compare: error: {error}", file=sys.stderr)

@@ -1,25 +1,21 @@
-"""Stage 5b, report: the comparison as Markdown (terminal and file) and as an HTML page with plots.
+"""Stage 5b, report: the comparison as Markdown (terminal and file) and as an HTML page.
 
-Plots with matplotlib (Agg, no display): score differences with their intervals per task and metric
-against the tolerance band, the log-probability drift histogram, and the output-length shift; with
-``--locate``, the "Why" section (evalkit/compare/why.py) and the per-token drift up to each divergence.
+The Markdown here, with ``--locate`` its "Why" section (evalkit/compare/why.py); the page is report_page.py's
+through the one template of page.py (the sweep report's too), its plots plots.py's, the documents that changed
+documents.py's.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-from typing import Any
-
 import pandas as pd
 
-from evalkit.compare import stats
+from evalkit.compare import documents, page, report_page, stats
 from evalkit.compare.paired import TaskDetail
+from evalkit.compare.plots import MAX_WHY, plots, why_plots  # noqa: F401 (report.plots, report.why_plots: the callers')
+from evalkit.compare.runs import Run
 from evalkit.compare.why import CLASSES, Flip, Localisation
 
 MAX_LISTED = 10  # documents listed per category in the text report
-MAX_WHY = 5  # flips shown in full (prompt tail, top-k on both engines) and plotted
 
 
 def _ids(ids: list[int]) -> str:
@@ -72,11 +68,15 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
              f"{alpha:g} (family-wise); `p_worse_holm`, `p_equivalent_holm`: the adjusted p-values",
              f"- tolerance per row (`tolerance`): ±{tolerance} absolute for 0-1 metrics, relative (a fraction of the "
              "reference's score; `diff` is then candidate / reference − 1) for unbounded ones, as `--tolerance-for` "
-             f"sets them; {1 - 2 * alpha:.0%} intervals (the two one-sided tests' reading): Tango's score interval "
-             "for 0/1 metrics (method `tango`, p-values exact up to 500 documents), a paired bootstrap for the "
-             "others (`bootstrap`: mean difference; `bootstrap <aggregation>`: the metric's own lm-eval "
-             "aggregation); `diff` is candidate − reference, negated where lower is better, so positive means "
-             "better unless the note says the direction is unknown"]
+             "sets them; `diff` is candidate − reference, negated where lower is better, so positive means better "
+             "unless the note says the direction is unknown",
+             f"- `ci_low`, `ci_high`: the {1 - 2 * alpha:.0%} interval each row's own one-sided tests at {alpha:g} "
+             "invert, before the adjustment for the family: it lies below −tolerance exactly when the row's test "
+             "of `worse` rejects alone, inside ±tolerance exactly when its two tests of equivalence do; Holm over "
+             f"{over} asks more of each row, so a row inside can still be `inconclusive` (read `p_equivalent_holm`). "
+             "Method `tango`: 0/1 metrics, exact unconditional tests ordered by Tango's score, at every size; "
+             "`bootstrap`: the mean difference, paired bootstrap; `bootstrap <aggregation>`: the metric's own "
+             "lm-eval aggregation, bootstrapped; `delta <aggregation>`: perplexities, analytic"]
     if 0 < tolerance < 1:
         needed = stats.documents_needed(tolerance, confidence=confidence)
         fewer = sorted(set(table.loc[(table["method"] == "tango") & (table["n"] < needed), "task"]))
@@ -205,93 +205,14 @@ def why_markdown(why: Localisation, table: pd.DataFrame, details: list[TaskDetai
     return lines
 
 
-def _png(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def plots(table: pd.DataFrame, details: list[TaskDetail], tolerance: float) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    images: dict[str, str] = {}
-    table = table[table["ci_low"].notna() & table["ci_high"].notna()]  # rows not compared have no interval
-    labels = [f"{r.task} / {r.metric} ({r.filter}) [{r.verdict}]" for r in table.itertuples()]
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(labels) + 1.5))
-    y = range(len(labels))
-    unit = table["tolerance"] if "tolerance" in table else tolerance  # each row in units of its own tolerance
-    diff, low, high = table["diff"] / unit, table["ci_low"] / unit, table["ci_high"] / unit
-    ax.axvspan(-1, 1, color="tab:green", alpha=0.15, label="within the tolerance")
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.errorbar(diff, list(y), xerr=[diff - low, high - diff], fmt="o", capsize=4)
-    ax.set_yticks(list(y), labels)
-    ax.set_xlabel("(candidate - reference) / the row's tolerance, oriented: positive is better "
-                  "(unless the direction is unknown)")
-    ax.set_title("Score differences with their intervals")
-    ax.legend(loc="best")
-    images["Score differences"] = _png(fig)
-    plt.close(fig)
-    drift = [d for detail in details for d in detail.logprob_diffs]
-    if drift:
-        fig, ax = plt.subplots(figsize=(8, 3.5))
-        ax.hist(drift, bins=50)
-        ax.set_xlabel("candidate - reference log-probability per choice (nats)")
-        ax.set_ylabel("choices")
-        ax.set_title("Log-probability drift")
-        images["Log-probability drift"] = _png(fig)
-        plt.close(fig)
-    shift = [s for detail in details for s in detail.length_shift]
-    if shift:
-        fig, ax = plt.subplots(figsize=(8, 3.5))
-        ax.hist(shift, bins=[b - 0.5 for b in range(min(shift), max(shift) + 2)])  # one bar per token count
-        ax.set_xlabel("candidate - reference output tokens per document")
-        ax.set_ylabel("documents")
-        ax.set_title("Output length shift")
-        images["Output length shift"] = _png(fig)
-        plt.close(fig)
-    return images
-
-
-def why_plots(why: Localisation | None) -> dict[str, str]:
-    """The per-token log-probability difference (candidate engine - reference engine, on the reference's
-    tokens) along each of the worst flips' sequences, up to its divergence (x = 0)."""
-    if why is None or not why.flips:
-        return {}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for flip in sorted(why.flips, key=lambda f: -(f.ref_side.margin or 0.0))[:MAX_WHY]:
-        x = [p - (flip.prompt_tokens + flip.index - 1) for p in range(len(flip.deltas))]
-        ax.plot(x, flip.deltas, linewidth=0.9, marker=".", markersize=3, alpha=0.8,
-                label=f"{flip.task} doc {flip.doc_id} ({flip.kind})")
-    ax.axhspan(-why.floor, why.floor, color="tab:green", alpha=0.3, label=f"noise floor ±{why.floor:.2g}")
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_xlabel("token position relative to the first divergent token (prompt and output)")
-    ax.set_ylabel("candidate - reference engine log-prob (nats)")
-    ax.set_title("Drift along the shared tokens up to each divergence")
-    ax.legend(loc="best", fontsize=7)
-    images = {"Why: drift up to the divergence": _png(fig)}
-    plt.close(fig)
-    return images
-
-
-def html_page(text: str, table: pd.DataFrame, images: dict[str, Any]) -> str:
-    figures = "\n".join(f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" '
-                        f'src="data:image/png;base64,{data}">' for title, data in images.items())
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>evalkit compare</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:3px 6px}}pre{{white-space:pre-wrap;background:#f6f6f6;padding:1em}}</style>
-</head><body>
-<h1>evalkit compare</h1>
-{table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")}
-{figures}
-<h2>Report</h2><pre>{html.escape(text)}</pre>
-</body></html>
-"""
+def html_page(text: str, table: pd.DataFrame, images: dict[str, page.Plot], *, exit_code: int | None,
+              tolerance: float, confidence: float, reference: Run | None = None, candidate: Run | None = None,
+              details: list[TaskDetail] = (), why: Localisation | None = None, family: int | None = None,
+              title: str = "evalkit compare") -> str:
+    """The page (report_page.py through page.py's template): the verdict in words with the command's exit code
+    (verdict.gate's, passed in; None where no command exits with it), the compact table, the plots, the
+    documents that changed (from both runs' samples, when given) and the text report rendered."""
+    found = documents.changed(reference, candidate, list(details)) if reference and candidate else {}
+    names = (reference.name if reference else "", candidate.name if candidate else "")
+    return report_page.html(text, table, images, exit_code=exit_code, tolerance=tolerance, confidence=confidence,
+                            found=found, why=why, names=names, family=family, title=title)

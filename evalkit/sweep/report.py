@@ -25,8 +25,6 @@ compares and writes.
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import json
 from dataclasses import replace
@@ -35,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from evalkit.sweep import report_page
 from evalkit.sweep.points import PointRecord, SweepError, distinct_overrides, read_points, write_atomic
 
 COLUMNS = ["point", "overrides", "status", "task", "metric", "filter", "value", "stderr", "verdict", "diff",
@@ -140,7 +139,10 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
                                        comparisons=len(compared))
         stem = f"compare-{num}-vs-{reference}"
         files[f"{stem}.md"] = text
-        files[f"{stem}.html"] = compare_report.html_page(text, table, compare_report.plots(table, details, tolerance))
+        files[f"{stem}.html"] = compare_report.html_page(  # no exit code: the sweep exits on failed points only
+            text, table, compare_report.plots(table, details, tolerance), exit_code=None, tolerance=tolerance,
+            confidence=0.95, reference=ref, candidate=comparable[num], details=details, family=family,
+            title=f"evalkit compare: point {num} against point {reference}")
     return verdicts, files
 
 
@@ -225,23 +227,12 @@ def markdown(table: pd.DataFrame, points: list[PointRecord], *, sweep_dir: str, 
     return "\n".join(lines) + "\n"
 
 
-def html_page(text: str, table: pd.DataFrame, images: dict[str, bytes], links: list[str]) -> str:
-    figures = "\n".join(f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" '
-                        f'src="data:image/png;base64,{base64.b64encode(data).decode()}">'
-                        for title, data in images.items())
-    listed = "".join(f'<li><a href="{html.escape(name)}">{html.escape(name)}</a></li>' for name in links)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>evalkit sweep report</title>
-<style>body{{font-family:sans-serif;max-width:1300px;margin:2em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:3px 6px}}pre{{white-space:pre-wrap;background:#f6f6f6;padding:1em}}</style>
-</head><body>
-<h1>evalkit sweep report</h1>
-{table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")}
-{figures}
-<h2>Comparison reports</h2><ul>{listed}</ul>
-<h2>Report</h2><pre>{html.escape(text)}</pre>
-</body></html>
-"""
+def html_page(text: str, table: pd.DataFrame, images: dict[str, bytes], links: list[str], *,
+              points: list[PointRecord], reference: int | None, tolerance: float) -> str:
+    """report.html: the sweep's verdict in words first, then the compact table (report_page.py, through
+    evalkit.compare's one page template)."""
+    return report_page.html_page(text, table, images, links, points=points, reference=reference,
+                                 tolerance=tolerance)
 
 
 def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
@@ -279,5 +270,6 @@ def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: fl
     written += [write_atomic(sweep_dir / "scores.png", images["Scores per point"]),
                 write_atomic(sweep_dir / "throughput.png", images["Throughput per point"])]
     links = sorted(n for n in compare_files if n.endswith(".html"))
-    written.append(write_atomic(sweep_dir / "report.html", html_page(text, table, images, links)))
+    written.append(write_atomic(sweep_dir / "report.html", html_page(text, table, images, links, points=points,
+                                                                     reference=ref, tolerance=tolerance)))
     return written

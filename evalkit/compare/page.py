@@ -1,0 +1,157 @@
+"""The one HTML page template of evalkit's reports: compare's page (report.py) and the sweep report's
+(evalkit/sweep/report.py). Pure functions from already-computed content to HTML text.
+
+A page leads with its verdict line, coloured by what it says; then its tables (cells coloured by verdict),
+its plots, each with a caption saying what to read in it (a sentence where a plot would say nothing), and
+the text report rendered from its Markdown by markdown-it-py (CommonMark with tables; raw HTML in the text is
+escaped). It is self-contained: the style inline, the images as data URIs, no script or font from the
+network, so it opens from a CI artifact or a mail. It reads on a narrow screen (wide tables scroll inside
+their own box) and prints (a print stylesheet; folded sections open before printing).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from typing import Iterable
+
+from markdown_it import MarkdownIt
+
+KINDS = ("fail", "unsure", "pass")  # a headline's colour: red, amber, green
+
+STYLE = """
+:root{color-scheme:light}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;max-width:1360px;
+ margin:0 auto;padding:1rem 1.2rem}
+h1{font-size:1.3rem;margin:.2rem 0 .6rem;color:#444;font-weight:600}
+h2{font-size:1.15rem;margin:1.6rem 0 .5rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
+h3{font-size:1rem;margin:1.2rem 0 .4rem}
+.headline{font-size:1.3rem;font-weight:600;margin:.4rem 0 .3rem;padding:.6rem .9rem;border-left:7px solid;
+ border-radius:4px}
+.headline.fail{background:#fde4e2;border-color:#c62828}
+.headline.unsure{background:#fff3d6;border-color:#b7791f}
+.headline.pass{background:#e5f3e8;border-color:#2e7d32}
+.facts{color:#555;margin:.2rem 0 1rem;font-size:.92rem}
+.facts code{font-size:.88rem}
+table{border-collapse:collapse;margin:.3rem 0 .8rem}
+table.fit{width:100%}
+th,td{border:1px solid #d7d7d7;padding:4px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#f3f3f3;font-weight:600}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.v-worse td,tr.v-changed td{background:#fde4e2}
+tr.v-better td{background:#e3f0fb}
+tr.v-equivalent td,tr.v-lower td,tr.v-higher td{background:#edf7ee}
+tr.v-inconclusive td{background:#fff8e6}
+tr.v-failed td,tr.v-not-comparable td{background:#f1f1f1;color:#555}
+td.verdict{font-weight:600;white-space:nowrap}
+.scroll{overflow-x:auto;max-width:100%}
+figure{margin:.6rem 0 1.2rem}
+figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption,.caption{color:#444;font-size:.92rem;max-width:60rem}
+p.none{color:#444;font-style:italic}
+pre,code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.86rem}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.5rem;margin:.2rem 0}
+td pre{background:none;padding:0;margin:0}
+mark.ref{background:#c9e7cb}
+mark.cand{background:#f7c6c4}
+mark.cut{background:#ffe08a;outline:1px solid #b7791f}
+details{margin:.3rem 0}
+summary{cursor:pointer;color:#333}
+.report table{display:block;overflow-x:auto}
+.report h1{display:none}
+a{color:#0b57d0}
+@media (max-width:760px){
+ body{font-size:14px;padding:.5rem}
+ .headline{font-size:1.1rem}
+ th,td{padding:3px 4px}
+ table.fit{display:block;overflow-x:auto}
+}
+@media print{
+ body{max-width:none;font-size:11pt;padding:0}
+ .scroll,.report table,table.fit{overflow:visible;display:table}
+ tr,figure{break-inside:avoid}
+ a{color:inherit;text-decoration:none}
+ tr td,.headline{-webkit-print-color-adjust:exact;print-color-adjust:exact}
+ details::details-content{content-visibility:visible;display:contents}
+}
+"""
+
+# Opens every folded section before printing (browsers print a closed <details> closed). Inline, no network.
+PRINT_SCRIPT = ("window.addEventListener('beforeprint',()=>document.querySelectorAll('details')"
+                ".forEach(d=>d.open=true));")
+
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A plot and what to read in it; png None: the plot would carry no information, and the caption says so."""
+
+    png: bytes | None
+    caption: str
+
+
+def escape(value: object) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def markdown_html(text: str) -> str:
+    """A report's Markdown as HTML (markdown-it-py, CommonMark and tables; raw HTML escaped, not passed)."""
+    return _MARKDOWN.render(text)
+
+
+def cell(content: str, *, css: str = "", raw: bool = False) -> str:
+    """A table cell; content escaped unless raw (already HTML)."""
+    return f'<td{f" class={css!r}" if css else ""}>{content if raw else escape(content)}</td>'
+
+
+def table(columns: Iterable[str], rows: Iterable[Iterable[str]], *, row_classes: Iterable[str] | None = None,
+          numeric: Iterable[str] = (), fit: bool = False, caption: str = "") -> str:
+    """An HTML table: columns (header text), rows of ready cells (cell()), each row's class (its verdict)."""
+    columns, numeric = list(columns), set(numeric)
+    head = "".join(f'<th{" class=num" if c in numeric else ""}>{escape(c)}</th>' for c in columns)
+    rows = list(rows)
+    classes = list(row_classes) if row_classes is not None else [""] * len(rows)
+    body = "\n".join(f'<tr{f" class={css!r}" if css else ""}>{"".join(r)}</tr>' for r, css in zip(rows, classes))
+    top = f"<caption>{escape(caption)}</caption>" if caption else ""
+    return f'<table{" class=fit" if fit else ""}>{top}<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>'
+
+
+def verdict_class(verdict: object) -> str:
+    """The CSS class of a row by its verdict: v-worse, v-equivalent, v-not-comparable, ..."""
+    return "v-" + "-".join(str(verdict or "none").split(":")[0].split())
+
+
+def figure(title: str, plot: Plot) -> str:
+    """A titled plot with its caption, the image inline; or the caption alone, as a sentence."""
+    if plot.png is None:
+        return f"<h3>{escape(title)}</h3>\n<p class=none>{escape(plot.caption)}</p>"
+    data = base64.b64encode(plot.png).decode()
+    return (f'<h3>{escape(title)}</h3>\n<figure><img alt="{escape(title)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{escape(plot.caption)}</figcaption></figure>")
+
+
+def folded(summary: str, content: str, *, open_: bool = False) -> str:
+    """A folded section (<details>): summary text, content HTML."""
+    return f"<details{' open' if open_ else ''}><summary>{escape(summary)}</summary>\n{content}\n</details>"
+
+
+def document(*, title: str, headline: str, kind: str, facts: str, sections: Iterable[str]) -> str:
+    """The whole page: the headline (kind: fail, unsure or pass), a line of facts (HTML), then the sections."""
+    if kind not in KINDS:
+        raise ValueError(f"headline kind {kind!r}: one of {', '.join(KINDS)}")
+    body = "\n".join(sections)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)}</title>
+<style>{STYLE}</style>
+<script>{PRINT_SCRIPT}</script>
+</head><body>
+<h1>{escape(title)}</h1>
+<p class="headline {kind}" id="verdict">{escape(headline)}</p>
+<p class=facts>{facts}</p>
+{body}
+</body></html>
+"""
