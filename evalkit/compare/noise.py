@@ -4,7 +4,8 @@ Runs one config twice on one engine, the second time submitting the requests in 
 (``order_seed``), so every batch holds other neighbours; then compares the two runs like
 ``evalkit.compare``. Any difference is noise that the engine alone causes (batch-dependent kernels,
 reductions in another order); read a reference/candidate difference against it with
-``python -m evalkit.compare REF CAND --noise <first run> <second run>``.
+``python -m evalkit.compare REF CAND --noise <first run> <second run>``. Exits as that comparison does: 0, 1
+where the engine alone moved a row beyond the tolerance, 2 on unusable input (a bad key, or runs it cannot compare).
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for engine in engines:
             engine.close()
-    cli.main([str(first), str(second)])
+    code = cli.main([str(first), str(second)])  # 1: the engine alone moved a row beyond the tolerance; 2: unusable
     print(f"\nnoise pair: {first} {second}\n(pass to evalkit.compare as --noise {first} {second})")
-    return 0
+    return code
 
 
 if __name__ == "__main__":

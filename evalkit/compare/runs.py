@@ -26,19 +26,50 @@ class Run:
         return f"{self.path.parent.name}/{self.path.name}"
 
 
+def _text(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CompareError(f"{file}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CompareError(f"{where}: not JSON ({error.msg} at line {error.lineno}, column {error.colno}): a "
+                           "truncated or damaged file; rerun or copy it again") from None
+
+
+def read_samples(file: Path) -> dict[tuple[int, str], dict[str, Any]]:
+    """(doc_id, filter) -> sample line of one samples file, each line checked: an object with an integer doc_id."""
+    samples = {}
+    for number, line in enumerate(_text(file).splitlines(), 1):
+        if line.strip():
+            sample = _json(line, f"{file}, line {number}")
+            if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
+                raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
+                                   "file evalkit (lm-eval) wrote")
+            samples[(sample["doc_id"], str(sample.get("filter", "none")))] = sample
+    return samples
+
+
 def load_run(path: str | Path) -> Run:
-    """A run folder written by ``python -m evalkit``, or its results.json."""
+    """A run folder written by ``python -m evalkit``, or its results.json. Anything unreadable (missing,
+    truncated, damaged) is a CompareError in one line."""
     folder = Path(path)
     folder = folder.parent if folder.name == "results.json" else folder
     results_file = folder / "results.json"
     if not results_file.is_file():
         raise CompareError(f"{path}: not an evalkit run (no results.json)")
-    results = json.loads(results_file.read_text())
-    samples = {}
-    for task, file in sample_files(folder, results).items():
-        if file.is_file():
-            lines = (json.loads(line) for line in file.read_text().splitlines() if line.strip())
-            samples[task] = {(s["doc_id"], s.get("filter", "none")): s for s in lines}
+    results = _json(_text(results_file), str(results_file))
+    try:
+        files = sample_files(folder, results)
+    except (AttributeError, TypeError):
+        files = None
+    if not isinstance(results, dict) or not isinstance(files, dict):
+        raise CompareError(f"{results_file}: not an evalkit results file (no evalkit.files.samples object)")
+    samples = {task: read_samples(file) for task, file in files.items() if file.is_file()}
     if not samples:
         raise CompareError(f"{path}: no samples_<task>_<date>.jsonl files; rerun with log_samples=true")
     return Run(path=folder.resolve(), results=results, samples=samples)
