@@ -5,7 +5,8 @@
   one of the intervals Fagerland, Lydersen & Laake (2014, "Recommended tests and confidence intervals for
   paired binomial proportions", Stat Med 33:2850-2875) recommend. Unlike a bootstrap it keeps its width when
   no document flips: with none of n documents changing it still spans +-z^2/(n+z^2) (+-0.088 at n=40).
-  Newcombe's hybrid score interval (1998, method 10) would collapse to zero width there.
+  Newcombe's hybrid score interval (1998, method 10) would collapse to zero width there. The comparison shows
+  the interval its exact tests invert instead (tost.tango_limits), so the interval and the verdict agree.
 * McNemar's exact test (McNemar 1947): for 0/1 metrics only the discordant documents (b: right in the
   reference only, c: right in the candidate only) carry information; under no change b ~ Binomial(b+c, 1/2).
 * Everything else: the paired bootstrap (Efron & Tibshirani, 1993; for NLP, Koehn 2004 and Dror et al.
@@ -104,7 +105,7 @@ def tango_interval(b: int, c: int, n: int, *, confidence: float = 0.95) -> Inter
 
 def documents_needed(tolerance: float, *, confidence: float = 0.95) -> int:
     """Fewest documents that, with none flipping, show a 0/1 metric equivalent within +-tolerance on their own:
-    the two one-sided tests (tost.tango_p, exact up to tost.EXACT_DOCUMENTS) at alpha = 1 - confidence."""
+    the two one-sided tests (tost.tango_p, exact at every size) at alpha = 1 - confidence."""
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance {tolerance} must lie in (0, 1) for 0/1 metrics")
     alpha = 1.0 - confidence
