@@ -1,6 +1,6 @@
 """Screenshots of the pages a person reads, for docs/: compare's HTML report for a candidate with flips (with
 --locate) and the sweep report, both from real runs of the embedded model, in headless Chromium at 1,400 px wide
-(the first screen, 1400 x 1000, and the whole page) and on a narrow screen (420 px).
+(the first screen, 1400 x 1000; with --whole the whole page too) and on a narrow screen (420 px).
 
 The candidate computes something else for sure: the embedded model with one layer's MLP output projection
 scaled x1.3 (as tests/test_locate_engine.py makes it), so answers flip on any processor. One Hydra sweep runs
@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 SETTINGS = ["limit=20", "resume=false", "gpu_memory_utilization=0.25", "+engine_kwargs.enforce_eager=true"]
-SHOTS = {"wide": (1400, 1000), "whole": (1400, 0), "narrow": (420, 1400)}  # 0: the page's own height
+SHOTS = {"wide": (1400, 1000), "narrow": (420, 1000)}  # the first screen at 1,400 px and on a phone
+WHOLE = (1400, 0)  # --whole: the page's own height
 
 
 def perturbed_copy(model_dir: Path, target: Path, layer: int = 2, scale: float = 1.3) -> Path:
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/evalkit-screenshots"),
                         help="where the runs are made (kept: a second call only remakes pages and screenshots)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where the PNGs go")
+    parser.add_argument("--whole", action="store_true", help="also the whole of each page (page-*-whole.png)")
     args = parser.parse_args(argv)
     made = pages(sweep(args.work))
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print("screenshots skipped: no chromium on PATH (Debian: apt-get install chromium)")
         return 0
     for name, page in made.items():
-        for shot, size in SHOTS.items():
+        for shot, size in {**SHOTS, **({"whole": WHOLE} if args.whole else {})}.items():
             target = args.out / f"page-{name}-{shot}.png"
             screenshot(browser, page, target, size)
             print(f"{target} ({page})")

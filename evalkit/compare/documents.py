@@ -82,7 +82,8 @@ def answer_html(sample: dict[str, Any], other: dict[str, Any], side: str) -> str
     output = sample.get("raw_output")
     if output is not None:
         cut = differ_at(output, other.get("raw_output") or "")
-        marked = (f"{page.escape(output[:cut])}<mark class={side}>{page.escape(output[cut:]) or '∅'}</mark>"
+        rest = page.escape(output[cut:]) or "<small>(ends here)</small>"
+        marked = (f"{page.escape(output[:cut])}<mark class={side}>{rest}</mark>"
                   if output != other.get("raw_output") else page.escape(output))
         return f"<b>{page.escape(sample.get('filtered_output'))}</b><pre>{marked}</pre>"
     lls = choice_logprobs(sample)
@@ -130,7 +131,7 @@ COLUMNS = ["doc", "change", "prompt", "target", "reference", "candidate"]
 
 def task_table(rows: list[Changed], why: Localisation | None) -> str:
     """One task and filter's changed documents (at most MAX_ROWS) as a table."""
-    columns = COLUMNS + (["first divergence (--locate)"] if why is not None else [])
+    columns = COLUMNS + (["why (--locate)"] if why is not None else [])
     cells = [[page.cell(str(r.doc_id), css="num"), page.cell(r.change),
               page.cell(prompt_html(r.reference), raw=True), page.cell(r.reference.get("target")),
               page.cell(answer_html(r.reference, r.candidate, "ref"), raw=True),
@@ -139,7 +140,8 @@ def task_table(rows: list[Changed], why: Localisation | None) -> str:
     more = (f"<p class=caption>and {len(rows) - MAX_ROWS} more: the text report and the samples files list "
             "them</p>") if len(rows) > MAX_ROWS else ""
     classes = ["v-worse" if r.lost else ("v-better" if "right" in r.change else "") for r in rows[:MAX_ROWS]]
-    return f"<div class=scroll>{page.table(columns, cells, row_classes=classes, numeric={'doc'})}</div>{more}"
+    shown = page.table(columns, cells, row_classes=classes, numeric={"doc"}, optional={"prompt", "target"})
+    return f"<div class=scroll>{shown}</div>{more}"
 
 
 def section(found: dict[tuple[str, str], list[Changed]], why: Localisation | None) -> str:

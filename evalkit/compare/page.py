@@ -66,6 +66,8 @@ a{color:#0b57d0}
  .headline{font-size:1.1rem}
  th,td{padding:3px 4px}
  table.fit{display:block;overflow-x:auto}
+ [data-opt]{display:none}
+ td.num{white-space:normal}
 }
 @media print{
  body{max-width:none;font-size:11pt;padding:0}
@@ -107,11 +109,13 @@ def cell(content: str, *, css: str = "", raw: bool = False) -> str:
 
 
 def table(columns: Iterable[str], rows: Iterable[Iterable[str]], *, row_classes: Iterable[str] | None = None,
-          numeric: Iterable[str] = (), fit: bool = False, caption: str = "") -> str:
-    """An HTML table: columns (header text), rows of ready cells (cell()), each row's class (its verdict)."""
-    columns, numeric = list(columns), set(numeric)
-    head = "".join(f'<th{" class=num" if c in numeric else ""}>{escape(c)}</th>' for c in columns)
-    rows = list(rows)
+          numeric: Iterable[str] = (), optional: Iterable[str] = (), fit: bool = False, caption: str = "") -> str:
+    """An HTML table: columns (header text), rows of ready cells (cell()), each row's class (its verdict).
+    optional: columns a narrow screen leaves out, so that the verdict stays in view."""
+    columns, numeric, optional = list(columns), set(numeric), set(optional)
+    narrow = [" data-opt" if c in optional else "" for c in columns]
+    head = "".join(f'<th{" class=num" if c in numeric else ""}{o}>{escape(c)}</th>' for c, o in zip(columns, narrow))
+    rows = [[c.replace("<td", f"<td{o}", 1) for c, o in zip(r, narrow)] for r in rows]
     classes = list(row_classes) if row_classes is not None else [""] * len(rows)
     body = "\n".join(f'<tr{f" class={css!r}" if css else ""}>{"".join(r)}</tr>' for r, css in zip(rows, classes))
     top = f"<caption>{escape(caption)}</caption>" if caption else ""

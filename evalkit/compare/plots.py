@@ -53,8 +53,7 @@ def differences_plot(table: pd.DataFrame, tolerance: float) -> page.Plot | None:
     ax.errorbar(diff, list(y), xerr=[diff - low, high - diff], fmt="o", capsize=4)
     ax.set_yticks(list(y), labels)
     ax.invert_yaxis()  # the table's order, top to bottom
-    ax.set_xlabel("(candidate - reference) / the row's tolerance")
-    ax.legend(loc="best")
+    ax.set_xlabel("(candidate - reference) / the row's tolerance; green: within it")
     plot = page.Plot(_png(fig), DIFFERENCES)
     plt.close(fig)
     return plot
@@ -90,6 +89,7 @@ def length_plot(shift: list[int]) -> page.Plot:
     fig, ax = plt.subplots(figsize=(8, 3.2))
     ax.hist(shift, bins=[b - 0.5 for b in range(min(shift), max(shift) + 2)], rwidth=0.85)  # a bar per integer
     ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("candidate - reference output tokens per document")
     ax.set_ylabel("documents")
     plot = page.Plot(_png(fig), f"{len(changed)} of {len(shift)} generations changed length (mean shift "
@@ -131,7 +131,7 @@ def why_plots(why: Localisation | None) -> dict[str, page.Plot]:
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel("token position relative to the first divergent token (prompt and output)")
     ax.set_ylabel("candidate - reference engine log-prob (nats)")
-    ax.legend(loc="best", fontsize=7)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)  # beside the lines, not over them
     caption = ("How far the candidate engine's log-probabilities of the shared tokens had moved from the reference "
                "engine's before each divergence (x = 0), for the worst flips: inside the green noise floor up to 0, "
                "the flip is a near-tie or chance; lines that leave it earlier mean the candidate computes another "

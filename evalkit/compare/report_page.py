@@ -110,7 +110,8 @@ def score_table(table: pd.DataFrame, found: dict[tuple[str, str], list[documents
                       page.cell(diff_text(row), css="num"), page.cell(row["verdict"], css="verdict"),
                       page.cell(flips_link(row, found), raw=True)])
     return page.table(SCORES, cells, row_classes=[page.verdict_class(v) for v in table["verdict"]],
-                      numeric={"n", "reference", "candidate", "diff [interval]"}, fit=True)
+                      numeric={"n", "reference", "candidate", "diff [interval]"},
+                      optional={"n", "reference", "candidate", "changed documents"}, fit=True)
 
 
 def statistics(table: pd.DataFrame) -> str:

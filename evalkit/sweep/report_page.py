@@ -85,7 +85,7 @@ def compact_table(table: pd.DataFrame, reference: int | None) -> str:
                       verdict_cell(row, reference), page.cell(_num(row["tokens_per_s"], ".1f"), css="num")])
         classes.append(page.verdict_class(row["status"] if failed else row["verdict"]))
     return page.table(COMPACT, cells, row_classes=classes, numeric={"point", "score ± stderr", "diff", "tokens/s"},
-                      fit=True)
+                      optional={"overrides", "score ± stderr", "tokens/s"}, fit=True)
 
 
 def full_table(table: pd.DataFrame) -> str:
