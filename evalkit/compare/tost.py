@@ -28,12 +28,13 @@ from functools import lru_cache
 from typing import Callable, Iterable
 
 import numpy as np
-from scipy.optimize import brentq, minimize_scalar
+from scipy.optimize import brentq
 from scipy.special import bdtr, bdtrc, gammaln, xlogy
 
-GRID = 96  # nuisance values tried across the boundary, denser at both ends, before the largest few are refined
+GRID = 48  # nuisance values tried across the boundary, denser at both ends, before the largest few are refined
 END_FLIPS = np.geomspace(0.25, 64.0, 17)  # and at these expected counts of the rarer flip (or concordance) at each end
-REFINED = 3  # grid maxima refined
+REFINED = 3  # grid maxima refined, each ZOOMS times between its neighbours on ZOOM_POINTS values
+ZOOMS, ZOOM_POINTS = 3, 12
 SPREAD = 8.0  # binomial standard deviations of discordant counts summed; the mass outside is added (an upper bound)
 SIDES = ("below", "above")
 XTOL = 1e-7  # how closely an interval's limits are located, and to 1e-4 of their size (shown to 4 digits)
@@ -108,14 +109,14 @@ def tail_p(n: int, delta: float, score: float, side: str) -> float:
     limits = thresholds(n, delta, score, side)
     grid = nuisance_grid(n, delta)
     values = tail_probability(limits, n, delta, grid, side)
+    spans = [(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]) for i in np.argsort(values)[-REFINED:]]
     best = float(values.max())
-    low, high = boundary(delta)
-    for i in np.argsort(values)[-REFINED:]:
-        lo, hi = max(low, grid[max(i - 1, 0)]), min(high, grid[min(i + 1, len(grid) - 1)])
-        if hi > lo:
-            found = minimize_scalar(lambda pc: -tail_probability(limits, n, delta, pc, side)[0],
-                                    method="bounded", bounds=(lo, hi), options={"xatol": 1e-10})
-            best = max(best, -float(found.fun))
+    for a, b in spans:  # between the neighbours of each largest value, finer and finer
+        for _ in range(ZOOMS):
+            local = np.linspace(a, b, ZOOM_POINTS)
+            found = tail_probability(limits, n, delta, local, side)
+            best, j = max(best, float(found.max())), int(found.argmax())
+            a, b = local[max(j - 1, 0)], local[min(j + 1, ZOOM_POINTS - 1)]
     return float(min(1.0, best))
 
 
