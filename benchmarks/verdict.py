@@ -12,7 +12,25 @@ subtask (pb = 0.05 + 2 * tolerance, pc = 0.05).
 * now: evalkit.compare's rule: the exact one-sided p-value of "worse than -tolerance" (evalkit/compare/tost.py),
   Holm-adjusted over the 58 rows (evalkit/compare/verdict.py), fails the run when any is below alpha.
 
-Printed, not asserted. Run: python benchmarks/verdict.py [--trials 10000] [--tolerance 0.02] [--seed 0]
+The cases of issue 28 (each: the false-fail rate at no change, the power at a change of twice the tolerance):
+
+* ``wikitext60``: MMLU's 57 subtasks (as above, nothing changing) and wikitext's three perplexity rows (62
+  documents of 50-400 words, each document's log-likelihood per word spread 10 % around log(1/15), the candidate
+  off the reference by --spread per document): 60 rows. Power: word perplexity 4 % higher. Before, the perplexity
+  rows were bootstrapped with 1,000 resamples: their p-value at least 1/1001, times 60 by Holm, never below 0.05
+  (power 0 by construction); now the delta method (evalkit/compare/ratio.py).
+* ``sweep17``: a 17-point sweep of wikitext against one reference point (51 rows). Per point: Holm over each
+  point's own 3 rows, as the sweep report did; one family: Holm over all 51, as ``python -m evalkit.compare REF
+  P1 ... P17`` and now the sweep report do. Power: one point's word perplexity 4 % higher.
+* ``bleu16``: a stratified group of 16 BLEU leaves averaged equally (flores_gl's shape) and its leaves, 17 rows,
+  --segments per leaf: each run's hypothesis of a segment is its reference with each word dropped with
+  probability q (q0 = 0.1 in the reference, q in the candidate: q0 at no change, the q that lowers BLEU by 4 %
+  for power); the group row is evalkit.compare's (evalkit/compare/scoring.py). Also measured: what the group row
+  costs at 1,012 segments per leaf, the resampling from summed counts (evalkit/compare/corpus.py) against
+  lm-eval's bleu re-run on every resample (timed on a few resamples, then multiplied out).
+
+Printed, not asserted. Run: python benchmarks/verdict.py [--case mmlu|wikitext60|sweep17|bleu16|all]
+[--trials 10000] [--tolerance 0.02] [--seed 0]
 """
 
 from __future__ import annotations
@@ -58,13 +76,7 @@ def fail_rates(pb: float, pc: float, *, trials: int, tolerance: float, alpha: fl
     return {"before": old / trials, "now": new / trials, "now, subtask rows": subtask_only / trials}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=10_000)
-    parser.add_argument("--tolerance", type=float, default=0.02)
-    parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def mmlu(args: argparse.Namespace) -> None:
     settings = dict(trials=args.trials, tolerance=args.tolerance, alpha=args.alpha)
     start = time.perf_counter()
     null = fail_rates(FLIP, FLIP, seed=args.seed, **settings)
@@ -78,6 +90,26 @@ def main() -> None:
     print(f"| power (true drop {2 * args.tolerance:g} on every subtask) | {drop['before']:.4f} | {drop['now']:.4f} | "
           f"{drop['now, subtask rows']:.4f} |")
     print(f"({time.perf_counter() - start:.0f} s)")
+
+
+def main() -> None:
+    from verdict_families import bleu16, sweep17, wikitext60
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", choices=["mmlu", "wikitext60", "sweep17", "bleu16", "all"], default="all")
+    parser.add_argument("--trials", type=int, default=None, help="default: 10,000 (mmlu), 2,000, 100 (bleu16)")
+    parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--spread", type=float, default=0.01, help="per-document log-likelihood spread between runs")
+    parser.add_argument("--segments", type=int, default=60, help="bleu16: segments per leaf in the simulation")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    cases = {"mmlu": (mmlu, 10_000), "wikitext60": (wikitext60, 2_000), "sweep17": (sweep17, 2_000),
+             "bleu16": (bleu16, 100)}
+    for name, (case, trials) in cases.items():
+        if args.case in (name, "all"):
+            case(argparse.Namespace(**{**vars(args), "trials": args.trials or trials}))
+            print()
 
 
 if __name__ == "__main__":

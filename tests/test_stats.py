@@ -285,3 +285,22 @@ def test_bleu_resamples_summed_from_counts_equal_lm_evals_bleu():
     assert corpus.resampled(bleu, items, rows, fast) == pytest.approx(corpus.resampled(bleu, items, rows, None),
                                                                       rel=1e-12, abs=1e-12)
     assert corpus.additive(get_aggregation("chrf"), [(a, b[0]) for a, b in items]) is None  # no counts to sum
+
+
+def test_vectorised_bleu_is_sacrebleus_compute_bleu():
+    """bleu_scores against sacrebleu's own BLEU.compute_bleu (smooth "exp", corpus_bleu's default) on counts with
+    every edge: no match at some orders, no n-grams at an order, a short or empty hypothesis."""
+    from sacrebleu.metrics import BLEU
+
+    from evalkit.compare.corpus import bleu_scores
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(2000):
+        total = np.sort(rng.integers(0, 30, size=4))[::-1]
+        correct = np.minimum(total, rng.integers(0, 30, size=4)) * (rng.random(4) > 0.3)
+        rows.append([rng.integers(0, 40), rng.integers(1, 40), *correct, *total])
+    rows = np.array(rows)
+    expected = [BLEU.compute_bleu(correct=list(map(int, r[2:6])), total=list(map(int, r[6:])), sys_len=int(r[0]),
+                                  ref_len=int(r[1]), smooth_method="exp").score for r in rows]
+    assert bleu_scores(rows) == pytest.approx(expected, rel=1e-12, abs=1e-12)

@@ -117,7 +117,7 @@ def stratum_statistics(agg: Callable[[list], float], ref: list, cand: list, *, m
 
 
 def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
-                       w: np.ndarray, scores: tuple[float, float], *, tolerance: Tolerance,
+                       w: np.ndarray, scores: tuple[float, float], each: list[list[float]], *, tolerance: Tolerance,
                        higher_is_better: bool | None, settings: dict[str, Any]) -> tuple[Any, dict, str, float]:
     """(interval, p-values, method, p_floor) of a weighted mean of leaves' aggregations: the delta method
     (ratio.py) where every leaf is the same perplexity-family aggregation, else a bootstrap with each leaf's
@@ -131,8 +131,8 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
             return (*stats.delta_reading(read, **reading), f"delta stratified {name}", 0.0)
     means = [is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)]
     aggregates = [aggregation(results, t, metric)[1] for t in tasks]
-    fast = [None if m else tuple(corpus.additive(agg, side) for side in pair)
-            for m, agg, pair in zip(means, aggregates, pairs)]
+    fast = [None if m else tuple(corpus.additive(agg, side, score) for side, score in zip(pair, leaf))
+            for m, agg, pair, leaf in zip(means, aggregates, pairs, each)]
     count = resample_count(settings, slow=any(f is not None and None in f for f in fast))
     totals = sum(wt * stratum_statistics(agg, *pair, mean=m, count=count, seed=settings["seed"] + k, fast=f)
                  for k, (wt, agg, pair, m, f) in enumerate(zip(w, aggregates, pairs, means, fast)))
@@ -151,8 +151,9 @@ def stratified_row(results: dict[str, Any], group: str, tasks: list[str], metric
     each = [[_score(agg, side) for side in pair] for agg, pair in zip(aggregates, pairs)]
     scores = (float(np.dot(w, [s[0] for s in each])), float(np.dot(w, [s[1] for s in each])))
     tolerance = tolerances.of(group, metric, scores[0])
-    interval, p, method, floor = stratified_reading(results, tasks, metric, pairs, w, scores, tolerance=tolerance,
-                                                    higher_is_better=higher_is_better, settings=settings)
+    interval, p, method, floor = stratified_reading(results, tasks, metric, pairs, w, scores, each,
+                                                    tolerance=tolerance, higher_is_better=higher_is_better,
+                                                    settings=settings)
     return {"reference": scores[0], "candidate": scores[1], "diff": interval.diff, "ci_low": interval.low,
             "ci_high": interval.high, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None, "method": method,
             **p, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative,

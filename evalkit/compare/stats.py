@@ -332,7 +332,7 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
                                           **settings)) is not None:
             method, (interval, p) = f"delta {aggregate_name}", read
         else:
-            fast = (corpus.additive(aggregate, reference), corpus.additive(aggregate, candidate))
+            fast = (corpus.additive(aggregate, reference, scores[0]), corpus.additive(aggregate, candidate, scores[1]))
             count = max(iterations, needed)
             count = count if None not in fast else min(count, aggregate_iterations)  # slow: each re-aggregates
             method = f"bootstrap {aggregate_name}"
