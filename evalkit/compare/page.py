@@ -67,7 +67,9 @@ a{color:#0b57d0}
  th,td{padding:3px 4px}
  table.fit{display:block;overflow-x:auto}
  [data-opt]{display:none}
- td.num{white-space:normal}
+ table.fit{font-size:13px}
+ table.fit td,table.fit th{overflow-wrap:anywhere;white-space:normal}
+ table.fit td.verdict,table.fit td.num{overflow-wrap:normal}
 }
 @media print{
  body{max-width:none;font-size:11pt;padding:0}
