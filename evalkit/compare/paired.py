@@ -6,9 +6,10 @@ For every task, filter and metric, and for every group score lm-eval recorded (s
 evalkit/compare/scoring.py), the difference gets an interval and the p-values of the one-sided tests against
 the row's tolerance (absolute for 0-1 metrics, relative for unbounded ones): Tango's score and McNemar's exact
 test for 0/1 metrics averaged over documents, a paired bootstrap of the mean difference for other averaged
-metrics, and for corpus-level metrics (perplexity, BLEU, F1, ...) a paired bootstrap of the metric's own
-lm-eval aggregation. Verdicts are Holm-adjusted over every row (evalkit/compare/verdict.py), so the exit code
-is a family-wise test at --alpha. A metric whose direction (``higher_is_better``) is unknown is compared
+metrics, the delta method for lm-eval's perplexity family (evalkit/compare/ratio.py), and for other corpus-level
+metrics (BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation. Verdicts are Holm-adjusted
+over every row of every candidate (compare_family, evalkit/compare/verdict.py), with resamples sized to that
+family, so the exit code is a family-wise test at --alpha. A metric whose direction (``higher_is_better``) is unknown is compared
 unoriented. The sample-level view lists flipped documents, diverging generations, finish-reason and length
 shifts, and log-probability drift on log-likelihood tasks.
 
