@@ -16,6 +16,7 @@ the screenshots skipped with one line.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ MODEL = "smollm2-135m-instruct"
 SETTINGS = ["limit=20", "resume=false", "gpu_memory_utilization=0.25", "+engine_kwargs.enforce_eager=true"]
 SHOTS = {"wide": (1400, 1000), "narrow": (420, 1000)}  # the first screen at 1,400 px and on a phone
 WHOLE = (1400, 0)  # --whole: the page's own height
+MIN_MEASURED = 500  # headless Chromium lays out --dump-dom in a window at least this wide
 
 
 def perturbed_copy(model_dir: Path, target: Path, layer: int = 2, scale: float = 1.3) -> Path:
@@ -74,23 +76,32 @@ def pages(folder: Path) -> dict[str, Path]:
     return {"compare": cand / f"compare-vs-{ref.parent.name}-{ref.name}.html", "sweep": folder / "report.html"}
 
 
-def height(browser: str, page: Path) -> int:
-    """The page's own height at 1,400 px, read from Chromium's DOM dump (a script writes it into the title)."""
+def measure(browser: str, page: Path, width: int) -> tuple[int, int, bool]:
+    """In a window width px wide: the page's own width and height, and whether its first table (the verdicts)
+    overflows its box, from Chromium's DOM dump (a script writes them into the title)."""
     probe = page.with_name(f".probe-{page.name}")
-    probe.write_text(page.read_text().replace(
-        "</body>", "<script>document.title=String(document.documentElement.scrollHeight)</script></body>"))
-    dump = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
+    probe.write_text(page.read_text().replace("</body>", "<script>const e=document.documentElement,"
+                                              "t=document.querySelector('.scroll');document.title=e.scrollWidth+'x'"
+                                              "+e.scrollHeight+'x'+(t&&t.scrollWidth>t.clientWidth?1:0)</script></body>"))
+    dump = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={width},1000",
                            "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
     probe.unlink()
-    title = dump.split("<title>", 1)[-1].split("</title>", 1)[0]
-    return int(title) + 20 if title.isdigit() else 6000
+    found = re.search(r"<title>(\d+)x(\d+)x([01])</title>", dump)
+    return (int(found[1]), int(found[2]), found[3] == "1") if found else (0, 6000, False)
 
 
-def screenshot(browser: str, page: Path, target: Path, size: tuple[int, int]) -> None:
+def screenshot(browser: str, page: Path, target: Path, size: tuple[int, int]) -> str:
+    """The PNG, and whether the page and its first table fit the window's width."""
     width, tall = size
+    own_width, own_height, table_scrolls = measure(browser, page, width)
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={target}",
-                    f"--window-size={width},{tall or height(browser, page)}", page.as_uri()],
+                    f"--window-size={width},{tall or own_height + 20}", page.as_uri()],
                    capture_output=True, timeout=120, check=True)
+    if width < MIN_MEASURED:
+        return "looked at only (narrower than Chromium's headless window for --dump-dom)"
+    if own_width > width or table_scrolls:
+        return f"WIDER than {width} px: " + ("the page" if own_width > width else "its first table scrolls")
+    return f"page and table fit {width} px"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, page in made.items():
         for shot, size in {**SHOTS, **({"whole": WHOLE} if args.whole else {})}.items():
             target = args.out / f"page-{name}-{shot}.png"
-            screenshot(browser, page, target, size)
-            print(f"{target} ({page})")
+            print(f"{target}: {screenshot(browser, page, target, size)} ({page})")
     return 0
 
 
