@@ -4,8 +4,9 @@ Reads the point records (evalkit/sweep/points.py) and each completed point's run
 skipped with the earlier run that has its config), compares every completed point with a reference point
 (the first completed one unless chosen) through evalkit.compare, and writes into the sweep folder:
 ``report.csv``, ``report.md``, ``scores.png`` (each score per point with its stderr as error bars, one panel
-per task, metric and filter), ``throughput.png`` (tokens/s per point), ``report.html`` (the table and both
-images) and, per compared point, ``compare-<point>-vs-<reference>.md`` / ``.html`` (evalkit.compare's report).
+per task, metric and filter), ``throughput.png`` (tokens/s per point), ``report.html`` (the verdict in
+words, a compact table, both images: report_page.py) and, per compared point,
+``compare-<point>-vs-<reference>.md`` / ``.html`` (evalkit.compare's report).
 
 Columns (:data:`COLUMNS`): ``point``, ``overrides``, ``status``, then per task, metric and filter the run's
 ``value`` and ``stderr`` (lm-eval's), ``verdict`` and ``diff`` against the reference (evalkit.compare's, every
