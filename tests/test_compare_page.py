@@ -115,7 +115,7 @@ def test_the_page_leads_with_the_verdict_and_its_exit_code_then_the_compact_tabl
     inconclusive = int((table.verdict == "inconclusive").sum())
     needed = stats.documents_needed(0.02)
     assert first[1].words() == (f"candidate is worse than reference on {worse} of {m} rows; {inconclusive} "
-                                f"inconclusive (too few documents ({needed} needed, 12 here)) (exit {code})")
+                                f"inconclusive — too few documents ({needed} needed, 12 here) (exit {code})")
     assert "fail" in first[1].attrs["class"]
 
     scores = body.all("table")[0]
@@ -205,10 +205,14 @@ def test_the_headline_words_for_equivalent_and_better_and_an_empty_table():
                           "relative": False})
     assert report_page.headline(table, exit_code=verdict.gate([table]), needed=149) == (
         "equivalent within ±0.02 on all 3 rows (exit 0)", "pass")
-    better = table.assign(verdict=["better", "equivalent", "inconclusive"])
+    better = table.assign(verdict=["better", "equivalent", "inconclusive"], n=[400, 400, 100])
     assert report_page.headline(better, exit_code=0, needed=149) == (
-        "candidate is better than reference on 1 of 3 rows; 1 equivalent, 1 inconclusive (the intervals reach "
-        "past the tolerance) (exit 0)", "unsure")
+        "candidate is better than reference on 1 of 3 rows; 1 equivalent, 1 inconclusive — too few documents "
+        "(149 needed, 100 here) (exit 0)", "unsure")
+    mixed = better.assign(verdict=["inconclusive", "equivalent", "inconclusive"])  # one of them not for its size
+    assert report_page.headline(mixed, exit_code=0, needed=149)[0] == (
+        "inconclusive on 2 of 3 rows: 1 with too few documents (149 needed, 100 here), 1 see the notes; 1 equivalent "
+        "(exit 0)")
     assert report_page.headline(table.iloc[:0], exit_code=0, needed=149) == ("nothing compared (exit 0)", "unsure")
 
 

@@ -32,10 +32,14 @@ def tolerance_words(table: pd.DataFrame) -> str:
 
 
 def inconclusive_reason(table: pd.DataFrame, needed: int | None) -> str:
-    few = table[(table["verdict"] == "inconclusive") & (table["method"] == "tango")]
-    if needed is not None and len(few) and (few["n"] < needed).all():
-        return f"too few documents ({needed} needed, {int(few['n'].max())} here)"
-    return "the intervals reach past the tolerance"
+    """Why the inconclusive rows are: 0/1 rows with fewer documents than the tolerance needs, or their notes."""
+    rows = table[table["verdict"] == "inconclusive"]
+    few = rows[(rows["method"] == "tango") & (rows["n"] < (needed or 0))]
+    if len(few) == 0:
+        return "the intervals reach past the tolerance (see the notes)"
+    counted = f"{needed} needed, {int(few['n'].max())} here"
+    return (f"too few documents ({counted})" if len(few) == len(rows) else
+            f"{len(few)} with too few documents ({counted}), {len(rows) - len(few)} see the notes")
 
 
 def headline(table: pd.DataFrame, *, exit_code: int | None, needed: int | None) -> tuple[str, str]:
@@ -61,8 +65,9 @@ def headline(table: pd.DataFrame, *, exit_code: int | None, needed: int | None) 
     else:
         lead = f"inconclusive on {_rows(counts['inconclusive'], m)}: {inconclusive_reason(table, needed)}"
         shown = ("inconclusive",)
-    rest = ", ".join(f"{counts[v]} {v}" + (f" ({inconclusive_reason(table, needed)})" if v == "inconclusive" else "")
-                     for v in verdict.VERDICTS if counts[v] and v not in shown)
+    rest = ", ".join(f"{counts[v]} {v}" for v in verdict.VERDICTS if counts[v] and v not in shown)
+    if counts["inconclusive"] and "inconclusive" not in shown:
+        rest += f" — {inconclusive_reason(table, needed)}"
     mine = verdict.gate([table])
     code = "" if exit_code is None else f" (exit {exit_code}" + (
         ": another candidate is worse)" if exit_code and not mine else ")")
@@ -81,7 +86,8 @@ def diff_text(row: pd.Series) -> str:
         return ""
     scale, unit, digits = (100.0, "%", "+.2f") if (pd.notna(row.get("relative")) and bool(row.get("relative"))) else (1.0, "", "+.3f")
     low, high = row.get("ci_low"), row.get("ci_high")
-    interval = "" if pd.isna(low) or pd.isna(high) else f" [{low * scale:{digits}}, {high * scale:{digits}}]{unit}"
+    interval = "" if pd.isna(low) or pd.isna(high) else (
+        f" [{low * scale:{digits}}{unit}, {high * scale:{digits}}{unit}]")
     return f"{row['diff'] * scale:{digits}}{unit}{interval}"
 
 
