@@ -78,6 +78,12 @@ class Endpoint:
     timeout: float = 600.0  # seconds per request, from when it is sent (not while it waits here)
     retries: int = 3  # more tries of a request after a connection error, a timeout, 408, 429 or 5xx
     serve: bool = False  # evalkit starts the server itself from vllm_path, dtype, max_model_len, engine_kwargs
+    # names the weights behind endpoint.url (their hash, a release tag): answers are kept and reused under it; a server
+    # evalkit did not start cannot say which weights it serves, so with resume=true this is required (docs/served.md)
+    deployment: Optional[str] = None
+    # seconds to wait for a server that went away mid-run (noticed in ~15 s by its /health) to come back, then go on
+    # where it stopped; 0: fail at once in one line, finished answers kept
+    reconnect_wait: float = 0.0
 
 
 @dataclass
@@ -306,3 +312,5 @@ def check_endpoint(cfg: EvalConfig) -> None:
             raise ConfigError(f"endpoint.{name}={value} must be more than 0")
     if end.retries < 0:
         raise ConfigError(f"endpoint.retries={end.retries} must be 0 or more")
+    if end.reconnect_wait < 0:
+        raise ConfigError(f"endpoint.reconnect_wait={end.reconnect_wait} must be 0 or more (seconds)")

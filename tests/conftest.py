@@ -110,6 +110,8 @@ def hf_runs(tmp_path_factory) -> list[tuple[subprocess.CompletedProcess, object]
 # tests/test_served.py and tests/test_served_deployments.py (whose last test closes it) ---
 
 SERVED_TASKS = os.path.join(os.path.dirname(__file__), "served_tasks")
+# names the weights behind a server evalkit did not start, so its answers may be kept (docs/served.md)
+DEPLOYMENT = "endpoint.deployment=embedded-smollm2-135m-instruct"
 PROMPTS = ["The capital of France is", "2 + 3 =", "Question: What color is the sky?\nAnswer:", "Once upon a time"]
 
 
@@ -138,7 +140,7 @@ def served_runs(served, engine, tmp_path_factory):
     offline = evaluate(compose_config([*args, f"output_dir={tmp / 'offline'}"]),
                        engine_factory=lambda c, d: Lent(engine))
     online = evaluate(compose_config([*args, f"output_dir={tmp / 'served'}", "engine=served",
-                                      f"endpoint.url={served.client.url}"]), engine_factory=lambda c, d: Lent(served))
+                                      f"endpoint.url={served.client.url}", DEPLOYMENT]), engine_factory=lambda c, d: Lent(served))
     return offline, online
 
 
@@ -156,7 +158,7 @@ def through(proxy, embedded_model_dir, *overrides):
     """evalkit's served engine for the session's server, reached through the proxy (probed through it too)."""
     from evalkit.engine.factory import start_engines
 
-    cfg = compose_config(["engine=served", f"endpoint.url={proxy.url}", "endpoint.timeout=4", *overrides])
+    cfg = compose_config(["engine=served", f"endpoint.url={proxy.url}", "endpoint.timeout=4", DEPLOYMENT, *overrides])
     return start_engines(cfg, embedded_model_dir)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
-from tests.conftest import PROMPTS, score_requests, through
+from tests.conftest import DEPLOYMENT, PROMPTS, score_requests, through
 
 
 @pytest.mark.engine
@@ -153,7 +153,7 @@ def test_a_server_killed_mid_run_then_back_computes_only_what_is_missing(served,
     from evalkit.run.results import read_samples
     from evalkit.engine.served import ServedError
 
-    args = ["engine=served", f"endpoint.url={proxy.url}", "endpoint.retries=1", "endpoint.timeout=4",
+    args = ["engine=served", f"endpoint.url={proxy.url}", DEPLOYMENT, "endpoint.retries=1", "endpoint.timeout=4",
             "tasks=[evalkit_arith]", "limit=10", "chunk_size=2", f"output_dir={tmp_path}"]
     proxy.die_after = 2 + 6  # the probe's two completions, then six answers
     with pytest.raises(ServedError, match=r"^\d+ of \d+ requests failed: RemoteProtocolError"):

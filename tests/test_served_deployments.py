@@ -13,7 +13,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest
-from tests.conftest import EAGER, PROMPTS, SERVED_TASKS, score_requests, through
+from tests.conftest import DEPLOYMENT, EAGER, PROMPTS, SERVED_TASKS, score_requests, through
 
 
 @pytest.mark.engine
@@ -32,11 +32,11 @@ def test_a_server_that_cannot_be_evaluated_is_refused_in_one_line_and_nothing_is
         proxy.faults = ["wrong_ids"] if i == 2 else []  # the probe's first answer, with another prompt's ids
         out = tmp_path / str(i)
         with pytest.raises(ConfigError, match=message) as error:
-            evaluate(compose_config(["engine=served", *overrides, f"output_dir={out}"]))
+            evaluate(compose_config(["engine=served", DEPLOYMENT, *overrides, f"output_dir={out}"]))
         assert "\n" not in str(error.value) and not out.exists()
     out = tmp_path / "cli"
     done = subprocess.run([sys.executable, "-m", "evalkit", "engine=served", "endpoint.url=http://127.0.0.1:9/v1",
-                           "endpoint.retries=0", f"output_dir={out}"], capture_output=True, text=True, timeout=300)
+                           DEPLOYMENT, "endpoint.retries=0", f"output_dir={out}"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and not out.exists()
     assert done.stderr.strip().splitlines() == ["evalkit: error: the server at http://127.0.0.1:9/v1 did not answer "
                                                 "/v1/models: ConnectError: All connection attempts failed"]
@@ -86,7 +86,7 @@ def test_a_server_whose_echo_misses_the_prompt_runs_generation_and_refuses_log_l
     from tests.fault_proxy import openai_only
 
     openai_only(proxy, echo_covers_prompt=False)
-    args = ["engine=served", f"endpoint.url={proxy.url}", "limit=5"]
+    args = ["engine=served", f"endpoint.url={proxy.url}", DEPLOYMENT, "limit=5"]
     refused = tmp_path / "refused"
     done = subprocess.run([sys.executable, "-m", "evalkit", *args, "tasks=[evalkit_arith,evalkit_facts]",
                            f"output_dir={refused}"], capture_output=True, text=True, timeout=300)
@@ -124,7 +124,7 @@ def test_ctrl_c_cancels_the_requests_in_flight_on_the_server(served, tmp_path):
     log = tmp_path / "log"
     with open(log, "w") as out:
         run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", f"endpoint.url={served.client.url}",
-                                "tasks=[served_long]", f"tasks_dirs=[{SERVED_TASKS}]",
+                                DEPLOYMENT, "tasks=[served_long]", f"tasks_dirs=[{SERVED_TASKS}]",
                                 "+sampling_kwargs={min_tokens: 1000, ignore_eos: true}", f"output_dir={tmp_path}"],
                                stdout=out, stderr=out, process_group=0)
     deadline = time.monotonic() + 300
@@ -194,3 +194,83 @@ def test_close_stops_the_whole_server_group(served):
     served.close()
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)
+
+
+@pytest.mark.engine
+def test_an_answer_from_another_deployment_fails_the_run_and_nothing_of_it_is_kept(proxy, tmp_path):
+    """After the probe and three answers, the server's answers carry another system_fingerprint (a restart under
+    other settings, a replica of another build behind a load balancer): the run fails in one line naming the
+    change, and the store keeps the three answers of the probed deployment and nothing of the other."""
+    import subprocess
+    import sys
+    import threading
+
+    seen, lock = [0], threading.Lock()
+
+    def another_after_three(answer: dict) -> dict:
+        with lock:
+            seen[0] += 1
+            if seen[0] > 2 + 3:  # the probe's two completions, then three answers
+                answer["system_fingerprint"] = "vllm-0.32.0-0badc0de"
+        return answer
+
+    proxy.rewrite = another_after_three
+    done = subprocess.run([sys.executable, "-m", "evalkit", "engine=served", f"endpoint.url={proxy.url}", DEPLOYMENT,
+                           "endpoint.max_concurrency=1", "tasks=[evalkit_arith]", "limit=8", f"output_dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("evalkit: error: ServedError: 5 of 8 requests failed: the server's system_fingerprint "
+                           "changed from vllm-") and "to vllm-0.32.0-0badc0de: another deployment answers at" in last, last
+    assert "Traceback" not in done.stderr and "gpu_memory_utilization" not in done.stderr, done.stderr[-3000:]
+    (store,) = (tmp_path / "smollm2-135m-instruct" / ".requests").glob("*.jsonl")
+    assert len(store.read_text().splitlines()) == 3
+
+
+@pytest.mark.engine
+def test_a_server_shut_down_mid_run_fails_the_run_in_one_line_and_keeps_its_answers(tmp_path):
+    """endpoint.serve=true, one 300-token generation at a time; once one is finished, SIGTERM to vLLM's API server
+    (a rolling restart, a preempted pod): it aborts the request in flight and stops listening but keeps the open
+    connection waiting. The run notices (its /health refused) and ends in one line about the server, with the
+    finished answers kept, though endpoint.timeout is an hour."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true",
+                                "endpoint.max_concurrency=1", "endpoint.timeout=3600", "tasks=[served_long]",
+                                f"tasks_dirs=[{SERVED_TASKS}]", "max_tokens=300",
+                                "+sampling_kwargs={min_tokens: 300, ignore_eos: true}", "gpu_memory_utilization=0.15",
+                                EAGER, f"output_dir={tmp_path / 'result'}"], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 900
+        while not (found := re.search(r"evalkit: engine=served: http://127.0.0.1:(\d+)/v1", log.read_text())):
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        root = f"http://127.0.0.1:{found.group(1)}"
+        while metric(root, "vllm:request_success_total") < 2 + 1 or metric(root, "vllm:num_requests_running") < 1:
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]  # the probe's 2, one
+            time.sleep(0.5)
+        (api,) = [p for p in psutil.Process(run.pid).children(recursive=True)  # the server, not its guard
+                  if "vllm.entrypoints.openai.api_server" in p.cmdline() and "GUARD" not in p.cmdline()]
+        api.send_signal(signal.SIGTERM)
+        terminated = time.monotonic()
+        code = run.wait(timeout=600)  # far below endpoint.timeout=3600: it returned because it noticed
+        print(f"\nSIGTERM to the server: the run ended {time.monotonic() - terminated:.1f} s later")
+    finally:
+        run.kill()
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("evalkit: error:")]
+    assert len(errors) == 1, text[-3000:]
+    failed = re.fullmatch(rf"evalkit: error: ServedError: (\d) of 5 requests failed: the server at {root} is gone \(its "
+                          r"/health did not answer 3 times in a row while requests were in flight: shut down or "
+                          r"restarted\)", errors[0])
+    assert failed and "Traceback" not in text, text[-3000:]
+    (store,) = (tmp_path / "result" / "smollm2-135m-instruct" / ".requests").glob("*.jsonl")
+    assert len(store.read_text().splitlines()) == 5 - int(failed.group(1)) >= 1  # every finished answer kept

@@ -170,6 +170,128 @@ def test_a_served_store_is_keyed_on_the_deployment_and_the_tokenizer_not_the_url
     assert fingerprint(str(tmp_path), served) != first
 
 
+class Stalls(BaseHTTPRequestHandler):
+    """A POST whose body asks to stall is held open without an answer until the test lets it go, as vLLM's server
+    leaves a request in flight on a keep-alive connection while it shuts down; others are answered at once."""
+
+    release = threading.Event()
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self._answer(200 if self.path == "/health" else 404)
+
+    def do_POST(self):  # noqa: N802
+        if json.loads(self.rfile.read(int(self.headers["Content-Length"]))).get("stall"):
+            self.release.wait(60)
+        self._answer(200)
+
+    def _answer(self, status):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"ok": true}')
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(handler, port=0):
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def shut_down_gracefully(server, after: float) -> None:
+    """Like vLLM's server on SIGTERM: stop accepting connections (new ones are refused), keep the open ones."""
+    time.sleep(after)
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_server_that_goes_away_with_requests_in_flight_is_noticed_long_before_the_timeout():
+    """Two requests answered, two held open by a server that then stops listening: the watcher finds /health
+    refused on new connections and the held ones fail naming the server, while the timeout is 600 s."""
+    Stalls.release.clear()
+    server = serve(Stalls)
+    client = Client(f"http://127.0.0.1:{server.server_port}/v1", api_key=None, max_concurrency=4, timeout=600,
+                    retries=3, backoff=0.01, health_poll=0.2)
+    threading.Thread(target=shut_down_gracefully, args=(server, 1.0), daemon=True).start()
+    started = time.monotonic()
+    try:
+        answers = client.post_many("/completions", [{}, {"stall": True}, {}, {"stall": True}])
+    finally:
+        Stalls.release.set()
+    assert answers[0] == answers[2] == {"ok": True}  # finished answers are kept
+    gone = f"the server at http://127.0.0.1:{server.server_port} is gone (its /health did not answer 3 times in a row"
+    assert all(isinstance(a, Failure) and a.reason.startswith(gone) for a in (answers[1], answers[3])), answers
+    assert time.monotonic() - started < 60  # far from the 600 s timeout: noticed, not waited for
+
+
+def test_a_server_back_within_reconnect_wait_gets_the_unfinished_requests_again():
+    Stalls.release.clear()
+    server = serve(Stalls)
+    port = server.server_port
+    client = Client(f"http://127.0.0.1:{port}/v1", api_key=None, max_concurrency=4, timeout=600, retries=3,
+                    backoff=0.01, health_poll=0.2, reconnect_wait=60)
+    back = []
+
+    def restart():
+        shut_down_gracefully(server, 1.0)
+        time.sleep(2.0)  # gone for a while: the watcher notices, then waits
+        Stalls.release.set()  # the old server's held requests end with it
+        back.append(serve(Stalls, port))
+
+    threading.Thread(target=restart, daemon=True).start()
+    answers = client.post_many("/completions", [{}, {"stall": True}])
+    assert answers == [{"ok": True}, {"ok": True}]  # the held one sent again to the server that came back
+    back[0].shutdown()
+
+
+def test_what_names_a_servers_weights(tmp_path):
+    """The rule (docs/served.md, "Which answers are reused"): a server evalkit started is keyed on the content of
+    the weights it started it from; a server it did not start only on the id the user gives, and without one its
+    answers cannot be kept; each changes the store's name."""
+    from evalkit.engine.served_probe import ServerRefused, weights_identity
+
+    (tmp_path / "model.safetensors").write_bytes(b"Q4")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    started = weights_identity(started_from=str(tmp_path), deployment_id=None, keeps_answers=True, url="")
+    (tmp_path / "model.safetensors").write_bytes(b"Q8")  # other weights at the same path
+    replaced = weights_identity(started_from=str(tmp_path), deployment_id=None, keeps_answers=True, url="")
+    assert set(started) == {"weights"} and started != replaced
+    given = weights_identity(started_from=None, deployment_id="q4-2026-11", keeps_answers=True, url="http://h/v1")
+    assert given == {"id": "q4-2026-11"}
+    with pytest.raises(ServerRefused, match=r"^the server at http://h/v1 cannot say which weights it serves .*"
+                                            r"pass endpoint.deployment=ID.* or resume=false to keep none$"):
+        weights_identity(started_from=None, deployment_id=None, keeps_answers=True, url="http://h/v1")
+    assert weights_identity(started_from=None, deployment_id=None, keeps_answers=False, url="http://h/v1") == {}
+    served = {"name": "served", "engine_args": {"tokenizer": str(tmp_path)},
+              "deployment": {"model": "default", "root": None, "max_model_len": None, "version": None}}
+    keys = {fingerprint(str(tmp_path), {**served, "deployment": {**served["deployment"], **identity}})
+            for identity in (started, replaced, given, {"id": "q8-2026-12"})}
+    assert len(keys) == 4  # llama.cpp serving Q4 then Q8 as "default": two stores, never one
+
+
+def test_a_server_evalkit_did_not_start_needs_a_deployment_id_to_keep_answers(tmp_path):
+    """Through the CLI: one line naming endpoint.deployment, exit 2, nothing written, nothing sent."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "evalkit", "engine=served", "endpoint.url=http://127.0.0.1:9/v1",
+                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and not (tmp_path / "out").exists(), done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "evalkit: error: the server at http://127.0.0.1:9/v1 cannot say which weights it serves (vLLM's "
+        "system_fingerprint hashes its configuration, not its weights): pass endpoint.deployment=ID, an id that "
+        "changes when the deployed weights do (their hash, a release tag), so its answers are kept under it; or "
+        "resume=false to keep none"]
+
+
+def test_reconnect_wait_is_checked():
+    with pytest.raises(ConfigError, match=r"^endpoint.reconnect_wait=-1.0 must be 0 or more \(seconds\)$"):
+        validate(compose_config(["engine=served", "endpoint.url=http://h/v1", "endpoint.reconnect_wait=-1"]))
+
+
 def test_more_than_128_next_token_ids_go_in_several_bodies_that_vllm_accepts(embedded_model_dir):
     """200 two-token choices behind one question (" is" and one of 200 tokens), chained as ServedEngine chains
     them: the 200 last tokens share one context, and vLLM 0.32 takes at most 128 logprob_token_ids a request.

@@ -41,9 +41,12 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
     import os
 
     from evalkit.engine.served import ServedEngine
-    from evalkit.engine.served_http import Client
+    from evalkit.engine.served_http import Client, without_credentials
+    from evalkit.engine.served_probe import weights_identity
 
     end = cfg.endpoint
+    identity = weights_identity(started_from=model_dir if end.serve else None, deployment_id=end.deployment,
+                                keeps_answers=cfg.resume, url=without_credentials(end.url or ""))
     server = None
     if end.serve:
         from evalkit.engine.served_start import start_server
@@ -51,11 +54,12 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
         server = start_server(cfg, model_dir)
     url = server.url if server else end.url
     client = Client(url, api_key=os.environ.get(end.api_key_env) if end.api_key_env else None,
-                    max_concurrency=end.max_concurrency, timeout=end.timeout, retries=end.retries)
+                    max_concurrency=end.max_concurrency, timeout=end.timeout, retries=end.retries,
+                    reconnect_wait=end.reconnect_wait)
     try:
         engine = ServedEngine(client=client, model=end.model, tokenizer=cfg.tokenizer or model_dir,
                               trust_remote_code=cfg.trust_remote_code, add_bos_token=cfg.add_bos_token,
-                              max_model_len=cfg.max_model_len, server=server)
+                              max_model_len=cfg.max_model_len, server=server, identity=identity)
     except BaseException:
         if server:
             server.stop()

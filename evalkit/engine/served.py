@@ -49,7 +49,8 @@ class ServedEngine(TokenizerSide):
     through vLLM's fields where it has them (api: vllm), else through the OpenAI API alone (api: openai)."""
 
     def __init__(self, *, client: Client, model: str | None, tokenizer: str, trust_remote_code: bool,
-                 add_bos_token: bool | None, max_model_len: int, server: Any = None) -> None:
+                 add_bos_token: bool | None, max_model_len: int, server: Any = None,
+                 identity: dict[str, str] | None = None) -> None:
         self.client = client
         self.server = server  # the server evalkit started (served_start.py), stopped by close(); None otherwise
         self.tokenizer_path = tokenizer
@@ -59,7 +60,7 @@ class ServedEngine(TokenizerSide):
         self._counts: Counter[str] = Counter()
         # next-token reads share the server's prefix cache with one another, and with no other client's requests
         self.cache_salt = salt()
-        self.deployment = deployment(client, model, max_model_len)
+        self.deployment = {**deployment(client, model, max_model_len), **(identity or {})}  # weights_identity
         self.model = self.deployment["model"]
         self.probed = probe(self)
         self.api = self.probed["api"]  # "vllm": read through vLLM's fields; "openai": the OpenAI API alone
@@ -92,6 +93,10 @@ class ServedEngine(TokenizerSide):
                     if isinstance(response, Failure):
                         reasons[i] = response.reason
                         continue
+                    changed = self._other_deployment(response)
+                    if changed:
+                        reasons[i] = changed
+                        continue
                     answers[i] = read(requests[i], response)
                     reasons.pop(i, None)
                     if progress:
@@ -106,6 +111,17 @@ class ServedEngine(TokenizerSide):
         if reasons:
             raise failed(answers, reasons[min(reasons)])
         return answers
+
+    def _other_deployment(self, response: Any) -> str | None:
+        """Why an answer is not the probed deployment's: its system_fingerprint differs from the probe's (a server
+        restarted under other settings or version, a replica of another build behind a load balancer). Such an
+        answer is never read or kept, so no run mixes two deployments' answers."""
+        seen = response.get("system_fingerprint") if isinstance(response, dict) else None
+        if seen == self.probed["system_fingerprint"]:
+            return None
+        return (f"the server's system_fingerprint changed from {self.probed['system_fingerprint']} (at the probe) to "
+                f"{seen}: another deployment answers at {self.url()}; its answers were not kept, run again to "
+                "evaluate it as itself")
 
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
         side = body if self.api == "vllm" else openai

@@ -63,6 +63,31 @@ def deployment(client: Client, model: str | None, max_model_len: int) -> dict[st
             "version": None if isinstance(version, Failure) else version.get("version")}
 
 
+def weights_identity(*, started_from: str | None, deployment_id: str | None, keeps_answers: bool,
+                     url: str) -> dict[str, str]:
+    """What names the weights behind a server, for the request store's key (docs/served.md, "Which answers are
+    reused"). No server says which weights it serves: vLLM's ``system_fingerprint`` hashes its configuration
+    (version, parallel layout, dtype, attention backend), not its weights, and a model name is an alias. So:
+
+    * a server evalkit started (``endpoint.serve=true``) from a local folder or a hub id: the content hash of
+      those weights (:func:`evalkit.engine.fingerprint.model_files`, as the offline engine's store);
+    * a server evalkit did not start: ``endpoint.deployment``, an id the user gives that changes when the weights
+      do (a checkpoint's hash, a release tag); without one its answers cannot be kept (``resume=true``), and the
+      run is refused in one line before anything is sent;
+    * both, when both are given."""
+    from evalkit.engine.fingerprint import model_files, sha256
+
+    identity = {"weights": sha256(model_files(started_from))} if started_from else {}
+    if deployment_id:
+        identity["id"] = deployment_id
+    if not identity and keeps_answers:
+        raise ServerRefused(f"the server at {url} cannot say which weights it serves (vLLM's system_fingerprint "
+                            "hashes its configuration, not its weights): pass endpoint.deployment=ID, an id that "
+                            "changes when the deployed weights do (their hash, a release tag), so its answers are "
+                            "kept under it; or resume=false to keep none")
+    return identity
+
+
 def probe(engine: Any) -> dict[str, Any]:
     """What the server was found to do, checked on a known prompt before anything is scored:
 
