@@ -320,3 +320,17 @@ def test_more_than_128_next_token_ids_go_in_several_bodies_that_vllm_accepts(emb
         verified(body.next_token_body(context, ids, "m", "salt"))
     with pytest.raises(VLLMValidationError, match="greater than max allowed: 128"):
         verified(body.next_token_body(question + (is_,), list(range(1000, 1200)), "m", "salt"))
+
+
+def test_locate_restarts_a_served_run_recorded_without_a_deployment_id():
+    """--locate keeps no answers, so a served run recorded before endpoint.deployment existed (or with
+    resume=false) starts its engine again without one."""
+    from dataclasses import asdict
+
+    from evalkit.compare.locate_engines import config_from
+    from evalkit.engine.served_probe import weights_identity
+
+    recorded = asdict(compose_config(["engine=served", "endpoint.url=http://h/v1"]))
+    cfg = config_from(recorded, [], "--cand-engine")
+    assert not cfg.resume and cfg.endpoint.deployment is None
+    assert weights_identity(started_from=None, deployment_id=None, keeps_answers=cfg.resume, url="http://h/v1") == {}

@@ -70,7 +70,8 @@ def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -
         raise LocateError(f"{flag}: {error}") from None
     except Exception as error:  # OmegaConf's type errors are several lines: keep the first
         raise LocateError(f"{flag}: {str(error).splitlines()[0]}") from None
-    return replace(cfg, data_parallel_size=1)  # one engine is enough for a few prefills
+    # one engine is enough for a few prefills; a trace keeps no answers (a served run needs no endpoint.deployment)
+    return replace(cfg, data_parallel_size=1, resume=False)
 
 
 def model_folder(cfg: EvalConfig, recorded: str | None, *, overridden: bool, side: str, run: str) -> str:
