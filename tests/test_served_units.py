@@ -334,3 +334,22 @@ def test_locate_restarts_a_served_run_recorded_without_a_deployment_id():
     cfg = config_from(recorded, [], "--cand-engine")
     assert not cfg.resume and cfg.endpoint.deployment is None
     assert weights_identity(started_from=None, deployment_id=None, keeps_answers=cfg.resume, url="http://h/v1") == {}
+
+
+def test_a_sweeps_served_point_is_done_only_while_the_weights_evalkit_served_are_unchanged(tmp_path):
+    """A completed endpoint.serve=true run is keyed on the weights it served; the sweep's check reads them again,
+    so other weights at the same path run the point again."""
+    from evalkit.engine.served_probe import weights_identity
+    from evalkit.sweep.points import described_here
+
+    (tmp_path / "model.safetensors").write_bytes(b"Q4")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    identity = weights_identity(started_from=str(tmp_path), deployment_id=None, keeps_answers=True, url="")
+    recorded = {"name": "served", "engine_args": {"tokenizer": str(tmp_path)}, "model_dir": str(tmp_path),
+                "deployment": {"model": "m", "root": None, "max_model_len": None, "version": "0.32.0", **identity}}
+    machine = {"versions": {}, "hardware": {}}
+    assert fingerprint(str(tmp_path), described_here(recorded, machine)) == \
+        fingerprint(str(tmp_path), {**recorded, **machine})
+    (tmp_path / "model.safetensors").write_bytes(b"Q8")
+    assert fingerprint(str(tmp_path), described_here(recorded, machine)) != \
+        fingerprint(str(tmp_path), {**recorded, **machine})
