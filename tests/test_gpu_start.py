@@ -25,7 +25,7 @@ def h100(n: int, free: int) -> dict:
     return {"name": H100, "uuid": f"GPU-{n}a{n}b-0000", "total": 80 * GIB, "free": free}
 
 
-def run_on_gpus(tmp_path: Path, gpus: list[dict], *args: str, initialised: bool = False):
+def run_on_gpus(tmp_path: Path, gpus: list[dict], *args: str, initialised: bool = False, engine_error: str = ""):
     """``python -m evalkit limit=1 ...`` on the recreated machine: (the completed process, the records)."""
     root = tmp_path / "machine"
     (root / "proc/driver/nvidia").mkdir(parents=True)
@@ -39,6 +39,8 @@ def run_on_gpus(tmp_path: Path, gpus: list[dict], *args: str, initialised: bool 
                FAKE_NVML=json.dumps(gpus), EVALKIT_TEST_RECORD=str(record))
     if initialised:
         env["EVALKIT_TEST_CUDA_INITIALISED"] = "1"
+    if engine_error:
+        env["EVALKIT_TEST_LLM_ERROR"] = engine_error
     done = subprocess.run([sys.executable, "-m", "evalkit", "limit=1", f"output_dir={tmp_path / 'out'}", "resume=false",
                            *args], capture_output=True, text=True, timeout=600, env=env)
     lines = record.read_text().splitlines() if record.exists() else []
@@ -66,6 +68,18 @@ def test_no_cuda_call_before_the_engine_and_a_utilization_that_fits_a_busy_gpu(t
     assert call["kwargs"]["gpu_memory_utilization"] == 0.36  # (30 - 1) / 80, rounded down
     assert "evalkit: chose gpu_memory_utilization=0.36" in done.stderr
     assert "enforce_eager" not in call["kwargs"] and "block_size" not in call["kwargs"]  # no CPU choices on GPUs
+
+
+def test_the_memory_back_off_lowers_the_utilization_that_fitted_not_the_one_asked(tmp_path):
+    """After an out-of-memory failure at the 0.56 chosen for a busy GPU, the next try asks 0.46, not 0.56 again
+    (0.9 - 0.1 = 0.8 does not fit either, and would be fitted down to 0.56 once more)."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    done, records = run_on_gpus(tmp_path, [h100(0, 46 * GIB), h100(1, 79 * GIB)], "gpu_memory_utilization=0.9",
+                                "oom_retry.max_attempts=2", "oom_retry.utilization_floor=0.3", engine_error=oom)
+    assert done.returncode == 1, done.stderr[-3000:]
+    tries = [r["kwargs"]["gpu_memory_utilization"] for r in records if r["kind"] == "vllm.LLM"]
+    assert tries == [0.56, 0.46], done.stderr[-3000:]
+    assert done.stderr.count("evalkit: chose gpu_memory_utilization=0.56") == 1
 
 
 def test_vllm_spawns_where_cuda_was_initialised_anyway(tmp_path):

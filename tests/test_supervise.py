@@ -205,8 +205,8 @@ def fake_tries(tmp_path, monkeypatch):
     """fake_tries("oom", "ok") makes the next supervise() see those tries; returns the config to run."""
     from evalkit.run import supervise as module
 
-    for check in ("check_devices", "check_model"):
-        monkeypatch.setattr(module.preflight, check, lambda *args: None)
+    monkeypatch.setattr(module.preflight, "check_devices", lambda *args: None)
+    monkeypatch.setattr(module.preflight, "check_model", lambda cfg, *args: cfg.gpu_memory_utilization)
     monkeypatch.setattr(module.preflight, "resolve_model_path", lambda path: path)
 
     def plan(*tries):
@@ -293,7 +293,8 @@ import sys
 from evalkit.config import EvalConfig
 from evalkit.run import supervise as module
 
-module.preflight.check_devices = module.preflight.check_model = lambda *args: None
+module.preflight.check_devices = lambda *args: None
+module.preflight.check_model = lambda cfg, *args: cfg.gpu_memory_utilization
 module.preflight.resolve_model_path = lambda path: path
 sys.executable = sys.argv[1]  # the stand-in try
 try:

@@ -86,22 +86,24 @@ def model_context_length(model_dir: str) -> tuple[int, str] | None:
     return length, key
 
 
-def check_model(cfg: EvalConfig, model_dir: str) -> None:
+def check_model(cfg: EvalConfig, model_dir: str) -> float:
     """The model against the config and this machine: its length, its heads against tensor_parallel_size, and
-    the free memory of the GPUs its engine will run on."""
+    the free memory of the GPUs its engine will run on. Returns the gpu_memory_utilization the engine can start
+    with (cfg's, or with tune the lower one that fits what other processes left free: fit_utilization)."""
     stated = model_context_length(model_dir)
     if stated and cfg.max_model_len > stated[0]:
         raise ConfigError(f"max_model_len={cfg.max_model_len} exceeds what {cfg.model_name} supports "
                           f"({stated[0]}, {stated[1]} in config.json); pass max_model_len={stated[0]} or less")
     if cfg.engine == "served" and not cfg.endpoint.serve:
-        return  # the model runs on the server, as the server was started
+        return cfg.gpu_memory_utilization  # the model runs on the server, as the server was started
     config = model_config(model_dir)
     if config is not None:
         check_heads(config, cfg.tensor_parallel_size, cfg.model_name)
     if local_engine(cfg) and cfg.engine != "hf":
         ranks = devices_per_engine(cfg)  # the engine's GPUs: the first of those this process may use
-        fit_utilization(cfg.gpu_memory_utilization, gpus.visible_gpus()[:ranks],
-                        weights_per_gpu(model_dir, cfg.dtype, ranks), choose=cfg.tune)
+        return fit_utilization(cfg.gpu_memory_utilization, gpus.visible_gpus()[:ranks],
+                               weights_per_gpu(model_dir, cfg.dtype, ranks), choose=cfg.tune)
+    return cfg.gpu_memory_utilization
 
 
 def local_engine(cfg: EvalConfig) -> bool:

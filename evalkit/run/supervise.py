@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +41,7 @@ from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
 from evalkit.engine.backoff import classify, next_settings, root_cause, weights_failure
 from evalkit.engine.process_group import end_group, signal_group
 from evalkit.engine.fingerprint import answers_key
+from evalkit.engine.tuning import Choice
 from evalkit.run.lock import result_lock
 from evalkit.run.progress import RunLog, Terminal, show_failure
 
@@ -194,7 +195,11 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     wait_for_lock: seconds to wait for a run that holds these answers' lock (a sweep's points), else refuse."""
     validate(cfg)  # the checks here, before any process starts; the try repeats them
     preflight.check_devices(cfg)
-    preflight.check_model(cfg, preflight.resolve_model_path(cfg.vllm_path))
+    fits = preflight.check_model(cfg, preflight.resolve_model_path(cfg.vllm_path))
+    if fits < cfg.gpu_memory_utilization:  # the tries start there, and the memory back-off lowers from there
+        print(Choice("gpu_memory_utilization", fits, f"{cfg.gpu_memory_utilization:g} of the GPU is not free: other "
+                     "processes hold part of it").line(), file=sys.stderr, flush=True)
+        cfg = replace(cfg, gpu_memory_utilization=fits)
     lock = result_lock(cfg.output_dir, cfg.model_name, answers_key(cfg)).acquire(wait=wait_for_lock)
     try:
         log = RunLog(Path(cfg.output_dir) / cfg.model_name / ".logs")

@@ -9,7 +9,8 @@ Set by the environment, and only where EVALKIT_TEST_GPU_ROOT is set:
   reads, ``torch.cuda._raw_device_count_nvml``/``_raw_device_uuid_nvml``, report the same);
 * EVALKIT_TEST_RECORD: a file that gets one JSON line per call of the CUDA runtime (each then fails, as
   nothing may call it before vLLM starts), and one for the call of ``vllm.LLM``, with the environment and
-  arguments it was called with; the call then fails, so the run ends there;
+  arguments it was called with; the call then fails, so the run ends there (with EVALKIT_TEST_LLM_ERROR's text
+  where that is set, e.g. vLLM's out-of-memory error, for the memory back-off);
 * EVALKIT_TEST_CUDA_INITIALISED=1: the process has the CUDA driver loaded (a libcuda.so line in what evalkit
   reads for /proc/self/maps), as after a library called the CUDA runtime before vLLM started.
 
@@ -67,7 +68,7 @@ class Recorder:
     def __init__(self, *args, **kwargs):
         env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "PYTORCH_", "CUDA_"))}
         record("vllm.LLM", env=env, kwargs=kwargs)
-        raise RuntimeError("vllm.LLM was reached (recorded by tests/gpu_machine)")
+        raise RuntimeError(os.environ.get("EVALKIT_TEST_LLM_ERROR", "vllm.LLM was reached (recorded by tests/gpu_machine)"))
 
 
 def patch_vllm(vllm) -> None:
