@@ -9,9 +9,9 @@ test for 0/1 metrics averaged over documents, a paired bootstrap of the mean dif
 metrics, the delta method for lm-eval's perplexity family (evalkit/compare/ratio.py), and for other corpus-level
 metrics (BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation. Verdicts are Holm-adjusted
 over every row of every candidate (compare_family, evalkit/compare/verdict.py), with resamples sized to that
-family, so the exit code is a family-wise test at --alpha. A metric whose direction (``higher_is_better``) is unknown is compared
-unoriented. The sample-level view lists flipped documents, diverging generations, finish-reason and length
-shifts, and log-probability drift on log-likelihood tasks.
+family, so the exit code is a family-wise test at --alpha. A metric whose direction (``higher_is_better``) is
+unknown is compared unoriented. The sample-level view lists flipped documents, diverging generations,
+finish-reason and length shifts, and log-probability drift on log-likelihood tasks.
 
 The runs on disk and the like-for-like check: runs.py; the command line: cli.py.
 """
@@ -117,7 +117,8 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
         ref_samples, cand_samples = reference.samples[task], candidate.samples[task]
         for filt in sorted({f for _, f in ref_samples}):
             pairs = [(ref_samples[k], cand_samples[k]) for k in sorted(k for k in ref_samples if k[1] == filt)]
-            yield task, filt, pairs, [m for m in pairs[0][0].get("metrics", []) if all(m in s for p in pairs for s in p)]
+            metrics = [m for m in pairs[0][0].get("metrics", []) if all(m in s for p in pairs for s in p)]
+            yield task, filt, pairs, metrics
 
 
 def planned_rows(reference: Run, candidate: Run) -> int:
