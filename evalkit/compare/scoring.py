@@ -126,8 +126,11 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
     names = {aggregation(results, t, metric)[0] for t in tasks}
     if len(names) == 1 and all(analytic(results, t, metric) for t in tasks):
         name = names.pop()
-        read = ratio.read([ratio.stratum(r, c, name) for r, c in pairs], w, name, relative=tolerance.relative)
-        if np.allclose(read.scores, scores, rtol=1e-9, atol=0.0):
+        try:
+            read = ratio.read([ratio.stratum(r, c, name) for r, c in pairs], w, name, relative=tolerance.relative)
+        except (TypeError, ValueError, ZeroDivisionError):  # not the values the ratio is made of: bootstrapped
+            read = None
+        if read is not None and np.allclose(read.scores, scores, rtol=1e-9, atol=0.0):
             return (*stats.delta_reading(read, **reading), f"delta stratified {name}", 0.0)
     means = [is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)]
     aggregates = [aggregation(results, t, metric)[1] for t in tasks]

@@ -288,7 +288,10 @@ def delta_reading(reading: ratio.Reading, *, tolerance: float, confidence: float
 def _delta(reference: Sequence[Any], candidate: Sequence[Any], name: str, scores: tuple[float, float], *,
            relative: bool, **settings: Any) -> tuple[Interval, dict[str, float]] | None:
     """The analytic reading of a perplexity-family row, None where it does not reproduce lm-eval's scores."""
-    reading = ratio.read([ratio.stratum(reference, candidate, name)], [1.0], name, relative=relative)
+    try:
+        reading = ratio.read([ratio.stratum(reference, candidate, name)], [1.0], name, relative=relative)
+    except (TypeError, ValueError, ZeroDivisionError):  # not the values the aggregation's ratio is made of
+        return None
     if not np.allclose(reading.scores, scores, rtol=1e-9, atol=0.0):
         return None
     return delta_reading(reading, **settings)
