@@ -34,7 +34,8 @@ from scipy.special import bdtr, bdtrc, gammaln, xlogy
 
 GRID = 48  # nuisance values tried across the boundary, denser at both ends, before the largest few are refined
 END_FLIPS = np.geomspace(0.25, 64.0, 17)  # and at these expected counts of the rarer flip (or concordance) at each end
-REFINED = 3  # grid maxima refined, each ZOOMS times between its neighbours on ZOOM_POINTS values
+STEP_FLIPS, MAX_STEPS = 16.0, 2048  # and at most this many expected flips apart (at most MAX_STEPS values)
+REFINED = 3  # the grid's highest peaks refined, each ZOOMS times between its neighbours on ZOOM_POINTS values
 ZOOMS, ZOOM_POINTS = 3, 12
 SPREAD = 8.0  # binomial standard deviations of discordant counts summed; the mass outside is added (an upper bound)
 SIDES = ("below", "above")
@@ -96,13 +97,23 @@ def boundary(delta: float) -> tuple[float, float]:
 
 
 def nuisance_grid(n: int, delta: float, points: int = GRID) -> np.ndarray:
-    """Nuisance values across the boundary, dense at both ends: where few documents flip one way (or few stay
-    concordant) the tail probability moves most with pc (a few expected flips more or less), and that is where
-    its largest values lie (measured over dense grids up to 20,000 documents: within about 20 expected flips)."""
+    """Nuisance values across the boundary, dense at both ends, and at most STEP_FLIPS expected flips apart.
+
+    The tail probability undulates with pc: measured over dense grids up to 20,000 documents, with a period of
+    about 60 expected flips (of the rarer kind, or of concordant documents) near the ends and a little more
+    across, its largest values within a few hundred flips of an end; near the ends it moves most per flip."""
     low, high = boundary(delta)
     across = low + (high - low) * (1 - np.cos(np.pi * np.linspace(0.0, 1.0, points))) / 2
+    steps = np.linspace(low, high, min(MAX_STEPS, int(np.ceil(n * (high - low) / STEP_FLIPS)) + 1))
     ends = np.concatenate([low + END_FLIPS / n, high - END_FLIPS / n])
-    return np.unique(np.concatenate([across, ends[(ends > low) & (ends < high)]]))
+    return np.unique(np.concatenate([across, steps, ends[(ends > low) & (ends < high)]]))
+
+
+def peaks(values: np.ndarray, count: int) -> np.ndarray:
+    """The indices of the count largest local maxima of values (plateaus count once, ends included)."""
+    padded = np.concatenate([[-np.inf], values, [-np.inf]])
+    local = np.flatnonzero((padded[1:-1] >= padded[:-2]) & (padded[1:-1] > padded[2:]))
+    return local[np.argsort(values[local])[-count:]]
 
 
 def tail_p(n: int, delta: float, score: float, side: str) -> float:
@@ -110,9 +121,9 @@ def tail_p(n: int, delta: float, score: float, side: str) -> float:
     limits = thresholds(n, delta, score, side)
     grid = nuisance_grid(n, delta)
     values = tail_probability(limits, n, delta, grid, side)
-    spans = [(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]) for i in np.argsort(values)[-REFINED:]]
+    spans = [(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]) for i in peaks(values, REFINED)]
     best = float(values.max())
-    for a, b in spans:  # between the neighbours of each largest value, finer and finer
+    for a, b in spans:  # between the neighbours of each highest peak, finer and finer
         for _ in range(ZOOMS):
             local = np.linspace(a, b, ZOOM_POINTS)
             found = tail_probability(limits, n, delta, local, side)
