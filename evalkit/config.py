@@ -74,7 +74,7 @@ class Endpoint:
     url: Optional[str] = None  # base URL with /v1, e.g. http://127.0.0.1:8000/v1 (null with serve=true)
     model: Optional[str] = None  # the served model name; null: the only one /v1/models lists
     api_key_env: Optional[str] = None  # NAME of the environment variable holding the API key (never the key)
-    max_concurrency: int = 16  # requests in flight at once
+    max_concurrency: int = 256  # the most requests in flight; within it, as many as the server batches (/metrics)
     timeout: float = 600.0  # seconds per request, from when it is sent (not while it waits here)
     retries: int = 3  # more tries of a request after a connection error, a timeout, 408, 429 or 5xx
     serve: bool = False  # evalkit starts the server itself from vllm_path, dtype, max_model_len, engine_kwargs

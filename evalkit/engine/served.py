@@ -54,7 +54,8 @@ class ServedEngine(TokenizerSide):
         self.client = client
         self.server = server  # the server evalkit started (served_start.py), stopped by close(); None otherwise
         self.tokenizer_path = tokenizer
-        self.tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code, add_bos_token=add_bos_token)
+        self.tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code, add_bos_token=add_bos_token,
+                                        with_vllm=False)  # a client machine needs no vLLM
         self.max_model_len = max_model_len
         self.trust_remote_code = trust_remote_code
         self._counts: Counter[str] = Counter()

@@ -1,7 +1,8 @@
 """engine=served, the HTTP half: requests to an OpenAI-compatible server, a bounded number in flight, retried.
 
 A batch of bodies is fed from a queue to a fixed pool of ``max_concurrency`` workers (never one pending task
-per request), each sending one request at a time. A request's ``timeout`` counts from when it is sent, not
+per request), each sending one request at a time, while the window of ``served_concurrency.py`` lets them: as
+many in flight as the server batches. A request's ``timeout`` counts from when it is sent, not
 while it waits here. Connection errors, timeouts, HTTP 408, 429 and 5xx are retried with exponential
 back-off (tenacity), ``retries`` more times; any other status is that request's failure. A batch never
 raises for one request: each answer is the response's JSON or a :class:`Failure`, and the caller decides.
@@ -21,6 +22,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
+
+from evalkit.engine.served_concurrency import Gate, Window
 
 RETRIED_STATUS = {408, 429}  # and every 5xx
 GONE_STATUS = {502, 503, 504}  # /health answered by a gateway with no server behind it, or a dead engine
@@ -79,6 +82,7 @@ class Client:
         self.max_backoff = max_backoff
         self.reconnect_wait = reconnect_wait  # seconds to wait for a server that went away to come back
         self.health_poll = health_poll
+        self.peak_in_flight = 0  # the most requests this client had in flight at once
 
     def root(self) -> str:
         """The server's root URL (the base URL without its trailing /v1), where /version and /health live."""
@@ -129,18 +133,23 @@ class Client:
             queue.put_nowait(i)
         workers = min(self.max_concurrency, len(todo))
         limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+        gate = Gate(Window(cap=workers))  # as many in flight as the server batches (served_concurrency.py)
         # httpx's own timeouts are per read; the request's whole time is bounded by asyncio.wait_for below
         async with httpx.AsyncClient(headers=self.headers, limits=limits, timeout=None) as client:
             async def worker() -> None:
                 while not queue.empty():
                     i = queue.get_nowait()
-                    answers[i] = await self._one(client, *calls[i])
+                    async with gate:
+                        answers[i] = await self._one(client, *calls[i])
                     if done:
                         done(i)
 
             pool = asyncio.ensure_future(asyncio.gather(*(worker() for _ in range(workers))))
             watcher = asyncio.ensure_future(self._watch())
+            tuner = asyncio.ensure_future(gate.tune(f"{self.root()}/metrics", self.headers))
             await asyncio.wait({pool, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            tuner.cancel()
+            self.peak_in_flight = max(self.peak_in_flight, gate.peak)
             if pool.done():
                 watcher.cancel()
                 pool.result()

@@ -1,6 +1,8 @@
 """The tokenizer half of the Engine contract: loaded as lm-eval's vllm backend loads it, and its methods.
 
-vLLM is imported lazily (its ``get_tokenizer``), so a data-parallel pool can keep a tokenizer beside its engines.
+vLLM is imported lazily (its ``get_tokenizer``), so a data-parallel pool can keep a tokenizer beside its engines;
+the served engine loads the same tokenizer with transformers alone (``hf_tokenizer``), so a client machine needs
+no vLLM (tests/test_served_client.py holds the ids of both loaders equal).
 """
 
 from __future__ import annotations
@@ -16,8 +18,19 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "chat_te
                    "video_preprocessor_config.json")
 
 
-def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | None) -> Any:
-    """The tokenizer as lm-eval's vllm backend loads it (vLLM's get_tokenizer; add_bos_token only when set)."""
+def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | None, with_vllm: bool = True) -> Any:
+    """The tokenizer as lm-eval's vllm backend loads it (vLLM's get_tokenizer; add_bos_token only when set).
+    with_vllm=False (the served engine): with transformers alone, where the folder is no Mistral-format one."""
+    if not with_vllm and not mistral_format(path):
+        return hf_tokenizer(path, trust_remote_code=trust_remote_code, add_bos_token=add_bos_token)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        if with_vllm:
+            raise
+        raise ValueError(f"the tokenizer at {path} is in Mistral's format (tekken.json or tokenizer.model.v*), which "
+                         "only vLLM's loader reads: install vLLM beside evalkit, or pass tokenizer= a folder in "
+                         "Hugging Face's format") from None
     try:
         from vllm.tokenizers import get_tokenizer
     except ImportError:  # vLLM before the tokenizers package
@@ -25,6 +38,32 @@ def load_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | 
 
     extra = {"add_bos_token": add_bos_token} if add_bos_token is not None else {}
     return get_tokenizer(path, trust_remote_code=trust_remote_code, **extra)
+
+
+def mistral_format(path: str) -> bool:
+    """Whether a local folder holds a tokenizer vLLM would load in its mistral mode (tekken.json or
+    tokenizer.model.v*, vllm/tokenizers/registry.py 0.32); a hub id is taken to be in Hugging Face's format."""
+    folder = Path(path)
+    return folder.is_dir() and ((folder / "tekken.json").is_file() or any(folder.glob("tokenizer.model.v*")))
+
+
+def hf_tokenizer(path: str, *, trust_remote_code: bool, add_bos_token: bool | None) -> Any:
+    """What vLLM 0.32's get_tokenizer returns for a Hugging Face tokenizer (tokenizer_mode auto, generate runner),
+    with transformers only: AutoTokenizer with truncation on the left, and special tokens lower-cased where a
+    sentence-transformers config says do_lower_case. vLLM's CachedTokenizer only caches properties: ids are the
+    same."""
+    from transformers import AutoTokenizer
+
+    extra = {"add_bos_token": add_bos_token} if add_bos_token is not None else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=None,
+                                              truncation_side="left", **extra)
+    try:
+        lower = json.loads((Path(path) / "sentence_bert_config.json").read_text()).get("do_lower_case", False)
+    except (OSError, ValueError, AttributeError):
+        lower = False
+    if lower:
+        tokenizer.add_special_tokens({k: v.lower() for k, v in tokenizer.special_tokens_map.items()})
+    return tokenizer
 
 
 def model_type(path: str) -> str | None:
