@@ -132,6 +132,7 @@ def test_a_report_that_cannot_be_written_keeps_the_verdicts_exit_code(tmp_path, 
     assert code == expected and "| t " in out and "verdicts: " in out
     assert err.startswith(f"evalkit.compare: the report could not be written to {cand}") and err.count("\n") == 1
     assert "--output DIR" in err and "Traceback" not in err
+    assert not [p.name for p in cand.iterdir() if p.name.startswith(".tmp-")]  # nothing half-written left
     code, out, err = compare(ref, cand, "--output", tmp_path / "reports")
     assert code == expected and err == ""
     names = sorted(p.name for p in (tmp_path / "reports").iterdir())

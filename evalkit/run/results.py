@@ -276,8 +276,12 @@ def write_beside(run_dir: Path, files: dict[str, str]) -> list[Path]:
     for name, text in files.items():
         final = Path(run_dir) / name
         tmp = final.with_name(f".tmp-{name}-{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, final)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, final)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # nothing half-written left in the run folder
+            raise
         written.append(final)
     return written
 
