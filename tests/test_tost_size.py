@@ -108,3 +108,9 @@ def test_bootstrap_limits_are_the_ones_bootstrap_p_inverts():
         assert (tost.bootstrap_p(statistics, t, "above") < ALPHA) == (t < low)
         assert (tost.bootstrap_p(statistics, t, "below") < ALPHA) == (high < t)
     assert tost.bootstrap_limits(statistics[:10], ALPHA) == (-np.inf, np.inf)  # 10 resamples reject nothing
+
+
+def test_no_table_is_no_p_value():
+    for b, c, n in [(0, 0, 0), (3, 0, 2), (-1, 0, 5)]:
+        with pytest.raises(ValueError, match="no valid paired table"):
+            tost.tango_p(b, c, n, -0.02, "below")

@@ -137,6 +137,8 @@ def tango_p(b: int, c: int, n: int, bound: float, side: str) -> float:
     """p-value for H1: p_cand - p_ref < bound (side "below") or > bound ("above"), from b, c of n documents."""
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    if n <= 0 or b < 0 or c < 0 or b + c > n:
+        raise ValueError(f"no valid paired table: b={b}, c={c}, n={n}")
     if not -1.0 < bound < 1.0:
         return 1.0 if (side == "below") == (bound <= -1.0) else 0.0
     return tail_p(n, bound, float(tango_scores(bound, np.array([b]), np.array([c]), n)[0]), side)
