@@ -40,7 +40,8 @@ client() {
     if [ -n "$dry" ]; then echo "+ (check: no vllm, no torch; evalkit's served engine imports)"; return; fi
     .venv/bin/python -c "import importlib.util as u, sys, evalkit.engine.served
 found = [m for m in ('vllm', 'torch') if u.find_spec(m)]
-sys.exit(f'install.sh: the client .venv has {found}: run ./install.sh client again' if found else None)
+if found:
+    sys.exit(f'install.sh: the client .venv has {found}: run ./install.sh client again')
 print('install.sh: check: no vLLM, no torch; engine=served imports')"
     echo "$made" > .venv/evalkit-target
     echo "evalkit installed in .venv (client: engine=served only, no vLLM)"
