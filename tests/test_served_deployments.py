@@ -1,7 +1,8 @@
 """engine=served against servers that are not what the offline engine is: the session's real vLLM server
 (tests/conftest.py ``served``) refused when it cannot be evaluated as configured, made by a proxy to ignore
-vLLM's fields as other servers do (read through echo), stopped mid-run by Ctrl-C, and evalkit killed by
-SIGKILL with a server of its own. The last test here closes the session's server.
+vLLM's fields as other servers do (read through echo), stopped mid-run by Ctrl-C, answering as another
+deployment mid-run (its system_fingerprint), shut down by SIGTERM mid-run (a server of the run's own), and
+evalkit killed by SIGKILL with a server of its own. The last test here closes the session's server.
 Run: pytest -m engine tests/test_served_deployments.py
 """
 
@@ -143,60 +144,6 @@ def test_ctrl_c_cancels_the_requests_in_flight_on_the_server(served, tmp_path):
 
 
 @pytest.mark.engine
-def test_no_server_process_is_left_after_sigkill_of_evalkit(tmp_path):
-    """python -m evalkit with endpoint.serve=true, killed by SIGKILL once its server answers: the try dies with
-    its supervisor (the watchdog), the server's guard with the try (PR_SET_PDEATHSIG), and the guard takes the
-    server's whole process group (API server, engine core, worker) with it."""
-    import re
-    import signal
-    import subprocess
-    import sys
-
-    import psutil
-
-    log = tmp_path / "log"
-    with open(log, "w") as out:
-        run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true", "limit=40",
-                                "gpu_memory_utilization=0.15", EAGER, f"output_dir={tmp_path / 'result'}"],
-                               stdout=out, stderr=out)
-    deadline = time.monotonic() + 600
-    while not re.search(r"evalkit: engine=served: ", log.read_text()):
-        assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
-    guards = [p for p in psutil.Process(run.pid).children(recursive=True)  # not the session's server's guard
-              if "evalkit.engine.served_start" in " ".join(p.cmdline()) and "GUARD" in p.cmdline()]
-    (guard,) = guards
-    group = os.getpgid(guard.pid)
-    def in_group(proc) -> bool:
-        try:
-            return os.getpgid(proc.pid) == group
-        except ProcessLookupError:
-            return False
-
-    assert sum(map(in_group, psutil.process_iter())) >= 3  # the guard, the API server, the engine core
-    run.send_signal(signal.SIGKILL)
-    run.wait()
-    killed = time.monotonic()
-    while time.monotonic() - killed < 30:
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"the server's group {group} is still alive 30 s after SIGKILL of evalkit")
-    print(f"\nSIGKILL of evalkit with endpoint.serve=true: the server's group gone after {time.monotonic() - killed:.1f} s")
-
-
-@pytest.mark.engine
-def test_close_stops_the_whole_server_group(served):
-    group = served.server.process.pid
-    served.close()
-    with pytest.raises(ProcessLookupError):
-        os.killpg(group, 0)
-
-
-@pytest.mark.engine
 def test_an_answer_from_another_deployment_fails_the_run_and_nothing_of_it_is_kept(proxy, tmp_path):
     """After the probe and three answers, the server's answers carry another system_fingerprint (a restart under
     other settings, a replica of another build behind a load balancer): the run fails in one line naming the
@@ -274,3 +221,57 @@ def test_a_server_shut_down_mid_run_fails_the_run_in_one_line_and_keeps_its_answ
     assert failed and "Traceback" not in text, text[-3000:]
     (store,) = (tmp_path / "result" / "smollm2-135m-instruct" / ".requests").glob("*.jsonl")
     assert len(store.read_text().splitlines()) == 5 - int(failed.group(1)) >= 1  # every finished answer kept
+
+
+@pytest.mark.engine
+def test_no_server_process_is_left_after_sigkill_of_evalkit(tmp_path):
+    """python -m evalkit with endpoint.serve=true, killed by SIGKILL once its server answers: the try dies with
+    its supervisor (the watchdog), the server's guard with the try (PR_SET_PDEATHSIG), and the guard takes the
+    server's whole process group (API server, engine core, worker) with it."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true", "limit=40",
+                                "gpu_memory_utilization=0.15", EAGER, f"output_dir={tmp_path / 'result'}"],
+                               stdout=out, stderr=out)
+    deadline = time.monotonic() + 600
+    while not re.search(r"evalkit: engine=served: ", log.read_text()):
+        assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    guards = [p for p in psutil.Process(run.pid).children(recursive=True)  # not the session's server's guard
+              if "evalkit.engine.served_start" in " ".join(p.cmdline()) and "GUARD" in p.cmdline()]
+    (guard,) = guards
+    group = os.getpgid(guard.pid)
+    def in_group(proc) -> bool:
+        try:
+            return os.getpgid(proc.pid) == group
+        except ProcessLookupError:
+            return False
+
+    assert sum(map(in_group, psutil.process_iter())) >= 3  # the guard, the API server, the engine core
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    killed = time.monotonic()
+    while time.monotonic() - killed < 30:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"the server's group {group} is still alive 30 s after SIGKILL of evalkit")
+    print(f"\nSIGKILL of evalkit with endpoint.serve=true: the server's group gone after {time.monotonic() - killed:.1f} s")
+
+
+@pytest.mark.engine
+def test_close_stops_the_whole_server_group(served):
+    group = served.server.process.pid
+    served.close()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)
