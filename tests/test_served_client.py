@@ -197,7 +197,7 @@ def test_the_window_doubles_while_full_and_falls_to_what_the_server_runs():
     window.seen(running=START, waiting=0, in_flight=START)
     assert window.limit == 2 * START
     window.seen(running=20, waiting=0, in_flight=20)  # not full: stays
-    window.seen(running=3, waiting=0, in_flight=2 * START)  # full, but the server has not seen them yet: stays
+    window.seen(running=0, waiting=0, in_flight=2 * START)  # full, but the server has not seen them yet: stays
     assert window.limit == 2 * START
     window.seen(running=24, waiting=9, in_flight=33)
     assert window.limit == 24

@@ -4,8 +4,10 @@ A server that batches decodes faster with more requests in flight, up to its own
 past it, requests wait in its queue, where their ``timeout`` runs and nothing goes faster. So the window of
 requests in flight starts at ``START`` (or the cap), doubles while every slot is taken and the server queues
 nothing, and, when the server says it queues (vLLM's ``/metrics``: ``vllm:num_requests_waiting`` above 0),
-falls to what it runs (``vllm:num_requests_running``); it doubles only while the server runs at least as many as
-the window, so a reading taken before the server has seen our requests does not grow it. ``endpoint.max_concurrency`` caps it, so evalkit's
+falls to what it runs (``vllm:num_requests_running``); a reading while the server runs nothing (it has not seen
+our requests yet) does not grow it. The server is asked only while the window is full: with fewer requests than
+the window there is nothing to learn, and on a small machine the server's own process renders the page on the
+cores its engine uses. ``endpoint.max_concurrency`` caps it, so evalkit's
 memory stays flat (a fixed pool of that many workers, never one task per request). A server without vLLM's
 ``/metrics`` gets the cap, and its 429s are retried with back-off as before (``served_http.py``).
 """
@@ -52,7 +54,7 @@ class Window:
         """Follow one reading of the server's load, with in_flight of ours sent and unanswered."""
         if waiting > 0:
             self.limit = max(1, min(self.cap, running))
-        elif in_flight >= self.limit and running >= self.limit:  # it runs every one of ours: try more
+        elif in_flight >= self.limit and running > 0:  # it queues none of ours: try more
             self.limit = min(self.cap, self.limit * 2)
 
     def unknown(self) -> None:
@@ -88,6 +90,8 @@ class Gate:
         async with httpx.AsyncClient(headers=headers, timeout=max(poll * 4, 2.0)) as fresh:
             while True:
                 await asyncio.sleep(poll)
+                if self.in_flight < self.window.limit:
+                    continue
                 try:
                     response = await fresh.get(metrics_url)
                     load = server_load(response.text) if response.status_code == 200 else None
