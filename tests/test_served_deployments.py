@@ -271,7 +271,11 @@ def test_no_server_process_is_left_after_sigkill_of_evalkit(tmp_path):
 
 @pytest.mark.engine
 def test_close_stops_the_whole_server_group(served):
+    """Every process of the server's group is gone when close() returns; a zombie (an orphan that init reaps late
+    on this machine) holds no memory and counts as gone, as evalkit/engine/process_group.py defines it."""
+    from evalkit.engine.process_group import live_members
+
     group = served.server.process.pid
+    assert live_members(group)
     served.close()
-    with pytest.raises(ProcessLookupError):
-        os.killpg(group, 0)
+    assert live_members(group) == []
