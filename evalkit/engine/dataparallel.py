@@ -143,6 +143,7 @@ class DataParallelEngine(TokenizerSide):
         self.connected_here = connect(cfg)
         self.resources = actor_resources(cfg, ray.cluster_resources())
         self.shards = cfg.data_parallel_size
+        self.trust_remote_code = cfg.trust_remote_code
         self.tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,
                                         add_bos_token=cfg.add_bos_token)
         self.queue = Queue(actor_options={"num_cpus": 0})
@@ -154,7 +155,6 @@ class DataParallelEngine(TokenizerSide):
         self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
         self.descriptions: list[dict[str, Any]] = [{} for _ in self.actors]
         self.replaced = 0
-        self.trust_remote_code = cfg.trust_remote_code
         try:
             self._one_gpu_model()
             for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
