@@ -17,13 +17,13 @@ from evalkit.compare.why import NOISE_FLOOR, Localisation
 MAX_WHY = 5  # flips plotted (report.py shows as many in full)
 
 
-def _png(fig) -> bytes:
+def png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     return buffer.getvalue()
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +39,7 @@ DIFFERENCES = ("Each row's difference (dot) with its interval (bar), in units of
 
 def differences_plot(table: pd.DataFrame, tolerance: float) -> page.Plot | None:
     """The intervals against the tolerance band; None with fewer than two rows (the table says it all)."""
-    plt = _pyplot()
+    plt = pyplot()
     table = table[table["ci_low"].notna() & table["ci_high"].notna()]  # rows not compared have no interval
     if len(table) < 2:
         return None
@@ -54,7 +54,7 @@ def differences_plot(table: pd.DataFrame, tolerance: float) -> page.Plot | None:
     ax.set_yticks(list(y), labels)
     ax.invert_yaxis()  # the table's order, top to bottom
     ax.set_xlabel("(candidate - reference) / the row's tolerance; green: within it")
-    plot = page.Plot(_png(fig), DIFFERENCES)
+    plot = page.Plot(png(fig), DIFFERENCES)
     plt.close(fig)
     return plot
 
@@ -65,14 +65,14 @@ def drift_plot(drift: list[float], floor: float) -> page.Plot:
     if not moved:
         return page.Plot(None, f"no log-probability drift above the noise floor ({floor:g} nats) on {len(drift)} "
                                "choices of the log-likelihood tasks")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.2))
     ax.hist(drift, bins=min(50, max(10, len(set(drift)))))
     ax.axvspan(-floor, floor, color="tab:green", alpha=0.3, label=f"noise floor ±{floor:g}")
     ax.set_xlabel("candidate - reference log-probability per choice (nats)")
     ax.set_ylabel("choices")
     ax.legend(loc="best")
-    plot = page.Plot(_png(fig), f"{len(moved)} of {len(drift)} choices moved beyond the noise floor ({floor:g} "
+    plot = page.Plot(png(fig), f"{len(moved)} of {len(drift)} choices moved beyond the noise floor ({floor:g} "
                                 f"nats), the largest by {max(map(abs, moved)):.3g}: a spread centred on 0 is "
                                 "rounding; a shifted or wide one, a candidate that computes something else.")
     plt.close(fig)
@@ -85,14 +85,14 @@ def length_plot(shift: list[int]) -> page.Plot:
     if not changed:
         return page.Plot(None, f"no output length changed: all {len(shift)} generations have as many tokens in "
                                "both runs")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.2))
     ax.hist(shift, bins=[b - 0.5 for b in range(min(shift), max(shift) + 2)], rwidth=0.85)  # a bar per integer
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("candidate - reference output tokens per document")
     ax.set_ylabel("documents")
-    plot = page.Plot(_png(fig), f"{len(changed)} of {len(shift)} generations changed length (mean shift "
+    plot = page.Plot(png(fig), f"{len(changed)} of {len(shift)} generations changed length (mean shift "
                                 f"{sum(shift) / len(shift):+.2f} tokens): bars right of 0 are longer answers, left "
                                 "shorter; a tall bar at the maximum length means answers now run out of tokens.")
     plt.close(fig)
@@ -121,7 +121,7 @@ def why_plots(why: Localisation | None) -> dict[str, page.Plot]:
     tokens) along each of the worst flips' sequences, up to its divergence (x = 0)."""
     if why is None or not why.flips:
         return {}
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     for flip in sorted(why.flips, key=lambda f: -(f.ref_side.margin or 0.0))[:MAX_WHY]:
         x = [p - (flip.prompt_tokens + flip.index - 1) for p in range(len(flip.deltas))]
@@ -136,6 +136,6 @@ def why_plots(why: Localisation | None) -> dict[str, page.Plot]:
                "engine's before each divergence (x = 0), for the worst flips: inside the green noise floor up to 0, "
                "the flip is a near-tie or chance; lines that leave it earlier mean the candidate computes another "
                "function (logit drift).")
-    images = {"Why: drift up to the divergence": page.Plot(_png(fig), caption)}
+    images = {"Why: drift up to the divergence": page.Plot(png(fig), caption)}
     plt.close(fig)
     return images

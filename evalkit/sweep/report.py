@@ -26,7 +26,6 @@ compares and writes.
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from evalkit.compare.plots import png, pyplot
 from evalkit.sweep import report_page
 from evalkit.sweep.points import PointRecord, SweepError, distinct_overrides, read_points, write_atomic
 
@@ -147,21 +147,6 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
     return verdicts, files
 
 
-def _png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    return buffer.getvalue()
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def label(point: int, overrides: str) -> str:
     return "\n".join([f"#{point}", *overrides.split()])
 
@@ -172,7 +157,7 @@ def width(points: int) -> float:
 
 def scores_png(table: pd.DataFrame) -> bytes:
     """Each task/metric/filter's score per point, stderr as error bars, one panel each."""
-    plt = _pyplot()
+    plt = pyplot()
     scored = table[table["value"].notna()]
     panels = list(scored.groupby(["task", "metric", "filter"], sort=True))
     size = (width(scored["point"].nunique()), 2.8 * max(1, len(panels)))
@@ -186,14 +171,14 @@ def scores_png(table: pd.DataFrame) -> bytes:
     if not panels:
         axes[0, 0].text(0.5, 0.5, "no completed point", ha="center", va="center")
     fig.tight_layout()
-    data = _png(fig)
+    data = png(fig)
     plt.close(fig)
     return data
 
 
 def throughput_png(table: pd.DataFrame) -> bytes:
     """tokens/s per point (prompt plus generated tokens per second in the engine)."""
-    plt = _pyplot()
+    plt = pyplot()
     speed = table[table["tokens_per_s"].notna()].drop_duplicates("point")
     fig, ax = plt.subplots(figsize=(width(len(speed)), 3.5))
     ax.bar(range(len(speed)), speed["tokens_per_s"].astype(float))
@@ -202,7 +187,7 @@ def throughput_png(table: pd.DataFrame) -> bytes:
     ax.set_title("Throughput per point")
     if speed.empty:
         ax.text(0.5, 0.5, "no completed point", ha="center", va="center", transform=ax.transAxes)
-    data = _png(fig)
+    data = png(fig)
     plt.close(fig)
     return data
 
