@@ -5,10 +5,10 @@ One ``vllm.entrypoints.openai.api_server`` of the embedded model (float32, eager
 evalkit's own ``endpoint.serve`` code and already up before any side's clock starts:
 
 * **evalkit served**: ``evaluate`` with ``engine=served`` on that server (its probe done at engine start, before
-  the clock), ``endpoint.max_concurrency`` at its default 16;
+  the clock), ``endpoint.max_concurrency`` at its default (256: as many in flight as the server batches);
 * **lm-eval local-completions**: lm-eval's ``LocalCompletionsAPI`` on the same server, as a careful user sets it:
   token ids (``tokenized_requests=True``), the same local tokenizer, ``max_length=4096`` (its default 2048 would
-  cut prompts), ``num_concurrent=8``, ``batch_size=8``;
+  cut prompts), ``num_concurrent`` and ``batch_size`` as ``--lm-eval-concurrent`` (8 by default);
 * **evalkit offline**: ``evaluate`` on a ``vllm.LLM`` in this process (the reference every side is compared with).
 
 Seconds are each side's evaluate/simple_evaluate wall for the task (harness included, engine or server already
@@ -16,9 +16,14 @@ up). Every side starts with a cold prefix cache: the server runs with ``VLLM_SER
 ``/reset_prefix_cache`` is called before each side (else the side that runs second would find the first's
 prompts cached). Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
 every choice. Tasks: evalkit_facts (0-shot, 4 numeric/short choices), evalkit_bench_mc (4 choices behind a
-~250-token few-shot context), evalkit_arith (3-shot generation), 30 documents each by default.
+~250-token few-shot context), evalkit_arith (3-shot generation), evalkit_bench_num_mc (4 choices of 4-6 digits,
+each several tokens) and evalkit_bench_fewshot_gen (5-shot generation of up to 128 tokens), 30 documents each
+by default (the last two made by the seeded make_data.py in benchmarks/tasks/, issue 31).
 
-Run: .venv/bin/python benchmarks/served.py [--limit N] [--out benchmarks/served.md]
+Two more tables (issue 31): the generation task's seconds against ``endpoint.max_concurrency`` on the same server,
+and the start of each client in a fresh process (imports, tokenizer, evalkit's probe; lm-eval's model init).
+
+Run: .venv/bin/python benchmarks/served.py [--limit N] [--lm-eval-concurrent N] [--out benchmarks/served.md]
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from _report import answers, primary_metric  # noqa: E402
 
 EMBEDDED = "embedded://smollm2-135m-instruct"
 BENCH_TASKS = ROOT / "benchmarks" / "tasks"
-TASKS = ["evalkit_facts", "evalkit_bench_mc", "evalkit_arith"]
+TASKS = ["evalkit_facts", "evalkit_bench_mc", "evalkit_arith", "evalkit_bench_num_mc", "evalkit_bench_fewshot_gen"]
+CONCURRENCY = [1, 4, 16, 256]  # endpoint.max_concurrency values timed on the generation task
 SETTINGS = ["+engine_kwargs.enforce_eager=true", f"tasks_dirs=[{BENCH_TASKS}]", "resume=false"]
 SIDES = ("evalkit served", "lm-eval local-completions", "evalkit offline")
 
@@ -59,7 +65,8 @@ def evalkit_task(cfg_args: list[str], engine: Any, task: str) -> tuple[float, di
     return (seconds, results, *answers(read_samples(run_dir, task)))
 
 
-def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: int) -> tuple[float, dict, list, list]:
+def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: int,
+                 concurrent: int = 8) -> tuple[float, dict, list, list]:
     """The same for lm-eval's local-completions on the server."""
     from lm_eval import simple_evaluate
 
@@ -67,13 +74,59 @@ def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: 
 
     manager, built = load_tasks([task], task_data={}, extra_dirs=[str(BENCH_TASKS)])
     args = {"model": model, "base_url": f"{server_url}/completions", "tokenizer_backend": "huggingface",
-            "tokenizer": model_dir, "tokenized_requests": True, "num_concurrent": 8, "max_retries": 3,
+            "tokenizer": model_dir, "tokenized_requests": True, "num_concurrent": concurrent, "max_retries": 3,
             "max_length": 4096}
     started = time.perf_counter()
     outcome = simple_evaluate(model="local-completions", model_args=args, tasks=built, task_manager=manager,
-                              limit=limit, batch_size=8, log_samples=True, bootstrap_iters=0)
+                              limit=limit, batch_size=concurrent, log_samples=True, bootstrap_iters=0)
     seconds = time.perf_counter() - started
     return (seconds, outcome["results"][task], *answers(outcome["samples"][task]))
+
+
+EVALKIT_START = """import sys, time
+t0 = time.perf_counter()
+from evalkit.config import compose_config
+from evalkit.engine.factory import start_served
+t1 = time.perf_counter()
+import evalkit.engine.tokenizer as tk
+loaded = tk.load_tokenizer
+def timed(*a, **k):
+    t = time.perf_counter(); out = loaded(*a, **k); timed.s = time.perf_counter() - t; return out
+tk.load_tokenizer = timed
+import evalkit.engine.served as served
+served.load_tokenizer = timed
+engine = start_served(compose_config(["engine=served", f"endpoint.url={sys.argv[1]}", "resume=false",
+                                      f"vllm_path={sys.argv[2]}"]), sys.argv[2])
+t2 = time.perf_counter()
+print(f"{t1 - t0:.2f} {timed.s:.2f} {t2 - t1 - timed.s:.2f} {t2 - t0:.2f} {'vllm' in sys.modules} {'torch' in sys.modules}")
+"""
+LM_EVAL_START = """import sys, time
+t0 = time.perf_counter()
+from lm_eval.models.openai_completions import LocalCompletionsAPI
+t1 = time.perf_counter()
+LocalCompletionsAPI(model=sys.argv[3], base_url=f"{sys.argv[1]}/completions", tokenizer_backend="huggingface",
+                    tokenizer=sys.argv[2], tokenized_requests=True, num_concurrent=8, max_length=4096)
+t2 = time.perf_counter()
+print(f"{t1 - t0:.2f} {t2 - t1:.2f} {t2 - t0:.2f} {'vllm' in sys.modules} {'torch' in sys.modules}")
+"""
+
+
+def start_times(url: str, model: str, model_dir: str, tries: int = 3) -> list[list[str]]:
+    """Rows: each client's start in fresh processes (tries each, the least shown): evalkit's served engine
+    (imports, tokenizer, probe and the rest of start_served) and lm-eval's LocalCompletionsAPI (import, init)."""
+    import subprocess
+
+    def best(code: str, *args: str) -> list[str]:
+        runs = [subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                               cwd=ROOT).stdout.split() for _ in range(tries)]
+        return min(runs, key=lambda r: float(r[-3]))
+
+    ours = best(EVALKIT_START, url, model_dir)
+    theirs = best(LM_EVAL_START, url, model_dir, model)
+    return [["evalkit served: imports / tokenizer / probe and the rest", f"{ours[0]} / {ours[1]} / {ours[2]}",
+             f"{ours[3]}", f"vllm {ours[4]}, torch {ours[5]}"],
+            ["lm-eval local-completions: import / model init", f"{theirs[0]} / {theirs[1]}", f"{theirs[2]}",
+             f"vllm {theirs[3]}, torch {theirs[4]}"]]
 
 
 def reset_prefix_cache(root: str) -> None:
@@ -87,6 +140,12 @@ def reset_prefix_cache(root: str) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=30, help="documents per task")
+    parser.add_argument("--lm-eval-concurrent", type=int, default=8,
+                        help="local-completions' num_concurrent and batch_size")
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks to time")
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
+                        help="endpoint.max_concurrency values timed on evalkit_bench_fewshot_gen (empty: none)")
+    parser.add_argument("--no-start", action="store_true", help="skip the clients' start times")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "served.md"), help="markdown copy of the table")
     options = parser.parse_args(argv)
 
@@ -109,16 +168,27 @@ def main(argv: list[str]) -> None:
         offline = start_vllm(compose_config([*base, "gpu_memory_utilization=0.25"]), model_dir)
     found: dict[str, dict[str, tuple]] = {}
     try:
-        for task in TASKS:
+        starts = [] if options.no_start else start_times(served.client.url, served.model, model_dir)
+        print(starts, flush=True)
+        for task in options.tasks.split(","):
             reset_prefix_cache(served.client.root())
             on_server = evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
                                       f"output_dir={out / 'served'}"], served, task)
             reset_prefix_cache(served.client.root())
-            lm_eval = lm_eval_task(served.client.url, served.model, model_dir, task, options.limit)
+            lm_eval = lm_eval_task(served.client.url, served.model, model_dir, task, options.limit,
+                                   options.lm_eval_concurrent)
             offline.llm.reset_prefix_cache()
             found[task] = {"evalkit served": on_server, "lm-eval local-completions": lm_eval,
                            "evalkit offline": evalkit_task([*base, f"output_dir={out / 'offline'}"], offline, task)}
             print(task, {side: f"{found[task][side][0]:.1f} s" for side in SIDES}, flush=True)
+        by_concurrency = []
+        for cap in [int(c) for c in options.concurrency.split(",") if c]:
+            reset_prefix_cache(served.client.root())
+            served.client.max_concurrency, served.client.peak_in_flight = cap, 0
+            seconds = evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
+                                    f"output_dir={out / 'served'}"], served, "evalkit_bench_fewshot_gen")[0]
+            by_concurrency.append([str(cap), f"{seconds:.1f}", str(served.client.peak_in_flight)])
+            print("max_concurrency", by_concurrency[-1], flush=True)
     finally:
         offline.close()
         served.close()
@@ -140,10 +210,16 @@ def main(argv: list[str]) -> None:
     total = {s: sum(found[t][s][0] for t in found) for s in SIDES}
     rows.append(["**all tasks**: seconds", *(f"{total[s]:.1f}" for s in SIDES)])
     rows.append(["server start (evalkit's endpoint.serve, probe included), s", f"{server_start:.1f}", "", ""])
-    text = "\n".join([f"- command: python benchmarks/served.py --limit {options.limit}",
+    text = "\n".join([f"- command: python benchmarks/served.py {' '.join(argv)}",
                       f"- machine: {os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.2f}",
                       f"- server: {served.describe()['deployment']}", "",
-                      tabulate(rows, headers=["measure", *SIDES], tablefmt="github", disable_numparse=True)])
+                      tabulate(rows, headers=["measure", *SIDES], tablefmt="github", disable_numparse=True), "",
+                      "evalkit_bench_fewshot_gen on the same server, by endpoint.max_concurrency (cold prefix cache):", "",
+                      tabulate(by_concurrency, headers=["max_concurrency", "seconds", "most in flight"],
+                               tablefmt="github", disable_numparse=True), "",
+                      "Start of each client in a fresh process (seconds, the fastest of 3):", "",
+                      tabulate(starts, headers=["client", "parts", "total", "imported"], tablefmt="github",
+                               disable_numparse=True)])
     print(text)
     Path(options.out).write_text(text + "\n")
 
