@@ -209,3 +209,37 @@ def test_the_window_doubles_while_full_and_falls_to_what_the_server_runs():
     page = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="a b"} 3.0\n'
             'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\nvllm:num_requests_running{engine="1"} 2.0\n')
     assert server_load(page) == (5, 1) and server_load("up 1\n") is None
+
+
+def test_chains_are_sent_only_where_they_cost_the_server_less():
+    """Choices of several tokens behind a short question are read whole (fewer requests); behind a long few-shot
+    context, or of one token each, they are chained (the context prefilled once)."""
+    from evalkit.contracts import ScoreRequest
+    from evalkit.engine.served import chaining_pays
+
+    def question(context_len: int, choice_len: int, first: int) -> list:
+        context = tuple(range(first, first + context_len))
+        return [ScoreRequest(ids=context + tuple(range(9000 + 10 * c, 9000 + 10 * c + choice_len)), start=context_len)
+                for c in range(4)]
+
+    digits = [r for q in range(30) for r in question(15, 5, 100 * q)]  # evalkit_bench_num_mc's shape
+    assert not chaining_pays(digits)
+    assert chaining_pays([r for q in range(30) for r in question(15, 1, 100 * q)])  # one-token choices
+    assert chaining_pays([r for q in range(30) for r in question(250, 5, 1000 * q)])  # behind a few-shot context
+
+
+@pytest.mark.engine
+def test_multi_token_choices_behind_a_long_context_chain_and_score_as_read_whole(served):
+    """Three-token choices behind a ~150-token context are chained (chaining_pays) and score as their prompt
+    log-probabilities do (fast=False)."""
+    from evalkit.contracts import ScoreRequest
+
+    context = tuple(served.encode("Question: what comes next? " * 20 + "\nAnswer:", True))
+    choices = [served.encode(text, False) for text in (" one two three", " four five six", " seven eight nine")]
+    requests = [ScoreRequest(ids=context + tuple(c), start=len(context)) for c in choices]
+    before = served.scoring_counts().get("chained", 0)
+    fast = served.score(requests, fast=True)
+    assert served.scoring_counts()["chained"] - before == len(requests)
+    plain = served.score(requests, fast=False)
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(fast, plain)) <= 1e-4
+    assert [s.is_greedy for s in fast] == [s.is_greedy for s in plain]
