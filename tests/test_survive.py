@@ -168,16 +168,20 @@ def test_signals_leave_no_engine_process_and_no_temporary_folder(tmp_path, sig, 
 
 
 def test_sigkill_of_the_supervisor_during_engine_start_leaves_no_engine_process(tmp_path):
-    out = tmp_path / "result"
+    """... and no folder of the try's: with its supervisor gone, the try removes it before it ends its group."""
+    out, tmpdir = tmp_path / "result", tmp_path / "tmp"
+    tmpdir.mkdir()
     run = start("tasks=[evalkit_facts]", "limit=40", f"output_dir={out}", "gpu_memory_utilization=0.25",
-                log=tmp_path / "log")
+                log=tmp_path / "log", tmpdir=tmpdir)
     session = attempt_session(run)
     wait_for(lambda: engine_running(session), run, "the engine started")
+    assert list(tmpdir.glob("evalkit-attempt-*"))
     run.kill()
     killed = time.time()
     run.wait()
     print(f"\nSIGKILL of the supervisor during engine start: every engine process gone after "
           f"{seconds_until_gone(session, killed):.1f} s")
+    assert list(tmpdir.glob("evalkit-attempt-*")) == []
 
 
 def test_sigterm_to_the_try_stops_the_run_and_is_not_read_as_out_of_memory(tmp_path):

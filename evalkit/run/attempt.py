@@ -19,6 +19,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -33,10 +34,31 @@ from evalkit.config import ConfigError, EvalConfig
 from evalkit.engine.environment import use_nvml_for_cuda_checks
 
 PR_SET_PDEATHSIG = 1
+GONE_WAIT = 0.2  # seconds a stop by signal looks for the supervisor's end (forsaken)
 
 
-def die_with_group(signum=None, frame=None) -> None:
+def die_with_group(*_: object, **__: object) -> None:
+    """Kill this process's group (the try and its engine); a signal handler's or end()'s arguments are ignored."""
     os.killpg(0, signal.SIGKILL)
+
+
+def forsaken(work: Path, supervisor: int, death: int | None) -> Callable[..., None]:
+    """die_with_group, removing the try's folder (SPEC's and OUTCOME's) first where the supervisor that made it is
+    gone (killed, even by SIGKILL): no one is left to read the outcome or to remove the folder.
+
+    gone: the supervisor's pipe closed. A stop by signal looks at that pipe for GONE_WAIT seconds first: the
+    kernel's parent-death SIGTERM can come while the supervisor's last threads still hold the pipe and its pid
+    (PR_SET_PDEATHSIG fires when the thread that started the try exits), so the new parent is no sign either."""
+
+    def end(gone: bool = False) -> None:
+        if not gone and death is not None:
+            ready, _, _ = select.select([death], [], [], GONE_WAIT)
+            gone = bool(ready) and not os.read(death, 1)  # end-of-file: its only writer is gone
+        if gone or os.getppid() != supervisor:
+            shutil.rmtree(work, ignore_errors=True)
+        die_with_group()
+
+    return end
 
 
 def die_with_parent() -> None:
@@ -94,31 +116,33 @@ def stop(signum: int, outcome: OutcomeFile, *, wait: bool, kill: Callable[[], No
         (kill or die_with_group)()
 
 
-def watchdog(signals: int, death: int | None, outcome: OutcomeFile) -> None:
+def watchdog(signals: int, death: int | None, outcome: OutcomeFile, end: Callable[..., None] = die_with_group) -> None:
     """Block until a signal arrives (its number written to the signals pipe by the C-level handler) or the
-    supervisor's pipe closes; then kill the group, this process and its engine included."""
+    supervisor's pipe closes; then kill the group (end), this process and its engine included."""
     ready, _, _ = select.select([signals] + ([death] if death is not None else []), [], [])
     if signals in ready:
-        stop(os.read(signals, 1)[0], outcome, wait=True)
-    die_with_group()
+        stop(os.read(signals, 1)[0], outcome, wait=True, kill=end)
+    end(gone=True)  # the supervisor's pipe closed: it is gone
 
 
-def guard(outcome: OutcomeFile, death: int | None) -> None:
+def guard(outcome: OutcomeFile, death: int | None, end: Callable[..., None] = die_with_group) -> None:
     """SIGTERM/SIGINT and the supervisor's death handled off the main thread (see the module docstring);
     the main thread's own handler does the same when it gets there first (or when a library took the wakeup fd)."""
     read, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write)  # the C-level handler writes the signal number here at once
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop(signum, outcome, wait=False))
-    threading.Thread(target=watchdog, args=(read, death, outcome), daemon=True, name="evalkit-watchdog").start()
+        signal.signal(sig, lambda signum, frame: stop(signum, outcome, wait=False, kill=end))
+    threading.Thread(target=watchdog, args=(read, death, outcome, end), daemon=True, name="evalkit-watchdog").start()
 
 
 def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
     use_nvml_for_cuda_checks()  # before lm-eval, transformers or vLLM import torch (evalkit/engine/environment.py)
     outcome = OutcomeFile(Path(outcome_file))
+    death = int(death_fd) if death_fd else None
+    end = forsaken(Path(outcome_file).parent, os.getppid(), death)
     die_with_parent()
-    guard(outcome, int(death_fd) if death_fd else None)
+    guard(outcome, death, end)
     from evalkit.harness.budget import PromptTooLong
     from evalkit.run.evaluate import evaluate
 
