@@ -6,12 +6,12 @@ line or 128 new tokens, so decoding dominates: the case where the number of requ
 Run: python benchmarks/tasks/evalkit_bench_fewshot_gen/make_data.py
 """
 
-import json
 import random
+import sys
 from pathlib import Path
 
-NAMES = ["Ann", "Ben", "Cleo", "Dev", "Ema", "Finn", "Gus", "Hana", "Ivo", "Jade"]
-THINGS = ["apples", "marbles", "stickers", "books", "shells", "coins", "pencils", "cards"]
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/tasks: task_data.py
+from task_data import NAMES, THINGS, write_rows  # noqa: E402
 
 rng = random.Random(20261232)
 rows = []
@@ -22,6 +22,4 @@ for i in range(100):
     question = (f"{name} buys {boxes} boxes of {thing} with {each} {thing} in each box. On the way home {name} "
                 f"loses {lost} {thing}. How many {thing} does {name} have at home?")
     rows.append({"id": i, "question": question, "answer": str(answer)})
-out = Path(__file__).with_name("test.jsonl")
-out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-print(f"wrote {len(rows)} problems to {out}")
+write_rows(__file__, rows, "problems")

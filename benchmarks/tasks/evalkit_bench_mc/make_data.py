@@ -5,12 +5,12 @@ behind the same ~200-token few-shot context (evalkit_bench_mc.yaml), the case pr
 Run: python benchmarks/tasks/evalkit_bench_mc/make_data.py
 """
 
-import json
 import random
+import sys
 from pathlib import Path
 
-NAMES = ["Ann", "Ben", "Cleo", "Dev", "Ema", "Finn", "Gus", "Hana", "Ivo", "Jade"]
-THINGS = ["apples", "marbles", "stickers", "books", "shells", "coins", "pencils", "cards"]
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/tasks: task_data.py
+from task_data import NAMES, THINGS, choice_row, write_rows  # noqa: E402
 
 rng = random.Random(20261211)
 rows = []
@@ -22,10 +22,5 @@ for i in range(100):
     question = (f"{name} has {start} {thing}. {name} gets {more} more {thing} and then gives {less} away. "
                 f"How many {thing} does {name} have now?")
     wrong = {answer + 1, answer - 1, answer + 10, start + more + less, start + more} - {answer}
-    choices = [answer, *rng.sample(sorted(wrong), 3)]
-    rng.shuffle(choices)
-    rows.append({"id": i, "question": question, "choices": [str(c) for c in choices],
-                 "answer": choices.index(answer)})
-out = Path(__file__).with_name("test.jsonl")
-out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-print(f"wrote {len(rows)} questions to {out}")
+    rows.append(choice_row(rng, i, question, answer, wrong))
+write_rows(__file__, rows, "questions")

@@ -5,9 +5,12 @@ model's tokenizer writes as one token per digit, so no choice is a one-token con
 scored token by token (chained next-token reads on a server). Run: python benchmarks/tasks/evalkit_bench_num_mc/make_data.py
 """
 
-import json
 import random
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/tasks: task_data.py
+from task_data import choice_row, write_rows  # noqa: E402
 
 rng = random.Random(20261231)
 rows = []
@@ -16,10 +19,5 @@ for i in range(100):
     answer = a * b
     question = f"What is {a} multiplied by {b}?"
     wrong = {answer + 10, answer - 10, answer + 100, a * (b + 1), a * (b - 1), (a + 1) * b} - {answer}
-    choices = [answer, *rng.sample(sorted(wrong), 3)]
-    rng.shuffle(choices)
-    rows.append({"id": i, "question": question, "choices": [str(c) for c in choices],
-                 "answer": choices.index(answer)})
-out = Path(__file__).with_name("test.jsonl")
-out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-print(f"wrote {len(rows)} questions to {out}")
+    rows.append(choice_row(rng, i, question, answer, wrong))
+write_rows(__file__, rows, "questions")

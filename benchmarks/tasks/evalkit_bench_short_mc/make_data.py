@@ -6,9 +6,12 @@ choices of a question share only their own ~60-token question.
 Run: python benchmarks/tasks/evalkit_bench_short_mc/make_data.py
 """
 
-import json
 import random
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # benchmarks/tasks: task_data.py
+from task_data import choice_row, write_rows  # noqa: E402
 
 PLACES = ["bakery", "library", "toy shop", "garden centre", "bookshop", "fruit stall", "hardware store", "cafe"]
 THINGS = ["boxes of pencils", "crates of apples", "bags of flour", "packs of cards", "jars of honey",
@@ -27,10 +30,5 @@ for i in range(100):
                 f"on {third} the {place} sold {sold} of them to a school. How many {thing} does the {place} "
                 f"have now?")
     wrong = {answer + 1, answer - 1, answer + 10, start + more + sold, start + more} - {answer}
-    choices = [answer, *rng.sample(sorted(wrong), 3)]
-    rng.shuffle(choices)
-    rows.append({"id": i, "question": question, "choices": [str(c) for c in choices],
-                 "answer": choices.index(answer)})
-out = Path(__file__).with_name("test.jsonl")
-out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-print(f"wrote {len(rows)} questions to {out}")
+    rows.append(choice_row(rng, i, question, answer, wrong))
+write_rows(__file__, rows, "questions")
