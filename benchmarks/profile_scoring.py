@@ -43,8 +43,8 @@ def child(task: str) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
     sys.path.insert(0, str(ROOT))
     from evalkit.config import compose_config
-    from evalkit.engine.preflight import resolve_model_path
-    from evalkit.engine.start import start_vllm
+    from evalkit.engine.machine.preflight import resolve_model_path
+    from evalkit.engine.vllm.start import start_vllm
     from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
 

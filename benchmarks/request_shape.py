@@ -44,8 +44,8 @@ def main(argv: list[str]) -> None:
     from vllm import SamplingParams
 
     from evalkit.config import compose_config
-    from evalkit.engine.preflight import resolve_model_path
-    from evalkit.engine.start import start_vllm
+    from evalkit.engine.machine.preflight import resolve_model_path
+    from evalkit.engine.vllm.start import start_vllm
 
     cfg = compose_config([])
     engine = start_vllm(cfg, resolve_model_path(cfg.vllm_path), sole_engine=True)

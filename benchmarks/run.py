@@ -94,7 +94,7 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
                  out: Path) -> tuple[dict[str, dict[str, TaskResult]], dict[str, Any]]:
     """evalkit and the raw floor on one engine: per task {"evalkit": ..., "floor": ...}, and run facts."""
     from evalkit.config import compose_config
-    from evalkit.engine.start import start_vllm
+    from evalkit.engine.vllm.start import start_vllm
     from evalkit.engine.wrapper import Lent
     from evalkit.run.evaluate import evaluate
 
@@ -186,8 +186,8 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-    from evalkit.engine.vllm_engine import library_versions
-    from evalkit.engine.preflight import resolve_model_path
+    from evalkit.engine.vllm.engine import library_versions
+    from evalkit.engine.machine.preflight import resolve_model_path
 
     tasks = [t for t in args.tasks.split(",") if t]
     model_dir = resolve_model_path(EMBEDDED)

@@ -51,7 +51,7 @@ def sweep(work: Path) -> Path:
     found = sorted((work / "result" / ".sweeps").glob("*/report.md"))
     if found:
         return found[-1].parent
-    from evalkit.engine.preflight import resolve_model_path
+    from evalkit.engine.machine.preflight import resolve_model_path
 
     model = Path(resolve_model_path(f"embedded://{MODEL}"))
     copy = perturbed_copy(model, work / "perturbed")

@@ -93,7 +93,7 @@ loaded = tk.load_tokenizer
 def timed(*a, **k):
     t = time.perf_counter(); out = loaded(*a, **k); timed.s = time.perf_counter() - t; return out
 tk.load_tokenizer = timed
-import evalkit.engine.served as served
+import evalkit.engine.served.engine as served
 served.load_tokenizer = timed
 engine = start_served(compose_config(["engine=served", f"endpoint.url={sys.argv[1]}", "resume=false",
                                       f"vllm_path={sys.argv[2]}"]), sys.argv[2])
@@ -153,8 +153,8 @@ def main(argv: list[str]) -> None:
 
     from evalkit.config import compose_config
     from evalkit.engine.factory import start_served
-    from evalkit.engine.preflight import resolve_model_path
-    from evalkit.engine.start import start_vllm
+    from evalkit.engine.machine.preflight import resolve_model_path
+    from evalkit.engine.vllm.start import start_vllm
 
     model_dir = resolve_model_path(EMBEDDED)
     out = Path(tempfile.mkdtemp(prefix="evalkit-served-bench-"))

@@ -23,7 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from evalkit.config import CONF_DIR, ConfigError, EvalConfig, check_overrides, register_configs
-from evalkit.engine.environment import use_nvml_for_cuda_checks
+from evalkit.engine.machine.environment import use_nvml_for_cuda_checks
 
 
 # a point running beside another whose answers it shares (one store) waits for it, then reuses them
@@ -113,7 +113,7 @@ def one_line(text: str) -> str:
 
 
 def main() -> None:
-    use_nvml_for_cuda_checks()  # before anything imports torch (evalkit/engine/environment.py says why)
+    use_nvml_for_cuda_checks()  # before anything imports torch (evalkit/engine/machine/environment.py says why)
     try:
         check_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
     except ConfigError as error:

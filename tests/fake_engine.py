@@ -1,6 +1,6 @@
 """A deterministic stand-in engine for unit tests of evalkit's own logic (budgets, records, results files).
 
-It never stands in where evalkit claims real engine behaviour: those tests use vLLM (tests/test_engine.py).
+It never stands in where evalkit claims real engine behaviour: those tests use vLLM (tests/engine/vllm/test_engine.py).
 Tokens are characters (id = code point), so token counts are easy to reason about in tests.
 """
 

@@ -1,4 +1,4 @@
-"""An HTTP proxy in a thread between evalkit and a real server, which spoils answers on the way (tests/test_served.py).
+"""An HTTP proxy in a thread between evalkit and a real server, which spoils answers on the way (tests/engine/served/test_served.py).
 
 Every request is forwarded to the server as it came. POSTs to ``/v1/completions`` can be spoiled: ``faults``
 is a list consumed one per such request as they arrive (None: forwarded untouched), and ``wrong_ids_for``

@@ -1,5 +1,6 @@
 """The stage order as a contract (pyproject.toml, [tool.importlinter]): each stage imports only the stages
-below it, and nothing imports in a cycle, not even inside a function. Checked by import-linter over the
+below it, each kind of engine (evalkit/engine/*/) only what every engine shares and the machine, and nothing
+imports in a cycle, not even inside a function. Checked by import-linter over the
 package's imports, with no exception list. Run: pytest tests/test_architecture.py"""
 
 import shutil
@@ -23,13 +24,15 @@ def test_the_contracts_are_the_stages_and_no_cycle_with_no_exceptions():
     contracts = {c["id"]: c for c in config["contracts"]}
     assert contracts["stages"]["type"] == "layers" and contracts["acyclic"]["type"] == "acyclic_siblings"
     assert contracts["stages"]["layers"][-1] == "config | contracts | versions"
+    assert contracts["engines"]["type"] == "layers" and contracts["engines"]["containers"] == ["evalkit.engine"]
+    assert "vllm | served | hf" in contracts["engines"]["layers"]
     assert not any("ignore_imports" in c or "unmatched_ignore_imports_alerting" in c for c in contracts.values())
 
 
 def test_the_package_keeps_its_contracts():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
 
 
 def test_an_upward_import_or_a_cycle_breaks_them_even_inside_a_function(tmp_path):
@@ -39,9 +42,23 @@ def test_an_upward_import_or_a_cycle_breaks_them_even_inside_a_function(tmp_path
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     with open(tmp_path / "evalkit" / "harness" / "budget.py", "a") as f:
         f.write("\n\ndef upward():\n    from evalkit.run import results  # noqa: F401\n")
-    with open(tmp_path / "evalkit" / "engine" / "start.py", "a") as f:
+    with open(tmp_path / "evalkit" / "engine" / "factory.py", "a") as f:
+        f.write("\n\ndef cycle():\n    from evalkit.engine.tokenizer import load_tokenizer  # noqa: F401\n")
+    with open(tmp_path / "evalkit" / "engine" / "tokenizer.py", "a") as f:
         f.write("\n\ndef cycle():\n    from evalkit.engine import factory  # noqa: F401\n")
     result = lint_imports(tmp_path)
-    assert result.returncode != 0 and "0 kept, 2 broken" in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0 and "0 kept, 3 broken" in result.stdout, result.stdout + result.stderr
     assert "evalkit.harness.budget -> evalkit.run.results" in result.stdout
-    assert ".start -> .factory" in result.stdout
+    assert ".tokenizer -> .factory" in result.stdout
+
+
+def test_an_engine_kind_reaching_into_another_breaks_the_engine_contract(tmp_path):
+    """The served engine importing the vLLM engine's internals, even inside a function, fails the contract on
+    the engine's rooms, and only that one (vLLM's engine imports nothing of the served one: no cycle)."""
+    shutil.copytree(ROOT / "evalkit", tmp_path / "evalkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with open(tmp_path / "evalkit" / "engine" / "served" / "engine.py", "a") as f:
+        f.write("\n\ndef sideways():\n    from evalkit.engine.vllm import engine  # noqa: F401\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0 and "2 kept, 1 broken" in result.stdout, result.stdout + result.stderr
+    assert "evalkit.engine.served.engine -> evalkit.engine.vllm.engine" in result.stdout

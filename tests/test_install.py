@@ -3,7 +3,7 @@ pip takes for the GPU build, the pins of constraints/gpu.txt, and the check that
 
 install.sh runs for real with --dry-run (the build chosen and every step that would change the disk, printed)
 in a copy of the files it reads; GPUs are device nodes in a folder (EVALKIT_GPU_ROOT, read by
-evalkit/engine/gpus.py as a script) with NVML unavailable, as in a container without the NVIDIA "utility"
+evalkit/engine/machine/gpus.py as a script) with NVML unavailable, as in a container without the NVIDIA "utility"
 capability. pip's own resolver answers what it would install from a folder of metadata-only wheels: the
 resolution of the whole CUDA stack downloads about 3 GB (no PEP 658 metadata on our registry), so it is a
 script run once (benchmarks/gpu_install_resolve.py, its output in docs/install.md), not a test.
@@ -40,10 +40,11 @@ def pins(name):
 def repo(tmp_path):
     """A copy of what install.sh reads before it calls pip."""
     copy = tmp_path / "repo"
-    (copy / "evalkit" / "engine").mkdir(parents=True)
+    machine = Path("evalkit") / "engine" / "machine"
+    (copy / machine).mkdir(parents=True)
     shutil.copy2(REPO / "install.sh", copy / "install.sh")
     shutil.copytree(REPO / "constraints", copy / "constraints")
-    shutil.copy2(REPO / "evalkit" / "engine" / "gpus.py", copy / "evalkit" / "engine" / "gpus.py")
+    shutil.copy2(REPO / machine / "gpus.py", copy / machine / "gpus.py")
     return copy
 
 

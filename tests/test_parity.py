@@ -138,7 +138,7 @@ def bos_model_dir(embedded_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sides(engine, embedded_model_dir, bos_model_dir, tmp_path_factory):
-    from evalkit.engine.start import start_vllm
+    from evalkit.engine.vllm.start import start_vllm
 
     out = tmp_path_factory.mktemp("result")
     found = {"shipped": both_sides(engine, embedded_model_dir, out / "shipped", [f"tasks=[{','.join(PLAIN)}]"]),

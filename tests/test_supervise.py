@@ -109,7 +109,7 @@ def test_weights_that_do_not_fit_are_not_backed_off():
 def test_hf_backs_off_its_batch_only_and_never_above_its_default():
     """engine=hf has no utilization to lower and no CUDA graphs: only the batch helps, and a step that would
     raise it above HF's default (16) is no step."""
-    from evalkit.engine.hf_engine import DEFAULT_BATCH_SIZE
+    from evalkit.engine.hf.engine import DEFAULT_BATCH_SIZE
 
     policy = OomRetry(max_num_seqs=[64, 16, 4], eager=True, max_attempts=20)
     faults = Faults(*[OOM] * 5)
@@ -316,7 +316,7 @@ def test_a_try_that_ignores_the_stop_is_killed_and_leaves_nothing(tmp_path, sign
 
     import psutil
 
-    from evalkit.engine.process_group import live_members
+    from evalkit.engine.machine.process_group import live_members
 
     (tmp_path / "try.py").write_text(HANGING_TRY)
     (tmp_path / "supervisor.py").write_text(SUPERVISOR)

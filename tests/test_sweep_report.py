@@ -221,7 +221,7 @@ def test_a_sweep_of_failing_points_goes_on_records_them_and_exits_1(tmp_path):
 
 def completed(out, run_id, cfg, description):
     """A finished run folder as evaluate() leaves it, as far as completed_run reads it."""
-    from evalkit.engine.fingerprint import fingerprint
+    from evalkit.store.fingerprint import fingerprint
 
     from evalkit.run.sources import task_sources
 

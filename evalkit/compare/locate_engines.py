@@ -77,7 +77,7 @@ def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -
 def model_folder(cfg: EvalConfig, recorded: str | None, *, overridden: bool, side: str, run: str) -> str:
     """The folder to load: the recorded one while it exists, else vllm_path resolved again (an embedded
     model, or a path given with the flag); a one-line LocateError saying what to pass otherwise."""
-    from evalkit.engine import embedded, preflight
+    from evalkit.engine.machine import embedded, preflight
 
     flag = FLAGS[side]
     if not overridden and recorded and (Path(recorded).is_dir() or not Path(recorded).is_absolute()):

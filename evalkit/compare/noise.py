@@ -16,8 +16,8 @@ from pathlib import Path
 
 from evalkit.harness.budget import PromptTooLong
 from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
-from evalkit.engine.fingerprint import answers_key
-from evalkit.run.lock import result_lock
+from evalkit.store.fingerprint import answers_key
+from evalkit.store.lock import result_lock
 
 
 def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:

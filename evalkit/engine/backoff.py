@@ -1,7 +1,7 @@
 """The memory back-off, as a decision: which failures are memory failures, and the next smaller settings.
 
 The supervisor (evalkit/run/supervise.py) applies it to a run's tries; the data-parallel pool
-(evalkit/engine/dataparallel.py) to one actor at a time. Pure functions of an error text and a config.
+(evalkit/engine/pool/engine.py) to one actor at a time. Pure functions of an error text and a config.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ import dataclasses
 import re
 
 from evalkit.config import EvalConfig, OomRetry
-from evalkit.engine.hf_engine import DEFAULT_BATCH_SIZE
+
+# engine=hf's sequences per forward pass when batch_size is null: the HF engine starts from it and the back-off
+# steps down from it, so it lives here, below both
+DEFAULT_BATCH_SIZE = 16
 
 # Memory failures that fewer/lower settings can cure. "pressure": the engine could not get the memory it
 # asked for; "kv_cache": it got it, but too little was left for the KV cache (lowering the utilization

@@ -6,18 +6,18 @@ import sys
 
 from evalkit.config import EvalConfig
 from evalkit.contracts import Engine
-from evalkit.engine.start import start_vllm
+from evalkit.engine.vllm.start import start_vllm
 
 
 def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
     """The engine of a run's try: one vLLM engine in this process, the only one it holds, or
-    data_parallel_size of them in Ray actors (evalkit/engine/dataparallel.py); with engine=hf, the HF
-    transformers reference engine (evalkit/engine/hf_engine.py); with engine=served, a running server
-    (evalkit/engine/served.py), or one evalkit starts (endpoint.serve=true)."""
+    data_parallel_size of them in Ray actors (evalkit/engine/pool/engine.py); with engine=hf, the HF
+    transformers reference engine (evalkit/engine/hf/engine.py); with engine=served, a running server
+    (evalkit/engine/served/engine.py), or one evalkit starts (endpoint.serve=true)."""
     if cfg.engine == "served":
         return start_served(cfg, model_dir)
     if cfg.engine == "hf":
-        from evalkit.engine.hf_engine import HFEngine, check_settings
+        from evalkit.engine.hf.engine import HFEngine, check_settings
 
         check_settings(engine_kwargs=dict(cfg.engine_kwargs), sampling_kwargs=dict(cfg.sampling_kwargs),
                        tensor_parallel_size=cfg.tensor_parallel_size, pipeline_parallel_size=cfg.pipeline_parallel_size)
@@ -29,7 +29,7 @@ def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
               f"device_map={args['device_map']}, batch_size={args['max_num_seqs']}", file=sys.stderr, flush=True)
         return engine
     if cfg.data_parallel_size > 1:
-        from evalkit.engine.dataparallel import DataParallelEngine
+        from evalkit.engine.pool.engine import DataParallelEngine
 
         return DataParallelEngine(cfg, model_dir)
     return start_vllm(cfg, model_dir, sole_engine=True)
@@ -40,16 +40,16 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
     sent to endpoint.url, or to a server started here from the same keys as offline (endpoint.serve=true)."""
     import os
 
-    from evalkit.engine.served import ServedEngine
-    from evalkit.engine.served_http import Client, without_credentials
-    from evalkit.engine.served_probe import weights_identity
+    from evalkit.engine.served.engine import ServedEngine
+    from evalkit.engine.served.http import Client, without_credentials
+    from evalkit.engine.served.probe import weights_identity
 
     end = cfg.endpoint
     identity = weights_identity(started_from=model_dir if end.serve else None, deployment_id=end.deployment,
                                 keeps_answers=cfg.resume, url=without_credentials(end.url or ""))
     server = None
     if end.serve:
-        from evalkit.engine.served_start import start_server
+        from evalkit.engine.served.start import start_server
 
         server = start_server(cfg, model_dir)
     url = server.url if server else end.url

@@ -1,7 +1,7 @@
 """Reading vLLM's log-probabilities, every read checked against the request it answers (STYLE 14).
 
 Pure functions over the structures vLLM 0.32 returns; nothing here imports vLLM. Two model runners build
-prompt log-probabilities differently (tests/test_logprob_reads.py builds both as vLLM's code does):
+prompt log-probabilities differently (tests/engine/test_logprob_reads.py builds both as vLLM's code does):
 
 * **V1** (``vllm/v1/worker/gpu_model_runner.py`` ``_get_prompt_logprobs_dict``, the CPU build's runner): one
   row per prompt position after the first, allocated uninitialised (``LogprobsTensors.empty_cpu``) and filled

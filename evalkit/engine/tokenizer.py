@@ -2,7 +2,7 @@
 
 vLLM is imported lazily (its ``get_tokenizer``), so a data-parallel pool can keep a tokenizer beside its engines;
 the served engine loads the same tokenizer with transformers alone (``hf_tokenizer``), so a client machine needs
-no vLLM (tests/test_served_client.py holds the ids of both loaders equal).
+no vLLM (tests/engine/served/test_served_client.py holds the ids of both loaders equal).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def resolve_chat_template(tokenizer: Any, *, trust_remote_code: bool) -> str | N
     """The template lm-eval's vllm backend builds chat prompts with: the one vLLM's resolve_chat_template
     (vllm/renderers/hf.py, 0.32) resolves with no template given: the processor's, else the tokenizer's,
     else vLLM's predefined fallback for the model type (read only where vLLM is installed). None: no template.
-    tests/test_tokenizer.py holds it equal to vLLM's own on a checkpoint whose processor has its own template."""
+    tests/engine/test_tokenizer.py holds it equal to vLLM's own on a checkpoint whose processor has its own template."""
     path = tokenizer.name_or_path
     found = processor_template(path, trust_remote_code=trust_remote_code)
     if found is not None:

@@ -31,7 +31,7 @@ from typing import Callable
 from omegaconf import OmegaConf
 
 from evalkit.config import ConfigError, EvalConfig
-from evalkit.engine.environment import use_nvml_for_cuda_checks
+from evalkit.engine.machine.environment import use_nvml_for_cuda_checks
 
 PR_SET_PDEATHSIG = 1
 GONE_WAIT = 0.2  # seconds a stop by signal looks for the supervisor's end (forsaken)
@@ -137,7 +137,7 @@ def guard(outcome: OutcomeFile, death: int | None, end: Callable[..., None] = di
 
 
 def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
-    use_nvml_for_cuda_checks()  # before lm-eval, transformers or vLLM import torch (evalkit/engine/environment.py)
+    use_nvml_for_cuda_checks()  # before lm-eval, transformers or vLLM import torch (evalkit/engine/machine/environment.py)
     outcome = OutcomeFile(Path(outcome_file))
     death = int(death_fd) if death_fd else None
     end = forsaken(Path(outcome_file).parent, os.getppid(), death)

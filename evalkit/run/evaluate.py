@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from evalkit.engine import preflight
+from evalkit.engine.machine import preflight
 from evalkit.run import results
 from evalkit.run.progress import Progress
 from evalkit.run.sources import task_sources
-from evalkit.engine.fingerprint import fingerprint as model_fingerprint
-from evalkit.engine.request_store import RequestStore, ResumableEngine
+from evalkit.store.fingerprint import fingerprint as model_fingerprint
+from evalkit.store.requests import RequestStore, ResumableEngine
 from evalkit.engine.factory import start_engines
 from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from evalkit.config import ConfigError
-from evalkit.engine.engine_bar import EngineBar
+from evalkit.engine.vllm.bar import EngineBar
 
 PROGRESS_LINE = re.compile(r"evalkit: progress (\S+) ")  # as Progress.advance prints it; group 1: the label
 # The speeds vLLM 0.32 writes into its bar's postfix (vllm/entrypoints/common/offline.py, _run_engine).

@@ -110,7 +110,7 @@ def count_records(records: dict[tuple[str, int], list[RequestRecord]]) -> dict[s
 
 def provenance(results: dict[str, Any], *, config: dict[str, Any], model_fingerprint: str) -> dict[str, Any]:
     """Hashes that show two runs are like-for-like: same config, model, documents and prompts."""
-    from evalkit.engine.fingerprint import sha256
+    from evalkit.hashing import sha256
 
     tasks = {}
     for task, samples in (results.get("samples") or {}).items():

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from evalkit.engine.fingerprint import SMALL_FILE, file_sha256, large_file_sha256, sha256
+from evalkit.hashing import SMALL_FILE, file_sha256, large_file_sha256, sha256
 from evalkit.harness.task_index import _listed_names, own_dirs
 
 

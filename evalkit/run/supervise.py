@@ -1,12 +1,12 @@
 """Runs that survive: each try of a run in a fresh process, memory back-off between tries, no leftovers.
 
 ``python -m evalkit`` calls :func:`supervise`. It holds the lock of ``<output_dir>/<model_name>`` (a second
-run there is refused, evalkit/run/lock.py), then starts ``python -m evalkit.run.attempt`` in a new process group.
+run there is refused, evalkit/store/lock.py), then starts ``python -m evalkit.run.attempt`` in a new process group.
 When a try fails for lack of memory it is retried with smaller settings (:func:`next_settings`,
 ``oom_retry.*``); answers already computed are reused from the request store, so a retry redoes no
 finished work. A try stopped by a signal from outside is not retried (:class:`RunStopped`); any other
 failure stops at once with its message. After every try the whole process group is killed and waited for
-until it is empty (evalkit/engine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it and the
+until it is empty (evalkit/engine/machine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it and the
 next try finds its memory free. Ctrl-C and SIGTERM send SIGTERM to the try's group (the try records "stopped"
 and kills its group) and never wait in the handler: the main thread sits in the try's ``wait()``, which then
 returns, and ends the run in its own time (the group gone, the try's temporary folder removed). A try whose
@@ -36,13 +36,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.engine import preflight
+from evalkit.engine.machine import preflight
 from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
 from evalkit.engine.backoff import classify, next_settings, root_cause, weights_failure
-from evalkit.engine.process_group import end_group, signal_group
-from evalkit.engine.fingerprint import answers_key
-from evalkit.engine.tuning import Choice
-from evalkit.run.lock import result_lock
+from evalkit.engine.machine.process_group import end_group, signal_group
+from evalkit.store.fingerprint import answers_key
+from evalkit.engine.machine.tuning import Choice
+from evalkit.store.lock import result_lock
 from evalkit.run.progress import RunLog, Terminal, show_failure
 
 class RunFailed(RuntimeError):

@@ -4,7 +4,7 @@ Under Slurm (``hydra/launcher=submitit_slurm``) a point waits in the queue befor
 ``tensor x pipeline x data parallel`` it would then fail once its engine starts. Checked inside the point,
 before the engine: :func:`point_launcher` reads the launcher's settings (``hydra.launcher``) and
 :func:`check_launcher_devices` compares. The Ray launcher (``evalkit_ray``) sizes each point itself, and
-without a launcher the preflight counts this machine's devices (evalkit/engine/preflight.py).
+without a launcher the preflight counts this machine's devices (evalkit/engine/machine/preflight.py).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def plain(config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(config, default=str))
 
 
-READ_MACHINE = ("import json; from evalkit.engine.environment import hardware, library_versions; "
+READ_MACHINE = ("import json; from evalkit.engine.machine.environment import hardware, library_versions; "
            "print(json.dumps({'versions': library_versions(), 'hardware': hardware()}))")
 
 
@@ -170,7 +170,7 @@ def described_here(recorded: dict[str, Any], machine: dict[str, Any] | None = No
     here = {**recorded, **(machine or machine_here())}
     deployment = recorded.get("deployment")
     if isinstance(deployment, dict) and "weights" in deployment and recorded.get("model_dir"):
-        from evalkit.engine.served_probe import weights_identity  # a served run on a server evalkit started
+        from evalkit.engine.served.probe import weights_identity  # a served run on a server evalkit started
 
         here["deployment"] = {**deployment, **weights_identity(started_from=recorded["model_dir"], deployment_id=None,
                                                                 keeps_answers=False, url="")}  # the weights now
@@ -192,13 +192,13 @@ def find_completed(output_dir: str, model_name: str, config: dict[str, Any]) -> 
     line saying why a run with this config was passed over, if one was. A run has them when its results.json
     records this very config (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig), the request store's
     fingerprint (``evalkit.provenance.model_fingerprint``) that this point's run would have, by
-    evalkit.engine.fingerprint.fingerprint of the model folder now and :func:`described_here`, and the hash of
+    evalkit.store.fingerprint.fingerprint of the model folder now and :func:`described_here`, and the hash of
     what its tasks read (``evalkit.provenance.task_sources``, evalkit/run/sources.py: task YAMLs, data files,
     hub datasets' revisions) as they are now. Run folders appear complete or not at all
     (evalkit/run/results.py), so a results.json found here belongs to a finished run.
     Raises ConfigError when a run has the config and the model cannot be found (the run would fail alike)."""
-    from evalkit.engine.preflight import resolve_model_path
-    from evalkit.engine.fingerprint import fingerprint
+    from evalkit.engine.machine.preflight import resolve_model_path
+    from evalkit.store.fingerprint import fingerprint
     from evalkit.run.sources import task_sources
 
     wanted, model_dir, machine, sources, passed = plain(config), None, None, None, None

@@ -3,11 +3,11 @@
 A point takes ``devices_needed`` GPUs (tensor x pipeline x data parallel, evalkit/config.py) and
 ``cpus_per_point`` cores; Ray holds it back until they are free and sets its ``CUDA_VISIBLE_DEVICES``. A
 data-parallel point (``data_parallel_size > 1``) asks for nothing itself: its engines are Ray actors
-(evalkit/engine/dataparallel.py) that take their own devices, and it is told the cluster's address to start them
+(evalkit/engine/pool/engine.py) that take their own devices, and it is told the cluster's address to start them
 on. On a cluster without GPUs (a CPU machine that declared none) points take cores only.
 
 Two things Ray cannot know keep points apart (:func:`exclusive`): evalkit's lock allows one run at a time per
-set of answers (evalkit/run/lock.py), and data-parallel points run one at a time.
+set of answers (evalkit/store/lock.py), and data-parallel points run one at a time.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from evalkit.config import ConfigError, EvalConfig, devices_needed
-from evalkit.engine.fingerprint import answers_key
-from evalkit.run.lock import result_lock
+from evalkit.store.fingerprint import answers_key
+from evalkit.store.lock import result_lock
 
 SIZE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 
@@ -62,7 +62,7 @@ def address_override(address: str) -> str:
 def exclusive(task_cfg: Any, request: Request) -> frozenset[str]:
     """What a point (task_cfg: its config as its task sees it) must not share with another running point.
 
-    The lock its run will take: evalkit runs one run at a time per set of answers (evalkit/run/lock.py), and a
+    The lock its run will take: evalkit runs one run at a time per set of answers (evalkit/store/lock.py), and a
     point that finds the lock held waits for it, holding its devices idle; here it waits unstarted. Data
     parallelism: a point's engine actors are placed one by one, so two such points could each hold part of
     the GPUs and wait for the rest forever."""

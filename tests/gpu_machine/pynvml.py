@@ -3,7 +3,7 @@
 The GPUs it reports come from the environment variable FAKE_NVML: a JSON list of
 ``{"name", "uuid", "total", "free"}`` objects, or ``"missing"`` for a machine whose libnvidia-ml cannot be loaded
 (nvmlInit fails as nvidia-ml-py's does). Tests put it in ``sys.modules["pynvml"]`` or, for a subprocess,
-put this folder on PYTHONPATH (tests/gpu_machine/sitecustomize.py). Only the calls evalkit/engine/gpus.py makes are here.
+put this folder on PYTHONPATH (tests/gpu_machine/sitecustomize.py). Only the calls evalkit/engine/machine/gpus.py makes are here.
 """
 
 from __future__ import annotations

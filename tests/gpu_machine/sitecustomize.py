@@ -4,7 +4,7 @@
 Set by the environment, and only where EVALKIT_TEST_GPU_ROOT is set:
 
 * EVALKIT_TEST_GPU_ROOT: a folder holding a fake NVIDIA driver (proc/driver/nvidia, dev/nvidiactl, dev/nvidia<N>),
-  where evalkit/engine/gpus.py looks for one instead of /;
+  where evalkit/engine/machine/gpus.py looks for one instead of /;
 * FAKE_NVML: the GPUs NVML reports (pynvml.py beside this file stands in for nvidia-ml-py; torch's own NVML
   reads, ``torch.cuda._raw_device_count_nvml``/``_raw_device_uuid_nvml``, report the same);
 * EVALKIT_TEST_RECORD: a file that gets one JSON line per call of the CUDA runtime (each then fails, as
@@ -102,12 +102,12 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
 def recreate() -> None:
     root = os.environ["EVALKIT_TEST_GPU_ROOT"]
-    from evalkit.engine import environment
+    from evalkit.engine.machine import environment
 
     if hasattr(environment, "GPU_DRIVER_FILES"):  # evalkit before gpus.py looked for these absolute paths
         environment.GPU_DRIVER_FILES = (os.path.join(root, "proc/driver/nvidia"),)
     else:
-        from evalkit.engine import gpus
+        from evalkit.engine.machine import gpus
 
         gpus.ROOT = root
     if os.environ.get("EVALKIT_TEST_CUDA_INITIALISED") == "1":

@@ -1,0 +1,107 @@
+"""engine=served: how many requests are kept in flight, as many as the server batches (issue 31).
+
+A server that batches decodes faster with more requests in flight, up to its own limit (vLLM's max_num_seqs);
+past it, requests wait in its queue, where their ``timeout`` runs and nothing goes faster. So the window of
+requests in flight starts at ``START`` (or the cap), doubles while every slot is taken and the server queues
+nothing, and, when the server says it queues (vLLM's ``/metrics``: ``vllm:num_requests_waiting`` above 0),
+falls to what it runs (``vllm:num_requests_running``); a reading while the server runs nothing (it has not seen
+our requests yet) does not grow it. The server is asked only while the window is full: with fewer requests than
+the window there is nothing to learn, and on a small machine the server's own process renders the page on the
+cores its engine uses. ``endpoint.max_concurrency`` caps it, so evalkit's
+memory stays flat (a fixed pool of that many workers, never one task per request). A server without vLLM's
+``/metrics`` gets the cap, and its 429s are retried with back-off as before (``served/http.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+START = 32  # requests in flight before the server has said anything
+POLL = 0.5  # seconds between two reads of /metrics while requests are in flight
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+
+
+def server_load(metrics: str) -> tuple[int, int] | None:
+    """(running, waiting) summed over the engines of a Prometheus text page, None where it has neither gauge."""
+    found: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in (RUNNING, WAITING):
+            fields = (line.rsplit("}", 1)[-1] if "{" in line else line.split(" ", 1)[-1]).split()
+            try:
+                found[name] = found.get(name, 0.0) + float(fields[0])
+            except (ValueError, IndexError):
+                return None
+    if RUNNING not in found or WAITING not in found:
+        return None
+    return int(found[RUNNING]), int(found[WAITING])
+
+
+@dataclass
+class Window:
+    """How many requests may be in flight now (limit), never more than cap."""
+
+    cap: int
+    limit: int = START
+
+    def __post_init__(self) -> None:
+        self.limit = min(self.cap, self.limit)
+
+    def seen(self, running: int, waiting: int, in_flight: int) -> None:
+        """Follow one reading of the server's load, with in_flight of ours sent and unanswered."""
+        if waiting > 0:
+            self.limit = max(1, min(self.cap, running))
+        elif in_flight >= self.limit and running > 0:  # it queues none of ours: try more
+            self.limit = min(self.cap, self.limit * 2)
+
+    def unknown(self) -> None:
+        """The server reports no load: the cap."""
+        self.limit = self.cap
+
+
+class Gate:
+    """Holds a worker back while the window is full; the tuner moves the window."""
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+        self.in_flight = 0
+        self.peak = 0  # the most requests that were in flight at once
+        self._changed = asyncio.Condition()
+
+    async def __aenter__(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.in_flight < self.window.limit)
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+
+    async def __aexit__(self, *_: object) -> None:
+        async with self._changed:
+            self.in_flight -= 1
+            self._changed.notify_all()
+
+    async def tune(self, metrics_url: str, headers: dict[str, str], poll: float = POLL) -> None:
+        """Read the server's load every poll seconds and move the window, until cancelled; a server without the
+        gauges leaves the window at the cap and is not asked again."""
+        import httpx
+
+        async with httpx.AsyncClient(headers=headers, timeout=max(poll * 4, 2.0)) as fresh:
+            while True:
+                await asyncio.sleep(poll)
+                if self.in_flight < self.window.limit:
+                    continue
+                try:
+                    response = await fresh.get(metrics_url)
+                    load = server_load(response.text) if response.status_code == 200 else None
+                except (httpx.HTTPError, OSError):
+                    load = None
+                async with self._changed:
+                    if load is None:
+                        self.window.unknown()
+                    else:
+                        self.window.seen(*load, in_flight=self.in_flight)
+                    self._changed.notify_all()
+                if load is None:
+                    return

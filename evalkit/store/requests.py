@@ -1,0 +1,187 @@
+"""Crash-safe resume (the request store): every finished engine request is kept, so a rerun only computes what is missing.
+
+Answers are appended to ``<output_dir>/<model_name>/.requests/<fingerprint>.jsonl`` as each chunk of
+requests finishes (flushed and fsync'ed); a kill at any instant loses at most the chunk in flight, and a
+torn last line is cut off on reading, so the next append starts on a line of its own. Identical requests
+share one answer when greedy and keep one each when sampled (:meth:`ResumableEngine._key`). The file name
+is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
+change outputs, the model runner and kernel-selecting environment, the library versions, the hardware and
+evalkit's own answer code; each line is keyed by a hash of the exact request and the scoring path
+(``fast_scoring``) and records the settings of the try that computed it. Settings that only change scheduling or memory
+(``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
+``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
+
+A store is held while it is open: the kernel's ``flock`` on the store file itself, taken before it is read and
+freed by :meth:`RequestStore.close` or when its process ends, however it ends. Two runs whose configs name the
+store differently (``tokenizer=null`` and ``tokenizer=<the model folder>``, a hub id and its snapshot folder)
+take different run locks (evalkit/store/lock.py) but cannot both hold the store: the second is refused in one
+line (:class:`StoreHeld`), so no run cuts or mixes the lines another appends.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import functools
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from evalkit.config import ConfigError
+from evalkit.contracts import Engine, Generation, GenRequest, PartialAnswers, Progress, Scored, ScoreRequest
+from evalkit.hashing import sha256
+from evalkit.engine.wrapper import Wrapped
+
+
+class StoreHeld(ConfigError):
+    """Another live run holds this request store."""
+
+
+BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # flock's "held by another"
+
+
+def hold(path: Path, wait: float = 0.0, poll: float = 1.0) -> int:
+    """An open descriptor of path with the kernel's exclusive flock on it, waiting up to wait seconds for a
+    holder; StoreHeld when it is still held."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as error:
+            if error.errno in BUSY and time.monotonic() + poll <= deadline:
+                time.sleep(poll)
+                continue
+            os.close(fd)
+            if error.errno in BUSY:
+                raise StoreHeld(f"another evalkit run is writing the request store {path} (the same answers under "
+                                "another name of the model or tokenizer); wait for it to finish, or pass "
+                                "resume=false") from None
+            raise ConfigError(f"cannot lock the request store {path} ({error.strerror}); pass output_dir= a "
+                              "folder on a file system with file locks") from None
+
+
+class RequestStore:
+    """Append-only answers keyed by request hash, in one JSONL file, held (flock) from open to close()."""
+
+    def __init__(self, path: Path, wait: float = 0.0) -> None:
+        self.path = Path(path)
+        self.answers: dict[str, dict[str, Any]] = {}
+        self.origins: dict[str, Any] = {}  # key -> the memory settings of the try that computed the answer
+        self.fd: int | None = None
+        self.fd = hold(self.path, wait)  # before reading: no other run appends while we cut
+        with open(self.path, "rb+") as f:
+            whole = 0  # bytes up to the end of the last complete line
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # torn by a kill mid-write: cut it, or the next append would be glued to it
+                whole += len(line)
+                try:
+                    entry = json.loads(line)
+                    self.answers[entry["key"]] = entry["answer"]
+                    self.origins[entry["key"]] = entry.get("by")
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+            f.truncate(whole)
+
+    def close(self) -> None:
+        """Free the store for another run (the kernel frees it too when this process ends)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def add(self, items: list[tuple[str, dict[str, Any]]], by: Any = None) -> None:
+        """Append answers, each with the settings of the try that computed them (by)."""
+        if self.fd is None:
+            raise RuntimeError(f"the request store {self.path} was closed")
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"key": k, "answer": a, "by": by}) + "\n" for k, a in items))
+            f.flush()
+            os.fsync(f.fileno())
+        self.answers.update(items)
+        self.origins.update((k, by) for k, _ in items)
+
+
+class ResumableEngine(Wrapped):
+    """An Engine that answers from the store where it can and sends the rest in chunks, saving each. generate
+    and score go through the store; every other member, close() included, goes to the engine unchanged
+    (Wrapped). A trace is not stored: it is computed afresh for each comparison (evalkit/compare/locate.py).
+    scoring_counts() are the engine's: answers read from the store took no scoring path. close() frees the
+    store, then closes the engine."""
+
+    def __init__(self, engine: Engine, store: RequestStore, chunk_size: int, settings: Any = None) -> None:
+        super().__init__(engine)
+        self.store = store
+        self.chunk_size = chunk_size
+        self.settings = settings  # this try's memory settings, recorded with each answer it computes
+        self.reused = 0
+        self.computed = 0
+        self._reused_from: Counter = Counter()  # settings (as JSON) of the tries whose answers were reused
+        self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
+
+    def _key(self, request: Any, path: dict[str, Any] | None = None) -> str:
+        """The request's hash, with the scoring path that answers it (``fast``); a sampled one also counts how
+        often it was asked this run (a task's ``repeats``, or two tasks with one prompt), so each draw keeps its
+        own answer. Greedy ones share."""
+        key = sha256({"kind": type(request).__name__, **asdict(request), **(path or {})})
+        if isinstance(request, GenRequest) and not request.greedy:
+            self._draws[key] += 1
+            key = sha256({"request": key, "draw": self._draws[key]})
+        return key
+
+    def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
+             progress: Progress | None, path: dict[str, Any] | None = None) -> list:
+        keys = [self._key(r, path) for r in requests]
+        first: dict[str, int] = {}  # each missing answer once, however often it is asked
+        for i, k in enumerate(keys):
+            if k not in self.store.answers:
+                first.setdefault(k, i)
+        missing = list(first.values())
+        self.reused += len(requests) - len(missing)
+        if progress and len(missing) < len(requests):
+            progress.advance(len(requests) - len(missing))
+        self._reused_from.update(json.dumps(self.store.origins.get(k), sort_keys=True)
+                                 for k in keys if k in self.store.answers)
+        for start in range(0, len(missing), self.chunk_size):
+            chunk = missing[start:start + self.chunk_size]
+            try:
+                answers = call([requests[i] for i in chunk], progress)
+            except PartialAnswers as partial:  # keep what was answered, then fail: a rerun sends only the rest
+                kept = [(keys[i], asdict(a)) for i, a in zip(chunk, partial.answers) if a is not None]
+                self.store.add(kept, by=self.settings)
+                self.computed += len(kept)
+                raise
+            self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
+            self.computed += len(chunk)
+        return [load(self.store.answers[k]) for k in keys]
+
+    def record(self) -> dict[str, Any]:
+        """For results.json: the store, answers reused and computed, and the settings the reused ones came from."""
+        origins = [{"settings": json.loads(s), "answers": n} for s, n in sorted(self._reused_from.items())]
+        return {"store": str(self.store.path), "reused": self.reused, "computed": self.computed,
+                "reused_from": origins,
+                "other_settings": any(o["settings"] != self.settings for o in origins)}
+
+    def close(self) -> None:
+        try:
+            self.store.close()
+        finally:
+            self.engine.close()
+
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
+        return self._run(requests, self.engine.generate,
+                         lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}), progress)
+
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
+              fast: bool = True) -> list[Scored]:
+        return self._run(requests, functools.partial(self.engine.score, fast=fast), lambda a: Scored(**a), progress,
+                         path={"fast": fast})

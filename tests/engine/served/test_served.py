@@ -1,0 +1,170 @@
+"""engine=served against the session's real vLLM OpenAI server of the embedded model, started by evalkit itself
+(endpoint.serve=true; tests/conftest.py ``served``): the probe, the answers against the offline engine, a whole
+run, --locate through the server, and faults injected by a proxy between evalkit and the server. Servers that
+cannot be evaluated as vLLM, Ctrl-C and kill -9: tests/engine/served/test_served_deployments.py. The parts that need no
+server: tests/engine/served/test_served_units.py and tests/engine/served/test_served_openai.py.
+Run: pytest -m engine tests/engine/served/test_served.py
+"""
+
+import json
+
+import pytest
+
+from evalkit.config import compose_config
+from evalkit.contracts import GenRequest, ScoreRequest
+from tests.conftest import DEPLOYMENT, PROMPTS, score_requests, through
+
+
+@pytest.mark.engine
+def test_the_probe_passes_and_describe_names_the_deployment(served):
+    described = served.describe()
+    assert described["deployment"]["max_model_len"] == 4096 and described["deployment"]["version"] == "0.32.0"
+    assert described["probe"]["tokenize"] is True and described["probe"]["cache_salt"] == "verified"
+    assert described["engine_args"]["started_by_evalkit"] and "@" not in described["engine_args"]["url"]
+    # the server evalkit starts gets the settings an offline engine would (the tests bind the cores themselves)
+    assert [c["setting"] for c in described["choices"]] == ["engine_kwargs.block_size",
+                                                             "engine_kwargs.kv_cache_memory_bytes"]
+
+
+@pytest.mark.engine
+def test_served_answers_are_the_offline_engines(served, engine):
+    gens = [GenRequest(prompt_ids=tuple(engine.encode(p, True)), max_tokens=12, stop=("\n",),
+                       sampling=(("temperature", 0.0),)) for p in PROMPTS]
+    assert served.generate(gens) == engine.generate(gens)
+    scores = []
+    for p in PROMPTS:
+        ids = tuple(engine.encode(p, True))
+        scores += [ScoreRequest(ids=ids, start=1), ScoreRequest(ids=ids, start=len(ids) - 1),
+                   ScoreRequest(ids=ids, start=len(ids) - 3)]
+    for fast in (True, False):
+        ours, theirs = served.score(scores, fast=fast), engine.score(scores, fast=fast)
+        assert [s.is_greedy for s in ours] == [s.is_greedy for s in theirs]
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(ours, theirs)) <= 1e-4
+    for a, b in zip(served.trace(scores[:3], 3), engine.trace(scores[:3], 3)):
+        assert [t for t, _ in a.top[-1]] == [t for t, _ in b.top[-1]]
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
+    counts = served.scoring_counts()  # short prompts: chains would need 21 requests for 12 continuations, so
+    assert (counts["prompt_logprobs"], counts["mismatched"]) == (2 * len(scores), 0)  # each is read whole (issue 31)
+
+
+@pytest.mark.engine
+def test_a_served_run_gives_the_offline_runs_samples(served_runs):
+    from evalkit.run.results import read_samples
+
+    offline, online = served_runs
+    assert json.loads((online / "results.json").read_text())["evalkit"]["engine"]["name"] == "served"
+    assert (online / "server.log").is_file()
+    for task in ("evalkit_arith", "evalkit_facts", "parity_rolling"):
+        ours, theirs = read_samples(online, task), read_samples(offline, task)
+        assert [s["doc_id"] for s in ours] == [s["doc_id"] for s in theirs] and len(ours) == 5
+        for a, b in zip(ours, theirs):
+            for x, y in zip(a["resps"], b["resps"]):
+                if isinstance(x[0], str):
+                    assert x == y
+                elif isinstance(x[0], float):  # a rolling log-likelihood: a document's sum over its windows
+                    assert abs(x[0] - y[0]) <= 1e-3, (x, y)
+                else:
+                    assert abs(float(x[0][0]) - float(y[0][0])) <= 1e-4 and x[0][1] == y[0][1]
+    # the deployment against the reference, as a user compares them: like for like, no row worse or changed
+    import subprocess
+    import sys
+
+    compared = subprocess.run([sys.executable, "-m", "evalkit.compare", str(offline), str(online)],
+                              capture_output=True, text=True, timeout=300)
+    assert compared.returncode == 0, compared.stdout[-2000:] + compared.stderr[-2000:]
+    assert "evalkit_arith" in compared.stdout and "evalkit_facts" in compared.stdout
+
+
+@pytest.mark.engine
+def test_locate_traces_a_served_run_through_its_server(served_runs, tmp_path):
+    """A copy of the served run whose first generation starts with another token: --locate starts the run's
+    engine from its results.json (engine=served, the same server), traces both outputs there and finds the
+    flip at that token, the server's own token ahead."""
+    import shutil
+
+    from evalkit.compare.locate import locate
+
+    _, online = served_runs
+    edited = tmp_path / online.name
+    shutil.copytree(online, edited)
+    (path,) = edited.glob("samples_evalkit_arith_*.jsonl")
+    samples = [json.loads(line) for line in path.read_text().splitlines()]
+    record = next(r for r in samples[0]["requests"] if r["kind"] == "generate_until")
+    served_token = record["output_ids"][0]
+    record["output_ids"] = [served_token + 1, *record["output_ids"][1:]]
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (located,) = locate(online, [edited])
+    assert "served" in located.engines["reference"] and "same settings" in located.engines["candidate"]
+    (flip,) = located.flips
+    assert (flip.doc_id, flip.index, flip.ref_token, flip.cand_token) == \
+        (samples[0]["doc_id"], 0, served_token, served_token + 1), flip
+    assert flip.ref_side.ref_logprob > flip.ref_side.cand_logprob  # the server prefers its own token
+    assert flip.drift == 0.0  # one engine, both sides: the same numbers
+
+
+@pytest.mark.engine
+def test_faults_on_the_way_are_retried_and_the_answers_are_the_servers(served, proxy, embedded_model_dir):
+    """429, 500, a hang past the timeout, a dropped connection, a body cut short and an answer with the wrong
+    prompt ids, one each on the first requests: every answer is still the server's own."""
+    from tests.fault_proxy import FAULTS
+
+    engine = through(proxy, embedded_model_dir, "endpoint.retries=3")
+    gens = [GenRequest(prompt_ids=tuple(engine.encode(p, True)), max_tokens=12, stop=("\n",),
+                       sampling=(("temperature", 0.0),)) for p in PROMPTS]
+    scores = score_requests(engine)
+    direct = served.generate(gens), served.score(scores, fast=False)
+    for kind, send in (("generate", lambda: engine.generate(gens)), ("score", lambda: engine.score(scores, fast=False))):
+        proxy.faults = list(FAULTS)
+        answers = send()
+        assert sorted(proxy.spoiled) == sorted(FAULTS), (kind, proxy.spoiled)
+        proxy.spoiled.clear()
+        if kind == "generate":
+            assert answers == direct[0]
+        else:
+            assert [s.is_greedy for s in answers] == [s.is_greedy for s in direct[1]]
+            assert max(abs(a.logprob - b.logprob) for a, b in zip(answers, direct[1])) <= 1e-4
+    assert engine.scoring_counts()["mismatched"] == 2  # each batch's answer with the wrong ids, sent again
+
+
+@pytest.mark.engine
+def test_an_answer_wrong_twice_fails_its_request_alone(served, proxy, embedded_model_dir):
+    from evalkit.engine.served.engine import ServedError
+
+    engine = through(proxy, embedded_model_dir)
+    scores = score_requests(engine)
+    proxy.wrong_ids_for = {scores[2].ids}
+    with pytest.raises(ServedError) as error:
+        engine.score(scores, fast=False)
+    assert str(error.value).startswith(f"2 of {len(scores)} requests failed: the answer failed its check twice")
+    assert "\n" not in str(error.value)
+    direct = served.score(scores, fast=False)
+    for i, (answer, reference) in enumerate(zip(error.value.answers, direct)):
+        if scores[i].ids == scores[2].ids:
+            assert answer is None  # never scored
+        else:
+            assert answer.is_greedy == reference.is_greedy and abs(answer.logprob - reference.logprob) <= 1e-4
+
+
+@pytest.mark.engine
+def test_a_server_killed_mid_run_then_back_computes_only_what_is_missing(served, proxy, tmp_path):
+    """The server dies (behind the proxy) after 6 answers: the run fails in one line and keeps them; the same
+    command once the server is back sends only the rest, and the samples equal an uninterrupted run's."""
+    from evalkit.run.evaluate import evaluate
+    from evalkit.run.results import read_samples
+    from evalkit.engine.served.engine import ServedError
+
+    args = ["engine=served", f"endpoint.url={proxy.url}", DEPLOYMENT, "endpoint.retries=1", "endpoint.timeout=4",
+            "tasks=[evalkit_arith]", "limit=10", "chunk_size=2", f"output_dir={tmp_path}"]
+    proxy.die_after = 2 + 6  # the probe's two completions, then six answers
+    with pytest.raises(ServedError, match=r"^\d+ of \d+ requests failed: RemoteProtocolError"):
+        evaluate(compose_config(args))
+    stored = sum(len(f.read_text().splitlines())
+                 for f in (tmp_path / "smollm2-135m-instruct" / ".requests").glob("*.jsonl"))
+    assert stored >= 6
+    proxy.die_after, proxy.dead = None, False
+    run_dir = evaluate(compose_config(args))
+    resume = json.loads((run_dir / "results.json").read_text())["evalkit"]["resume"]
+    assert resume["reused"] >= stored and resume["computed"] <= 10 - stored, resume
+    clean = evaluate(compose_config([*args[:-1], f"output_dir={tmp_path / 'clean'}", "resume=false"]))
+    assert [s["resps"] for s in read_samples(run_dir, "evalkit_arith")] == \
+        [s["resps"] for s in read_samples(clean, "evalkit_arith")]

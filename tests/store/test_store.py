@@ -1,0 +1,183 @@
+"""Crash-safe resume (evalkit/store/requests.py) on the deterministic fake engine. Run: pytest tests/store/test_store.py"""
+
+import json
+import pytest
+
+from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.run.results import read_samples
+from evalkit.store.fingerprint import fingerprint
+from evalkit.store.requests import RequestStore, ResumableEngine
+from tests.fake_engine import FakeEngine
+from tests.test_compare import fake_run
+
+
+def requests(n, max_tokens=8):
+    return [GenRequest(prompt_ids=tuple(map(ord, f"What is {i} + 1?")), max_tokens=max_tokens, stop=("\n",))
+            for i in range(n)]
+
+
+def test_answers_are_saved_chunk_by_chunk_and_reused(tmp_path):
+    path = tmp_path / "store.jsonl"
+    engine = FakeEngine()
+    first = ResumableEngine(engine, RequestStore(path), chunk_size=3)
+    answers = first.generate(requests(7))
+    assert (first.computed, first.reused) == (7, 0)
+    assert len(path.read_text().splitlines()) == 7 and len(engine.generated) == 7
+    first.close()  # frees the store for the next run
+    again = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=3)
+    assert again.generate(requests(7)) == answers and (again.computed, again.reused) == (0, 7)
+
+
+def test_a_torn_last_line_is_ignored_and_recomputed(tmp_path):
+    path = tmp_path / "store.jsonl"
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2).generate(requests(4))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])  # killed mid-write
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2)
+    engine.generate(requests(4))
+    assert (engine.reused, engine.computed) == (3, 1)
+
+
+def test_an_answer_appended_after_a_torn_line_survives_the_next_reload(tmp_path):
+    path = tmp_path / "store.jsonl"
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2).generate(requests(4))
+    text = path.read_text()
+    path.write_text(text[: len(text) - 10])  # the fourth line torn by a kill mid-write
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2).generate(requests(4))  # recomputes it
+    again = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=2)
+    again.generate(requests(4))
+    assert (again.reused, again.computed) == (4, 0)
+    assert all(line.endswith("}") for line in path.read_text().splitlines())
+
+
+def sampled(n, temperature):
+    prompt = tuple(map(ord, "Tell me a story."))
+    return [GenRequest(prompt_ids=prompt, max_tokens=8, sampling=(("temperature", temperature),))] * n
+
+
+def test_identical_sampled_requests_keep_one_answer_each_and_greedy_ones_share(tmp_path):
+    path = tmp_path / "store.jsonl"
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
+    engine.generate(sampled(4, temperature=0.8))  # a task with repeats: 4
+    assert engine.computed == 4 and len(path.read_text().splitlines()) == 4
+    engine.generate(sampled(3, temperature=0.0))  # greedy: one answer serves all three
+    assert engine.computed == 5 and len(path.read_text().splitlines()) == 5
+    engine.close()
+    rerun = ResumableEngine(FakeEngine(reply="never asked"), RequestStore(path), chunk_size=8)
+    rerun.generate(sampled(4, temperature=0.8))
+    rerun.generate(sampled(3, temperature=0.0))
+    assert (rerun.reused, rerun.computed) == (7, 0)
+    more = rerun.generate(sampled(1, temperature=0.8))  # a fifth draw was never made: it is computed
+    assert rerun.computed == 1 and more[0].text == "never as"  # max_tokens=8
+
+
+def test_a_changed_request_is_never_served_a_stale_answer(tmp_path):
+    path = tmp_path / "store.jsonl"
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8).generate(requests(3, max_tokens=8))
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
+    engine.generate(requests(3, max_tokens=1))
+    assert engine.reused == 0
+    engine.score([ScoreRequest(ids=(1, 2, 3), start=1)])
+    assert engine.computed == 4
+
+
+def test_a_rerun_reuses_everything_and_writes_the_same_samples(tmp_path):
+    first = fake_run(tmp_path, "out", FakeEngine())
+    second = fake_run(tmp_path, "out", FakeEngine(reply="would differ if asked"))
+    assert first != second
+    resume = [json.loads((run / "results.json").read_text())["evalkit"]["resume"] for run in (first, second)]
+    assert resume[0]["reused"] == 0 and resume[1]["reused"] == resume[0]["computed"] and resume[1]["computed"] == 0
+    assert resume[1]["store"] == resume[0]["store"] and not resume[1]["other_settings"]
+    for task in ("evalkit_arith", "evalkit_facts"):
+        lines = [read_samples(run, task) for run in (first, second)]
+        assert lines[0] == lines[1]
+
+
+def test_provenance_hashes_match_for_like_for_like_runs(tmp_path):
+    runs = [fake_run(tmp_path, name, FakeEngine()) for name in ("a", "b")]
+    provenance = [json.loads((r / "results.json").read_text())["evalkit"]["provenance"] for r in runs]
+    assert provenance[0] == provenance[1]
+    assert provenance[0]["tasks"]["evalkit_arith"]["documents"] == 12
+    other = json.loads((fake_run(tmp_path, "c", FakeEngine(), limit=5) / "results.json").read_text())
+    assert other["evalkit"]["provenance"]["tasks"]["evalkit_arith"]["docs_sha256"] != \
+        provenance[0]["tasks"]["evalkit_arith"]["docs_sha256"]
+
+
+def test_a_hub_models_commit(tmp_path):
+    from evalkit import hashing
+
+    refs = tmp_path / "hub" / "models--org--model" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    assert hashing.hub_revision("org/model", cache=tmp_path / "hub") == "a" * 40
+    assert hashing.hub_revision("org/model", "b" * 40, cache=tmp_path / "hub") == "b" * 40  # pinned by the user
+    assert hashing.hub_revision("org/other", cache=tmp_path / "hub") is None
+
+
+def test_a_score_is_kept_per_scoring_path(tmp_path):
+    """fast_scoring=false after a default run computes its scores anew, and each path reuses its own."""
+    path, request = tmp_path / "store.jsonl", [ScoreRequest(ids=(1, 2, 3), start=1)]
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8).score(request, fast=True)
+    plain = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
+    plain.score(request, fast=False)
+    assert (plain.reused, plain.computed) == (0, 1)
+    plain.close()
+    again = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=8)
+    again.score(request, fast=True)
+    again.score(request, fast=False)
+    assert (again.reused, again.computed) == (2, 0)
+
+
+def test_a_resumed_run_records_the_settings_its_reused_answers_came_from(tmp_path):
+    path = tmp_path / "store.jsonl"
+    first_try = {"gpu_memory_utilization": 0.9, "batch_size": None, "enforce_eager": False}
+    ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2, settings=first_try).generate(requests(3))
+    second_try = {**first_try, "gpu_memory_utilization": 0.8}
+    engine = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2, settings=second_try)
+    engine.generate(requests(5))
+    record = engine.record()
+    assert record["reused_from"] == [{"settings": first_try, "answers": 3}] and record["other_settings"]
+    engine.close()
+    again = ResumableEngine(FakeEngine(), RequestStore(path), chunk_size=2, settings=second_try)
+    again.generate(requests(5)[3:])
+    assert again.record()["reused_from"] == [{"settings": second_try, "answers": 2}]
+    assert not again.record()["other_settings"]
+
+
+HOLDER = """
+import sys, time
+from evalkit.store.requests import RequestStore
+store = RequestStore(sys.argv[1])
+store.add([("held", {"text": "kept"})])
+print("held", flush=True)
+sys.stdin.readline()  # the test says when: then one more answer, and the store is closed
+store.add([("later", {"text": "kept too"})])
+store.close()
+"""
+
+
+def test_two_runs_that_share_a_store_cannot_both_hold_it(tmp_path):
+    """A run holds its store from open to close: a second run on the same store (another name of the same model
+    or tokenizer takes another run lock) is refused in one line while the first appends, waits for it with a
+    wait, and never cuts a line the first wrote."""
+    import subprocess
+    import sys
+
+    from evalkit.store.requests import StoreHeld
+
+    path = tmp_path / ".requests" / "store.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreHeld, match=f"another evalkit run is writing the request store {path}"):
+            RequestStore(path)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        waited = RequestStore(path, wait=60)  # freed when the holder closes it
+        assert holder.wait(timeout=60) == 0
+    finally:
+        holder.kill()
+    assert set(waited.answers) == {"held", "later"}  # nothing the holder appended was cut
+    waited.close()
+    RequestStore(path).close()  # closed: free again
