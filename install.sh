@@ -46,7 +46,7 @@ client() {
 # The client's check (./install.sh client --check runs it alone): neither vLLM nor torch, and the served engine imports.
 client_check() {
     if [ ! -x .venv/bin/python ]; then echo "install.sh: no .venv here: run ./install.sh client first" >&2; exit 1; fi
-    .venv/bin/python -c "import importlib.util as u, sys, evalkit.engine.served
+    .venv/bin/python -c "import importlib.util as u, sys, evalkit.engine.served.engine
 found = [m for m in ('vllm', 'torch') if u.find_spec(m)]
 if found:
     sys.exit(f'install.sh: the client .venv has {found}: run ./install.sh client again')
