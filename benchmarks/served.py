@@ -8,7 +8,9 @@ evalkit's own ``endpoint.serve`` code and already up before any side's clock sta
   the clock), ``endpoint.max_concurrency`` at its default (256: as many in flight as the server batches);
 * **lm-eval local-completions**: lm-eval's ``LocalCompletionsAPI`` on the same server, as a careful user sets it:
   token ids (``tokenized_requests=True``), the same local tokenizer, ``max_length=4096`` (its default 2048 would
-  cut prompts), ``num_concurrent`` and ``batch_size`` as ``--lm-eval-concurrent`` (8 by default);
+  cut prompts); each of ``--lm-eval-settings`` (``num_concurrent`` x ``batch_size``, prompts per request) is
+  run on every task and the fastest is shown with the setting that won ("its best settings", issue 31), and
+  every setting's answers are checked against the offline engine's;
 * **evalkit offline**: ``evaluate`` on a ``vllm.LLM`` in this process (the reference every side is compared with).
 
 Seconds are each side's evaluate/simple_evaluate wall for the task (harness included, engine or server already
@@ -23,7 +25,7 @@ by default (the last two made by the seeded make_data.py in benchmarks/tasks/, i
 Two more tables (issue 31): the generation task's seconds against ``endpoint.max_concurrency`` on the same server,
 and the start of each client in a fresh process (imports, tokenizer, evalkit's probe; lm-eval's model init).
 
-Run: .venv/bin/python benchmarks/served.py [--limit N] [--lm-eval-concurrent N] [--out benchmarks/served.md]
+Run: .venv/bin/python benchmarks/served.py [--limit N] [--lm-eval-settings 8x8,32x1,...] [--out benchmarks/served.md]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from _report import answers, primary_metric  # noqa: E402
 EMBEDDED = "embedded://smollm2-135m-instruct"
 BENCH_TASKS = ROOT / "benchmarks" / "tasks"
 TASKS = ["evalkit_facts", "evalkit_bench_mc", "evalkit_arith", "evalkit_bench_num_mc", "evalkit_bench_fewshot_gen"]
+LM_EVAL_SETTINGS = ["8x8", "32x1", "32x8", "64x16"]  # local-completions' num_concurrent x batch_size, tried on each task
 CONCURRENCY = [1, 4, 16, 256]  # endpoint.max_concurrency values timed on the generation task
 SETTINGS = ["+engine_kwargs.enforce_eager=true", f"tasks_dirs=[{BENCH_TASKS}]", "resume=false"]
 SIDES = ("evalkit served", "lm-eval local-completions", "evalkit offline")
@@ -66,8 +69,9 @@ def evalkit_task(cfg_args: list[str], engine: Any, task: str) -> tuple[float, di
 
 
 def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: int,
-                 concurrent: int = 8) -> tuple[float, dict, list, list]:
-    """The same for lm-eval's local-completions on the server."""
+                 concurrent: int = 8, batch_size: int = 8) -> tuple[float, dict, list, list]:
+    """The same for lm-eval's local-completions on the server: concurrent requests in flight, batch_size prompts
+    in each."""
     from lm_eval import simple_evaluate
 
     from evalkit.harness.tasks import load_tasks
@@ -78,7 +82,7 @@ def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: 
             "max_length": 4096}
     started = time.perf_counter()
     outcome = simple_evaluate(model="local-completions", model_args=args, tasks=built, task_manager=manager,
-                              limit=limit, batch_size=concurrent, log_samples=True, bootstrap_iters=0)
+                              limit=limit, batch_size=batch_size, log_samples=True, bootstrap_iters=0)
     seconds = time.perf_counter() - started
     return (seconds, outcome["results"][task], *answers(outcome["samples"][task]))
 
@@ -140,8 +144,8 @@ def reset_prefix_cache(root: str) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=30, help="documents per task")
-    parser.add_argument("--lm-eval-concurrent", type=int, default=8,
-                        help="local-completions' num_concurrent and batch_size")
+    parser.add_argument("--lm-eval-settings", default=",".join(LM_EVAL_SETTINGS),
+                        help="local-completions' num_concurrent x batch_size settings to try on each task")
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks to time")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
                         help="endpoint.max_concurrency values timed on evalkit_bench_fewshot_gen (empty: none)")
@@ -167,6 +171,8 @@ def main(argv: list[str]) -> None:
     with environment_restored():  # lm-eval's client and the server must not see the offline engine's variables
         offline = start_vllm(compose_config([*base, "gpu_memory_utilization=0.25"]), model_dir)
     found: dict[str, dict[str, tuple]] = {}
+    best: dict[str, str] = {}  # task -> the local-completions setting that was fastest on it
+    every: dict[str, list[tuple]] = {}  # task -> every local-completions setting's outcome
     try:
         starts = [] if options.no_start else start_times(served.client.url, served.model, model_dir)
         print(starts, flush=True)
@@ -174,9 +180,16 @@ def main(argv: list[str]) -> None:
             reset_prefix_cache(served.client.root())
             on_server = evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
                                       f"output_dir={out / 'served'}"], served, task)
-            reset_prefix_cache(served.client.root())
-            lm_eval = lm_eval_task(served.client.url, served.model, model_dir, task, options.limit,
-                                   options.lm_eval_concurrent)
+            tried = {}
+            for setting in options.lm_eval_settings.split(","):
+                reset_prefix_cache(served.client.root())
+                concurrent, batch = map(int, setting.split("x"))
+                tried[setting] = lm_eval_task(served.client.url, served.model, model_dir, task, options.limit,
+                                              concurrent, batch)
+                print(task, "local-completions", setting, f"{tried[setting][0]:.1f} s", flush=True)
+            best[task] = min(tried, key=lambda k: tried[k][0])
+            lm_eval = tried[best[task]]
+            every[task] = list(tried.values())
             offline.llm.reset_prefix_cache()
             found[task] = {"evalkit served": on_server, "lm-eval local-completions": lm_eval,
                            "evalkit offline": evalkit_task([*base, f"output_dir={out / 'offline'}"], offline, task)}
@@ -206,6 +219,13 @@ def main(argv: list[str]) -> None:
             rows.append([f"{task}: generations identical to offline (of {len(ref[3])})",
                          *(str(sum(a == b for a, b in zip(sides[s][3], ref[3]))) for s in SIDES)])
         served_s, lm_s = sides["evalkit served"][0], sides["lm-eval local-completions"][0]
+        if ref[2]:
+            rows.append([f"{task}: max abs Δ log-likelihood, every local-completions setting", "",
+                         f"{max(max(abs(a - b) for a, b in zip(o[2], ref[2])) for o in every[task]):.2e}", ""])
+        if ref[3]:
+            rows.append([f"{task}: generations identical, every local-completions setting", "",
+                         str(min(sum(a == b for a, b in zip(o[3], ref[3])) for o in every[task])), ""])
+        rows.append([f"{task}: local-completions' fastest setting (num_concurrent x batch_size)", "", best[task], ""])
         rows.append([f"{task}: evalkit served ÷ local-completions", f"{served_s / lm_s:.2f}", "", ""])
     total = {s: sum(found[t][s][0] for t in found) for s in SIDES}
     rows.append(["**all tasks**: seconds", *(f"{total[s]:.1f}" for s in SIDES)])
