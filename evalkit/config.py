@@ -1,4 +1,4 @@
-"""Stage 1, configuration: the typed schema Hydra composes into, and the checks that run before any engine starts.
+"""The typed config of a run: the schema Hydra composes into, and the checks that run before any engine starts.
 
 The YAML files in ``conf/`` only pick presets and values; every key, its type and its default live here.
 ``conf/config.yaml`` lays model presets (``conf/model/*.yaml``) over :class:`EvalConfig`, so the short

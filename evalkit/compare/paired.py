@@ -1,4 +1,4 @@
-"""Stage 5, compare: is a candidate run as accurate as a reference run, document by document?
+"""Decides whether a candidate run is as accurate as a reference run, document by document.
 
 Both runs must have seen the same tasks at the same versions, the same documents, prompts and targets (lm-eval's
 ``versions`` and per-sample ``doc_hash``, ``prompt_hash`` and ``target_hash``); unlike-for-like input is refused.

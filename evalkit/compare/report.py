@@ -1,4 +1,4 @@
-"""Stage 5b, report: the comparison as Markdown (terminal and file) and as an HTML page.
+"""Writes a comparison for people to read: Markdown (terminal and file) and an HTML page.
 
 The Markdown here, with ``--locate`` its "Why" section (evalkit/compare/why.py); the page is report_page.py's
 through the one template of page.py (the sweep report's too), its plots plots.py's, the documents that changed

@@ -1,4 +1,5 @@
-"""Stage 3, the harness: lm-eval's ``LM`` interface on top of an evalkit :class:`~evalkit.contracts.Engine`.
+"""Turns lm-eval's requests into engine calls: lm-eval's ``LM`` interface on an evalkit engine
+(:class:`~evalkit.contracts.Engine`).
 
 Prompts and outputs are built as lm-eval's own ``vllm`` backend (0.4.13) builds them: text is encoded with
 the tokenizer's default special tokens (BOS for Llama, Mistral, Gemma) unless it already starts with the

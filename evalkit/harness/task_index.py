@@ -1,4 +1,4 @@
-"""Stage 3a, the task index: which of lm-eval's task folders a run's task names need.
+"""Which of lm-eval's task folders a run's task names need, so a run indexes those instead of every built-in task.
 
 lm-eval's full task index walks all its ~15,000 built-in YAMLs (about 17 s), so a run indexes only the
 folders its names need: evalkit's own folders, plus, for built-in names, the folders recorded in a map

@@ -1,4 +1,4 @@
-"""Stage 3a, tasks: lm-eval tasks by name, evalkit's own YAMLs in ``tasks/``, and data from local files.
+"""Loads a run's tasks by name before any engine starts: lm-eval's, evalkit's own YAMLs in ``tasks/``, and local data.
 
 Task data is loaded here, before any engine starts, so that a wrong name or an unreachable dataset fails
 in seconds. Two ways to keep data local (air-gapped clusters are the common case):

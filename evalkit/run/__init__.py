@@ -1,2 +1,2 @@
-"""Stage 4, a run: one evaluation (evaluate), its tries in fresh processes (supervise, attempt), the result
-folder's lock (lock), progress output (progress) and the files it writes (results)."""
+"""One evaluation from start to end: the run itself (evaluate), its tries in fresh processes (supervise, attempt),
+what its tasks read (sources), its progress output (progress) and the files it writes (results)."""

@@ -1,4 +1,4 @@
-"""Stage 4, results: everything a run writes under ``result/<model_name>/<run id>/``, and nothing else writes there.
+"""Writes a run's files under ``result/<model_name>/<run id>/``; nothing else writes there.
 
 A run folder is built under a hidden temporary name and renamed into place once complete, so a crash
 leaves no half-written run and one run never overwrites another. The files (see README, "Results"), named

@@ -1,4 +1,4 @@
-"""Stage 6c, the end of a sweep: a Hydra callback (registered in conf/config.yaml under ``hydra.callbacks``).
+"""What a sweep does after each point and at its end: a Hydra callback (conf/config.yaml, ``hydra.callbacks``).
 
 * after each point, with Hydra's basic (sequential) launcher, whose points run in this very process: the sweep's
   progress line (evalkit/sweep/points.py, ``sweep_line``), counted from the point records in the sweep folder;

@@ -1,4 +1,4 @@
-"""Stage 6a, sweep points: one record per point of a Hydra multirun, kept in the point's own sweep folder.
+"""Records what became of each point of a sweep (running, ok, failed, skipped), in the point's own sweep folder.
 
 ``python -m evalkit -m max_model_len=1024,2048`` runs every point as a full evalkit run, whose run folder lands
 in ``<output_dir>/<model_name>/<run id>/`` as usual. The point's Hydra folder (``<sweep dir>/<job num>/``) gets

@@ -1,4 +1,4 @@
-"""Stage 6b, the sweep report: every point of a sweep x task x metric in one table, with plots and verdicts.
+"""The report of a sweep: every point x task x metric in one table, with plots and each point's verdict.
 
 Reads the point records (evalkit/sweep/points.py) and each completed point's run folder (status ok, or
 skipped with the earlier run that has its config), compares every completed point with a reference point

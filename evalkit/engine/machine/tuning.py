@@ -1,4 +1,4 @@
-"""Stage 2a, tuning: the engine settings evalkit chooses for the machine a run lands on.
+"""Chooses the engine settings a run left open, for the machine it lands on: fast on a CPU, able to start on a busy GPU.
 
 Only settings the user left open are chosen, and each choice is printed once (``evalkit: chose ...``) and
 recorded in results.json (``evalkit.engine.choices``). None of them changes an answer: they change how fast
