@@ -42,7 +42,7 @@ from functools import lru_cache
 import numpy as np
 
 from evalkit.compare import tost
-from evalkit.compare.stats import tango_interval
+from evalkit.compare.proportions import tango_interval
 from evalkit.compare.verdict import holm
 
 SUBTASKS, DOCUMENTS, FLIP = 57, 100, 0.05

@@ -31,7 +31,7 @@ def exact_p_worse(b, c, n, tolerance):
     the nuisance (documents right in the candidate only, pc; in the reference only, pc + tolerance) on a grid."""
     from scipy.stats import multinomial
 
-    from evalkit.compare.stats import tango_score
+    from evalkit.compare.proportions import tango_score
 
     observed = tango_score(-tolerance, b, c, n)
     tables = [(x, y) for x in range(n + 1) for y in range(n + 1 - x)

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 import pandas as pd
 import pytest
 
-from evalkit.compare import cli, page, paired, plots, report_page, stats, verdict
+from evalkit.compare import cli, page, paired, plots, proportions, report_page, verdict
 from evalkit.compare import runs as on_disk
 from evalkit.sweep.points import write_point
 from evalkit.sweep.report import write_report
@@ -113,7 +113,7 @@ def test_the_page_leads_with_the_verdict_and_its_exit_code_then_the_compact_tabl
     assert [n.tag for n in first] == ["h1", "p", "p"] and first[1].attrs["id"] == "verdict"  # before any table
     worse, m = int((table.verdict == "worse").sum()), len(table)
     inconclusive = int((table.verdict == "inconclusive").sum())
-    needed = stats.documents_needed(0.02)
+    needed = proportions.documents_needed(0.02)
     assert first[1].words() == (f"candidate is worse than reference on {worse} of {m} rows; {inconclusive} "
                                 f"inconclusive — too few documents ({needed} needed, 12 here) (exit {code})")
     assert "fail" in first[1].attrs["class"]

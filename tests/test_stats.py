@@ -1,4 +1,5 @@
-"""Paired statistics against published and hand-computed answers (evalkit/compare/stats.py). Run: pytest tests/test_stats.py"""
+"""Paired statistics against published and hand-computed answers (evalkit/compare/stats.py, proportions.py,
+bootstrap.py, interval.py). Run: pytest tests/test_stats.py"""
 
 import math
 
@@ -9,9 +10,10 @@ import pytest
 from scipy.stats import multinomial
 
 from evalkit.compare import tost
-from evalkit.compare.stats import (Interval, compare_paired, documents_needed, is_binary, mcnemar_exact, orient,
-                                   paired_bootstrap, paired_bootstrap_aggregate, resamples, tango_interval,
-                                   tost_p_values, z_value)
+from evalkit.compare.bootstrap import paired_bootstrap, paired_bootstrap_aggregate, resamples
+from evalkit.compare.interval import Interval, orient, z_value
+from evalkit.compare.proportions import documents_needed, mcnemar_exact, tango_interval
+from evalkit.compare.stats import compare_paired, is_binary, tost_p_values
 from evalkit.compare.verdict import decide
 
 Z2 = z_value(0.95) ** 2

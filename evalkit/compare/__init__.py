@@ -1,3 +1,3 @@
 """Is one run as accurate as another? Two runs compared document by document (paired, ``python -m evalkit.compare``),
-the statistics (stats, tost, ratio, verdict), the report (report) and the engine's own noise (noise,
-``python -m evalkit.compare.noise``)."""
+the statistics of each row (stats, over proportions, bootstrap, ratio and tost), the verdicts (verdict), the report
+(report) and the engine's own noise (noise, ``python -m evalkit.compare.noise``)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from evalkit.compare import documents, page, report_page, stats
+from evalkit.compare import documents, page, proportions, report_page
 from evalkit.compare.paired import TaskDetail
 from evalkit.compare.plots import MAX_WHY, plots, why_plots  # noqa: F401 (report.plots, report.why_plots: the callers')
 from evalkit.compare.runs import Run
@@ -78,7 +78,7 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
              "`bootstrap`: the mean difference, paired bootstrap; `bootstrap <aggregation>`: the metric's own "
              "lm-eval aggregation, bootstrapped; `delta <aggregation>`: perplexities, analytic"]
     if 0 < tolerance < 1:
-        needed = stats.documents_needed(tolerance, confidence=confidence)
+        needed = proportions.documents_needed(tolerance, confidence=confidence)
         fewer = sorted(set(table.loc[(table["method"] == "tango") & (table["n"] < needed), "task"]))
         lines.append(f"- with no flips, ±{tolerance} needs about {needed} documents to show `equivalent` on a 0/1 "
                      "metric alone (more when many rows share the family); "

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pandas as pd
 
-from evalkit.compare import documents, page, stats, verdict
+from evalkit.compare import documents, page, proportions, verdict
 from evalkit.compare.why import Localisation
 
 INSIDE = ("equivalent", "lower", "higher")  # shown inside the tolerance
@@ -140,7 +140,7 @@ def html(text: str, table: pd.DataFrame, images: dict[str, page.Plot], *, exit_c
          confidence: float, found: dict[tuple[str, str], list[documents.Changed]], why: Localisation | None,
          names: tuple[str, str], family: int | None, title: str) -> str:
     """The whole page."""
-    needed = stats.documents_needed(tolerance, confidence=confidence) if 0 < tolerance < 1 else None
+    needed = proportions.documents_needed(tolerance, confidence=confidence) if 0 < tolerance < 1 else None
     words, kind = headline(table, exit_code=exit_code, needed=needed)
     figures = [page.figure(name, plot) for name, plot in images.items()]
     return page.document(

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from evalkit.compare import corpus, ratio, stats
+from evalkit.compare import bootstrap, corpus, ratio, stats
 from evalkit.compare.verdict import Tolerance, Tolerances
 
 AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
@@ -98,9 +98,10 @@ def analytic(results: dict[str, Any], task: str, metric: str) -> bool:
 
 
 def resample_count(settings: dict[str, Any], *, slow: bool) -> int:
-    """Resamples for a row: at least what its family needs (stats.resamples_for); a row that re-aggregates every
+    """Resamples for a row: at least what its family needs (bootstrap.resamples_for); a row that re-aggregates every
     resample the slow way (corpus-level, not corpus.additive) at most AGGREGATE_ITERATIONS."""
-    count = max(settings["iterations"], stats.resamples_for(settings.get("family", 1), 1.0 - settings["confidence"]))
+    needed = bootstrap.resamples_for(settings.get("family", 1), 1.0 - settings["confidence"])
+    count = max(settings["iterations"], needed)
     return min(count, AGGREGATE_ITERATIONS) if slow else count
 
 
@@ -108,7 +109,7 @@ def stratum_statistics(agg: Callable[[list], float], ref: list, cand: list, *, m
                        fast: tuple | None) -> np.ndarray:
     """(2, count): one leaf's aggregation of the reference's and the candidate's resamples of its documents."""
     parts = []
-    for rows in stats.resamples(len(ref), count, seed=seed):
+    for rows in bootstrap.resamples(len(ref), count, seed=seed):
         if mean:
             parts.append([np.asarray(side, dtype=float)[rows].mean(axis=1) for side in (ref, cand)])
         else:

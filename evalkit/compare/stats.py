@@ -1,202 +1,34 @@
-"""Paired statistics for comparing two runs on the same documents. Pure functions, no I/O.
+"""The statistics of one row of a comparison: which method reads a metric's paired per-document values, and the
+interval and one-sided p-values it gives (compare_paired, Comparison). Pure functions, no I/O.
 
-* 0/1 metrics averaged over documents: Tango's asymptotic score interval for the difference of paired
-  proportions (Tango 1998, Statistics in Medicine 17:891-908, with the correction in Stat Med 18:3511, 1999),
-  one of the intervals Fagerland, Lydersen & Laake (2014, "Recommended tests and confidence intervals for
-  paired binomial proportions", Stat Med 33:2850-2875) recommend. Unlike a bootstrap it keeps its width when
-  no document flips: with none of n documents changing it still spans +-z^2/(n+z^2) (+-0.088 at n=40).
-  Newcombe's hybrid score interval (1998, method 10) would collapse to zero width there. The comparison shows
-  the interval its exact tests invert instead (tost.tango_limits), so the interval and the verdict agree.
-* McNemar's exact test (McNemar 1947): for 0/1 metrics only the discordant documents (b: right in the
-  reference only, c: right in the candidate only) carry information; under no change b ~ Binomial(b+c, 1/2).
-* Everything else: the paired bootstrap (Efron & Tibshirani, 1993; for NLP, Koehn 2004 and Dror et al.
-  2018): resample documents with replacement, keeping each document's pair of values together, and read the
-  interval of the difference off the percentiles. The statistic is the mean paired difference, or for
-  corpus-level metrics (perplexity, BLEU, F1, ...) the metric's own aggregation of the candidate's resample
-  minus that of the reference's, on the same resampled documents. Resamples are drawn in bounded chunks.
+* 0/1 metrics averaged over documents: Tango's score interval and McNemar's exact test
+  (evalkit/compare/proportions.py), with the exact one-sided tests of evalkit/compare/tost.py.
+* Everything else: the paired bootstrap (evalkit/compare/bootstrap.py) of the mean difference, or for
+  corpus-level metrics of the metric's own aggregation.
 * The p-values of the one-sided tests against the tolerance (evalkit/compare/tost.py) go with each interval;
   evalkit/compare/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
 * A relative comparison (unbounded metrics: perplexity, BLEU, ...) bootstraps candidate / reference - 1.
 * lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte) are not resampled:
   evalkit/compare/ratio.py tests them analytically (the delta method), so their p-values have no floor.
-* Resamples are sized to the family: a bootstrap p-value is at least 1 / (B + 1), and Holm over m rows needs
-  alpha / m, so a bootstrap draws at least 20 m / alpha resamples (resamples_for); corpus-level aggregations
-  that re-aggregate every resample at most aggregate_iterations (BLEU, whose resamples are sums of per-document
-  counts, evalkit/compare/corpus.py, is not bounded). Each row says the smallest
-  p-value its method can give (p_floor), and verdict.decide says where that limits the row.
+* Resamples are sized to the family (bootstrap.resamples_for); corpus-level aggregations that re-aggregate every
+  resample draw at most aggregate_iterations (BLEU, whose resamples are sums of per-document counts,
+  evalkit/compare/corpus.py, is not bounded). Each row says the smallest p-value its method can give (p_floor),
+  and verdict.decide says where that limits the row.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import binomtest, norm
 
 from evalkit.compare import corpus, ratio, tost
-
-MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
-RESOLUTION = 20  # resamples per unit of the level a row needs (alpha / family): a p-value floor 20 times below it
-
-
-def resamples_for(family: int, alpha: float) -> int:
-    """Fewest bootstrap resamples whose p-value floor, 1 / (B + 1), lies RESOLUTION times below alpha / family."""
-    return int(math.ceil(RESOLUTION * max(family, 1) / alpha))
-
-
-@dataclass(frozen=True)
-class Interval:
-    diff: float  # candidate - reference, negated where lower is better: positive is better when oriented
-    low: float
-    high: float
-    confidence: float
-
-
-def orient(interval: Interval, higher_is_better: bool | None) -> Interval:
-    """Negate a candidate - reference interval for lower-is-better metrics; unknown direction stays as is."""
-    if higher_is_better is not False:
-        return interval
-    return Interval(diff=0.0 - interval.diff, low=0.0 - interval.high, high=0.0 - interval.low,
-                    confidence=interval.confidence)
-
-
-def z_value(confidence: float) -> float:
-    return float(norm.ppf(0.5 + confidence / 2))
-
-
-def tango_score(delta: float, b: int, c: int, n: int) -> float:
-    """Tango's score statistic for H0: p_cand - p_ref = delta, from the discordant counts b (right in the
-    reference only) and c (right in the candidate only) of n documents.
-
-    In Tango's notation (Fagerland et al. 2014, eq. for the "Tango asymptotic score interval") n12 = c,
-    n21 = b; p21 is replaced by its maximum-likelihood estimate under H0, the root of a quadratic.
-    """
-    qa = 2 * n
-    qb = -b - c + (2 * n - c + b) * delta
-    qc = -b * delta * (1 - delta)
-    p21 = (math.sqrt(max(qb * qb - 4 * qa * qc, 0.0)) - qb) / (2 * qa)
-    variance = n * (2 * p21 + delta * (1 - delta))
-    return (c - b - n * delta) / math.sqrt(max(variance, 1e-300))
-
-
-def tango_interval(b: int, c: int, n: int, *, confidence: float = 0.95) -> Interval:
-    """Tango's score interval for p_cand - p_ref: the deltas in (-1, 1) whose score lies within +-z.
-
-    The score is infinite at the edges -1 and 1 unless every document flipped one way, in which case that
-    edge itself is the limit. Closed form when nothing flipped (b = c = 0): +-z^2 / (n + z^2).
-    """
-    if n <= 0 or b < 0 or c < 0 or b + c > n:
-        raise ValueError(f"no valid paired table: b={b}, c={c}, n={n}")
-    z, estimate = z_value(confidence), (c - b) / n
-    edge = 1.0 - 1e-12
-
-    def limit(target: float, lo: float, hi: float) -> float:
-        return float(brentq(lambda d: tango_score(d, b, c, n) - target, lo, hi, xtol=1e-12))
-
-    low = -1.0 if b == n else limit(z, -edge, estimate)
-    high = 1.0 if c == n else limit(-z, estimate, edge)
-    return Interval(diff=estimate, low=low, high=high, confidence=confidence)
-
-
-def documents_needed(tolerance: float, *, confidence: float = 0.95) -> int:
-    """Fewest documents that, with none flipping, show a 0/1 metric equivalent within +-tolerance on their own:
-    the two one-sided tests (tost.tango_p, exact at every size) at alpha = 1 - confidence."""
-    if not 0 < tolerance < 1:
-        raise ValueError(f"tolerance {tolerance} must lie in (0, 1) for 0/1 metrics")
-    alpha = 1.0 - confidence
-    shown = lambda n: tost.tango_p(0, 0, n, -tolerance, "above") < alpha  # noqa: E731 (symmetric at b = c = 0)
-    low, high = 1, 2
-    while not shown(high):
-        low, high = high, high * 2
-    while high - low > 1:  # shown(high) holds, shown(low) does not (or low = 1)
-        middle = (low + high) // 2
-        low, high = (low, middle) if shown(middle) else (middle, high)
-    return high if not shown(low) else low
-
-
-def resamples(n: int, iterations: int, *, seed: int, max_cells: int = MAX_CELLS) -> Iterator[np.ndarray]:
-    """Bootstrap document indices, (rows, n) at a time with rows * n <= max_cells (at least one row).
-
-    Indices come from uniform floats (one draw each), so the resamples are the same whatever the chunk size.
-    """
-    rng = np.random.default_rng(seed)
-    rows = max(1, max_cells // max(n, 1))
-    for start in range(0, iterations, rows):
-        count = min(rows, iterations - start)
-        yield np.minimum((rng.random((count, n)) * n).astype(np.intp), n - 1)
-
-
-def _percentiles(diff: float, statistics: np.ndarray, confidence: float) -> Interval:
-    alpha = (1.0 - confidence) / 2
-    low, high = np.quantile(statistics, [alpha, 1 - alpha])
-    return Interval(diff=float(diff), low=float(low), high=float(high), confidence=confidence)
-
-
-def bootstrap_means(delta: np.ndarray, *, iterations: int, seed: int, max_cells: int = MAX_CELLS) -> np.ndarray:
-    """The mean of each resample of the paired differences delta."""
-    return np.concatenate([delta[idx].mean(axis=1)
-                           for idx in resamples(len(delta), iterations, seed=seed, max_cells=max_cells)])
-
-
-def paired_bootstrap(reference: np.ndarray, candidate: np.ndarray, *, iterations: int = 10_000,
-                     confidence: float = 0.95, seed: int = 0, higher_is_better: bool | None = True,
-                     max_cells: int = MAX_CELLS) -> Interval:
-    """Percentile interval of the mean paired difference (candidate - reference, then oriented)."""
-    delta = np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
-    if len(delta) == 0:
-        raise ValueError("no paired documents to compare")
-    means = bootstrap_means(delta, iterations=iterations, seed=seed, max_cells=max_cells)
-    return orient(_percentiles(delta.mean(), means, confidence), higher_is_better)
-
-
-def aggregate_statistics(reference: Sequence[Any], candidate: Sequence[Any], aggregate: Callable[[list[Any]], float],
-                         *, iterations: int, seed: int, relative: bool = False, max_cells: int = MAX_CELLS,
-                         fast: tuple | None = None) -> tuple[float, np.ndarray]:
-    """aggregate(candidate) - aggregate(reference) (relative: their ratio - 1) and the same over paired resamples;
-    fast: each run's corpus.additive counts (None: read here), which make a resample a sum."""
-    if len(reference) == 0 or len(reference) != len(candidate):
-        raise ValueError(f"need paired documents, got {len(reference)} and {len(candidate)}")
-    fast = fast or (corpus.additive(aggregate, reference), corpus.additive(aggregate, candidate))
-
-    def statistic(ref: Any, cand: Any) -> Any:
-        return cand / ref - 1.0 if relative else cand - ref
-
-    with warnings.catch_warnings():  # resamples of one class make sklearn's F1/MCC warn, once per resample
-        warnings.simplefilter("ignore")
-        statistics = np.concatenate([statistic(corpus.resampled(aggregate, reference, idx, fast[0]),
-                                               corpus.resampled(aggregate, candidate, idx, fast[1]))
-                                     for idx in resamples(len(reference), iterations, seed=seed, max_cells=max_cells)])
-    return statistic(aggregate(list(reference)), aggregate(list(candidate))), statistics
-
-
-def paired_bootstrap_aggregate(reference: Sequence[Any], candidate: Sequence[Any],
-                               aggregate: Callable[[list[Any]], float], *, iterations: int = 1_000,
-                               confidence: float = 0.95, seed: int = 0, higher_is_better: bool | None = True,
-                               max_cells: int = MAX_CELLS) -> Interval:
-    """Percentile interval of aggregate(candidate) - aggregate(reference) over paired document resamples.
-
-    For corpus-level metrics whose per-document values are not scores (perplexity's (log-likelihood,
-    words), BLEU's (reference, prediction), ...): each resample draws the same documents for both runs.
-    """
-    diff, statistics = aggregate_statistics(reference, candidate, aggregate, iterations=iterations, seed=seed,
-                                            max_cells=max_cells)
-    return orient(_percentiles(diff, statistics, confidence), higher_is_better)
-
-
-def mcnemar_exact(reference: np.ndarray, candidate: np.ndarray) -> tuple[int, int, float]:
-    """(b, c, two-sided exact p): b documents right only in the reference, c right only in the candidate."""
-    ref = np.asarray(reference).astype(bool)
-    cand = np.asarray(candidate).astype(bool)
-    b = int(np.sum(ref & ~cand))
-    c = int(np.sum(~ref & cand))
-    if b + c == 0:
-        return b, c, 1.0
-    return b, c, float(binomtest(b, b + c, 0.5, alternative="two-sided").pvalue)
+from evalkit.compare.bootstrap import aggregate_statistics, bootstrap_means, resamples_for
+from evalkit.compare.interval import Interval, orient
+from evalkit.compare.proportions import mcnemar_exact
 
 
 def is_binary(values: np.ndarray) -> bool:

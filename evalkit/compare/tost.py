@@ -5,7 +5,7 @@ one-sided tests: "worse" is H1: diff < -tolerance, "equivalent" is H1: diff > -t
 (its p-value the larger of the two), "lower" is H1: diff < 0. This module gives p(diff < bound) and p(diff > bound):
 
 * paired 0/1 scores (b documents right in the reference only, c in the candidate only, of n): Tango's score
-  statistic at the bound (evalkit/compare/stats.py) ordered exactly, at every n: the p-value is the largest
+  statistic at the bound (evalkit/compare/proportions.py) ordered exactly, at every n: the p-value is the largest
   probability, over the nuisance parameter on the boundary (pc - pb = bound), of a table at least as extreme
   (an exact unconditional test, as Chan 1998, Stat Med 17:1403, and Sidik 2003, Biometrical Journal 45:729,
   construct it for paired non-inferiority). The asymptotic score test is liberal at every size (0.071 at 40
@@ -43,7 +43,7 @@ XTOL = 1e-7  # how closely an interval's limits are located, and to 1e-4 of thei
 
 
 def tango_scores(delta: float, b: np.ndarray, c: np.ndarray, n: int) -> np.ndarray:
-    """stats.tango_score over arrays of tables (b, c) of n documents."""
+    """proportions.tango_score over arrays of tables (b, c) of n documents."""
     b, c = np.asarray(b, dtype=float), np.asarray(c, dtype=float)
     qb = -b - c + (2 * n - c + b) * delta
     qc = -b * delta * (1 - delta)

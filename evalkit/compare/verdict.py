@@ -15,7 +15,7 @@ equivalent    shown inside +-tolerance, no difference from 0 shown
 inconclusive  none of these shown (too few documents, or a zero-width bootstrap: no evidence either way)
 
 A bootstrap p-value cannot go below 1 / (resamples + 1) (its p_floor); where that floor times the rows is not
-below alpha, the row's note says that its resolution, not the data, limits it (stats.resamples_for sizes the
+below alpha, the row's note says that its resolution, not the data, limits it (bootstrap.resamples_for sizes the
 resamples so that this happens only to corpus-level rows, whose resamples are bounded).
 """
 
