@@ -27,6 +27,7 @@ from typing import Any
 
 POINT_FILE = "point.json"
 FINAL = ("ok", "failed", "skipped")  # the statuses of a point that is done
+COMPLETED = ("ok", "skipped")  # the statuses whose run folder holds results (a skipped point's: the earlier run's)
 
 
 class SweepError(ValueError):

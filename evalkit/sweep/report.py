@@ -35,11 +35,11 @@ import pandas as pd
 
 from evalkit.compare.plots import png, pyplot
 from evalkit.sweep import report_page
-from evalkit.sweep.points import PointRecord, SweepError, distinct_overrides, read_points, write_atomic
+from evalkit.sweep.points import (COMPLETED, PointRecord, SweepError, distinct_overrides, read_points,
+                                   write_atomic)
 
 COLUMNS = ["point", "overrides", "status", "task", "metric", "filter", "value", "stderr", "verdict", "diff",
            "wall_seconds", "tokens_per_s", "error"]
-COMPLETED = ("ok", "skipped")  # statuses whose run folder holds results
 
 
 def tokens_per_second(results: dict[str, Any]) -> float | None:

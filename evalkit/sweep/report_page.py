@@ -13,9 +13,7 @@ import pandas as pd
 
 from evalkit.compare import page
 from evalkit.compare.verdict import FAILING
-from evalkit.sweep.points import PointRecord
-
-COMPLETED = ("ok", "skipped")  # statuses whose run folder holds results (as evalkit/sweep/report.py's)
+from evalkit.sweep.points import COMPLETED, PointRecord
 
 SCORES = "Each point's score with lm-eval's standard error as its bar, one panel per task, metric and filter. " \
          "Bars that overlap the reference's do not show a change; the table's verdicts come from the paired test, " \
