@@ -13,6 +13,7 @@ from evalkit.engine.machine import gpus
 from evalkit.store import fingerprint as fingerprints
 from evalkit.config import ConfigError
 from evalkit.store.fingerprint import fingerprint
+from tests.fake_gpus import on_fake_gpus
 
 PACKAGE = Path(fingerprints.__file__).resolve().parent.parent
 # names a module uses when it builds what is sent to an engine or reads what comes back
@@ -160,24 +161,9 @@ def test_the_engines_gpus_are_the_first_of_its_ranks(model):
 
 @pytest.fixture
 def eight_h100s(tmp_path, monkeypatch):
-    """A machine of 8 H100s as gpus.py reads it: a driver's files under a temporary root, NVML faked at pynvml."""
-    import importlib.util
-    import json
-    import sys
-
-    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).parents[1] / "gpu_machine" / "pynvml.py")
-    fake = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    root = tmp_path / "root"
-    (root / "proc/driver/nvidia").mkdir(parents=True)
-    (root / "dev").mkdir()
-    for i in range(8):
-        (root / "dev" / f"nvidia{i}").touch()
-    monkeypatch.setattr(gpus, "ROOT", str(root))
-    monkeypatch.setenv("FAKE_NVML", json.dumps([{"name": H100, "uuid": f"GPU-{i}", "total": 80 << 30,
-                                                 "free": 80 << 30} for i in range(8)]))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    """A machine of 8 H100s as gpus.py reads it (tests/fake_gpus.py)."""
+    on_fake_gpus(monkeypatch, tmp_path / "root", [{"name": H100, "uuid": f"GPU-{i}", "total": 80 << 30,
+                                                    "free": 80 << 30} for i in range(8)])
     return gpus
 
 

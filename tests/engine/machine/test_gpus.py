@@ -3,8 +3,6 @@ on a driver recreated in a temporary folder. Run: ``.venv/bin/python -m pytest t
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.engine.machine import gpus
+from tests.fake_gpus import driver_files, on_fake_gpus
 
 GIB = 2**30
 H100 = "NVIDIA H100 80GB HBM3"
@@ -19,25 +18,9 @@ FOUR = [{"name": H100 if i < 2 else "NVIDIA A100-SXM4-80GB", "uuid": f"GPU-{i}{i
          "free": 80 * GIB - i * GIB} for i in range(4)]
 
 
-def fake_machine(root: Path, nodes: int = 4) -> Path:
-    """A driver's files under root: /proc/driver/nvidia, /dev/nvidiactl and nodes /dev/nvidia<N>."""
-    (root / "proc/driver/nvidia").mkdir(parents=True)
-    (root / "dev").mkdir()
-    for name in ["nvidiactl", "nvidia-uvm"] + [f"nvidia{i}" for i in range(nodes)]:
-        (root / "dev" / name).touch()
-    return root
-
-
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("pynvml", Path(__file__).parents[2] / "gpu_machine" / "pynvml.py")
-    fake = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake)
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr(gpus, "ROOT", str(fake_machine(tmp_path)))
-    monkeypatch.setenv("FAKE_NVML", json.dumps(FOUR))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return fake
+    return on_fake_gpus(monkeypatch, tmp_path, FOUR)
 
 
 def test_every_gpu_through_nvml(machine):
@@ -90,7 +73,7 @@ def test_the_real_bindings_without_libnvidia_ml_fall_back_to_device_nodes(tmp_pa
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("this machine has libnvidia-ml")
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    monkeypatch.setattr(gpus, "ROOT", str(fake_machine(tmp_path, nodes=2)))
+    monkeypatch.setattr(gpus, "ROOT", str(driver_files(tmp_path, nodes=2)))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     found, how = gpus.discover()
     assert how == "device nodes" and [g.name for g in found] == [gpus.NO_NAME] * 2
