@@ -1,7 +1,7 @@
 """The memory back-off, as a decision: which failures are memory failures, and the next smaller settings.
 
 The supervisor (evalkit/run/supervise.py) applies it to a run's tries; the data-parallel pool
-(evalkit/engine/pool/engine.py) to one actor at a time. Pure functions of an error text and a config.
+(evalkit/engine/pool/replicas.py) to one actor at a time. Pure functions of an error text and a config.
 """
 
 from __future__ import annotations

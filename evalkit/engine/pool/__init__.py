@@ -1,2 +1,3 @@
-"""The data-parallel pool: vLLM engines on Ray actors behind one Engine (engine.DataParallelEngine, the door),
-how requests are shared among them (plan), and what an actor's failure says (output)."""
+"""The data-parallel pool: vLLM engines on Ray actors behind one Engine (engine.DataParallelEngine, the door);
+what runs in an actor (actor), the actors held, started and replaced (replicas), one call spread over them
+(dispatch), the pool's pure decisions (plan), and what an actor's failure says (output)."""

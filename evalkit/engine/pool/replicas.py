@@ -1,0 +1,145 @@
+"""The pool's engine actors as the driver holds them: asked of Ray, placed, started, replaced, stopped.
+
+Each actor (pool/actor.py) starts its engine once. One that dies is replaced by a fresh actor with the same
+settings; one whose engine runs out of memory, by one with the next smaller settings of the run's memory
+back-off (``oom_retry``, evalkit/engine/backoff.py), while the others keep theirs. An actor whose engine fails
+to start (a segfault, the kernel's OOM killer) is replaced ``REPLACEMENTS`` times, then the run fails with one
+line naming it and its last error. Engines on two GPU models are refused before they start, the replacement's
+too, since they would share one request store (machine/gpus.py, ``pool_gpus``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from evalkit.config import EvalConfig, devices_per_engine, memory_settings
+from evalkit.engine.backoff import classify, weights_failure
+from evalkit.engine.machine.gpus import engine_gpus, pool_gpus
+from evalkit.engine.pool.actor import EngineActor
+from evalkit.engine.pool.plan import REPLACEMENTS, actor_resources, one_line, replacement_settings
+
+log = logging.getLogger("evalkit")
+
+
+def connect(cfg: EvalConfig) -> bool:
+    """Join cluster.address, or start Ray on this machine; False when this process was connected already."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    local = {} if cfg.cluster.address else {"num_cpus": cfg.cluster.num_cpus, "num_gpus": cfg.cluster.num_gpus}
+    ray.init(address=cfg.cluster.address, include_dashboard=False, logging_level=logging.WARNING, **local)
+    return True
+
+
+class Replicas:
+    """``data_parallel_size`` engine actors, each with its settings, its place and its engine's description.
+
+    Made in two steps so that a cluster too small fails (ConfigError) before anything loads: the constructor
+    joins Ray and sizes the actors; :meth:`start` makes them and starts their engines."""
+
+    def __init__(self, cfg: EvalConfig, model_dir: str) -> None:
+        import ray
+
+        self.cfg, self.model_dir = cfg, model_dir
+        self.connected_here = connect(cfg)
+        self.resources = actor_resources(cfg, ray.cluster_resources())
+        self.actors: list[Any] = []
+
+    def start(self) -> None:
+        """Make the actors, place them, and start their engines, all at once; any failure stops them all."""
+        import ray
+
+        self.remote = ray.remote(EngineActor)
+        self.settings = [self.cfg] * self.cfg.data_parallel_size
+        self.actors = [self.remote.options(**self.resources).remote() for _ in self.settings]
+        self.places = ray.get([a.place.remote() for a in self.actors])
+        nodes = [p["node"] for p in self.places]
+        self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
+        self.descriptions: list[dict[str, Any]] = [{} for _ in self.actors]
+        self.replaced = 0
+        try:
+            self._one_gpu_model()
+            for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
+                self._started(i, ref)
+        except BaseException:
+            self.end()
+            raise
+
+    def restart(self, i: int, error: Exception) -> None:
+        """Actor i failed with error while answering: a fresh one in its place, its engine started."""
+        self._replace(i, error)
+        self._started(i, self._start(i))
+
+    def _start(self, i: int) -> Any:
+        return self.actors[i].start.remote(self.settings[i], self.model_dir, *self.slots[i])
+
+    def _started(self, i: int, ref: Any) -> None:
+        """Wait for actor i's engine. One that fails to start is replaced (after a memory failure, with the next
+        smaller settings) REPLACEMENTS times at most; then the run fails, naming the actor and its last error."""
+        import ray
+
+        for tries in range(1, REPLACEMENTS + 2):
+            try:
+                self.descriptions[i] = ray.get(ref)
+                return
+            except ray.exceptions.RayError as error:
+                if tries > REPLACEMENTS:
+                    place = self.places[i]
+                    raise RuntimeError(f"engine {i} (pid {place['pid']} on {place['host']}) did not start in "
+                                       f"{tries} tries; last: {one_line(error)}") from error
+                self._replace(i, error)
+                ref = self._start(i)
+
+    def _replace(self, i: int, error: Exception) -> None:
+        """A fresh actor in place of actor i, with the settings replacement_settings gives."""
+        import ray
+
+        kind = classify(str(error))
+        if kind == "weights":  # no smaller setting loads them: fail now, not after every replacement
+            raise RuntimeError(f"engine {i}: {weights_failure(str(error))}") from error
+        if isinstance(error, ray.exceptions.OutOfMemoryError):  # Ray's memory monitor killed the actor
+            kind = "pressure"
+        died = isinstance(error, ray.exceptions.RayActorError)
+        self.settings[i] = replacement_settings(self.settings[i], kind=kind, died=died, error=error,
+                                                policy=self.cfg.oom_retry)
+        log.warning("engine %d %s; starting a fresh actor with %s", i, f"ran out of memory ({kind})" if kind else "died",
+                    memory_settings(self.settings[i]))
+        ray.kill(self.actors[i], no_restart=True)
+        self.actors[i] = self.remote.options(**self.resources).remote()
+        self.places[i] = ray.get(self.actors[i].place.remote())
+        self.replaced += 1
+        self._one_gpu_model()  # the replacement may land on another GPU model
+
+    def _one_gpu_model(self) -> None:
+        """Refuse engines on different GPU models before they start: they would share one store
+        (gpus.pool_gpus says why)."""
+        pool_gpus([engine_gpus(p.get("gpu_models"), devices_per_engine(self.cfg)) for p in self.places])
+
+    def described(self) -> list[dict[str, Any]]:
+        """Where each actor runs, its memory settings, and what its engine said of its choices and cores."""
+        return [{**place, "settings": memory_settings(settings), "choices": description.get("choices"),
+                 "cores": description.get("cores"), "threads": description.get("threads"),
+                 "engine_gpus": description.get("engine_gpus"), "scheduling": description.get("scheduling")}
+                for place, settings, description in zip(self.places, self.settings, self.descriptions)]
+
+    def close(self) -> None:
+        """Close every engine (a minute at most), then stop the actors and Ray where this pool started it."""
+        import ray
+
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=60)
+        except ray.exceptions.RayError as error:
+            log.warning("closing the engines: %s", one_line(error))
+        finally:
+            self.end()
+
+    def end(self) -> None:
+        """Stop every actor, and Ray where this pool started it."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        if self.connected_here:
+            ray.shutdown()
