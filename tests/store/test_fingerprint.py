@@ -203,9 +203,9 @@ def test_the_pool_refuses_engines_on_two_gpu_models_before_they_start(monkeypatc
     import ray
 
     from evalkit.config import compose_config
-    from evalkit.engine.pool.engine import DataParallelEngine
+    from evalkit.engine.pool.replicas import Replicas
 
-    pool = DataParallelEngine.__new__(DataParallelEngine)
+    pool = Replicas.__new__(Replicas)  # the pool's actors, as DataParallelEngine holds them
     pool.cfg = compose_config(["data_parallel_size=2"])
     pool.places = [{"host": "a", "gpu_models": [H100]}, {"host": "b", "gpu_models": [H100, H100]}]
     pool._one_gpu_model()  # each engine takes the first of its actor's GPUs
