@@ -1,0 +1,140 @@
+"""The divergence record of a run: at each scored position, the token in the text and the engine's top entries.
+
+``divergence_<task>_<date>.npz`` beside the samples holds, for one task, one row per scored position: a
+position of a log-likelihood continuation, of a rolling (perplexity) window, or of a generation's own output,
+whose context is ``ids[:p]`` of the request. Two runs are compared only where their contexts are the same token
+for token: each row carries ``context``, the first 8 bytes of the SHA-256 of the context's ids (as
+little-endian int32), so equal contexts are found by key, never assumed from the document and position
+(evalkit/compare/divergence reads it).
+
+Columns (NumPy arrays of equal length n; k is the run's ``divergence_top_k``):
+
+* ``doc_id`` (int64), ``request`` (int32: lm-eval's index of the request in its document, a choice or a
+  window), ``kind`` (int8: :data:`KINDS`), ``position`` (int32: p, the index of the text token in the request);
+* ``context`` (uint64);
+* ``text_id`` (int32), ``text_logprob`` (float32: the engine's log-probability of the text token there);
+* ``top_ids`` (int32, n x k), ``top_logprobs`` (float32, n x k): the engine's k most likely next tokens after
+  the context, best first; -1 and NaN pad a row where the engine gave fewer (a server's cap).
+
+About 20 + 8k bytes a position: 180 at k = 20 (docs/divergence.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+KINDS = ("loglikelihood", "loglikelihood_rolling", "generate_until")
+PAD = -1
+VERSION = 1
+
+
+def context_keys(ids: Sequence[int], start: int) -> list[int]:
+    """The key of every context ids[:p] for p in start..len(ids)-1: the first 8 bytes of the SHA-256 of the
+    context's ids as little-endian int32, hashed incrementally (one pass over the ids)."""
+    digest = hashlib.sha256(np.asarray(ids[:start], dtype="<i4").tobytes())
+    keys = []
+    for p in range(start, len(ids)):
+        keys.append(int.from_bytes(digest.copy().digest()[:8], "little"))
+        digest.update(np.asarray([ids[p]], dtype="<i4").tobytes())
+    return keys
+
+
+@dataclass(frozen=True)
+class Positions:
+    """One task's rows (see the module docstring for each column), checked as they are built."""
+
+    doc_id: np.ndarray
+    request: np.ndarray
+    kind: np.ndarray
+    position: np.ndarray
+    context: np.ndarray
+    text_id: np.ndarray
+    text_logprob: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.doc_id)
+        columns = {name: getattr(self, name) for name in COLUMNS}
+        if any(len(v) != n for v in columns.values()):
+            raise ValueError(f"divergence record: columns of unequal length "
+                             f"({', '.join(f'{k} {len(v)}' for k, v in columns.items())})")
+        if self.top_ids.ndim != 2 or self.top_ids.shape != self.top_logprobs.shape:
+            raise ValueError(f"divergence record: top_ids {self.top_ids.shape} and top_logprobs "
+                             f"{self.top_logprobs.shape} are not one n x k shape")
+
+    @property
+    def k(self) -> int:
+        return self.top_ids.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.doc_id)
+
+
+COLUMNS = ("doc_id", "request", "kind", "position", "context", "text_id", "text_logprob", "top_ids", "top_logprobs")
+DTYPES = {"doc_id": np.int64, "request": np.int32, "kind": np.int8, "position": np.int32, "context": np.uint64,
+          "text_id": np.int32, "text_logprob": np.float32, "top_ids": np.int32, "top_logprobs": np.float32}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request's positions as the harness records them, before they become columns."""
+
+    doc_id: int
+    request: int
+    kind: str
+    start: int  # positions start..len(ids)-1 of ids
+    ids: tuple[int, ...]
+    text_logprobs: tuple[float, ...]  # one per position
+    top: tuple[tuple[tuple[int, float], ...], ...]  # one per position: (id, log-probability), best first
+
+
+def build(rows: Sequence[Row], k: int) -> Positions:
+    """The columns of rows; each row's counts are checked against its request (one value and one top list per
+    position, at most k entries each)."""
+    cols: dict[str, list] = {name: [] for name in COLUMNS}
+    for row in rows:
+        n = len(row.ids) - row.start
+        if len(row.text_logprobs) != n or len(row.top) != n:
+            raise ValueError(f"divergence record of document {row.doc_id}, request {row.request}: {n} positions "
+                             f"but {len(row.text_logprobs)} log-probabilities and {len(row.top)} top lists")
+        for p, key, value, top in zip(range(row.start, len(row.ids)), context_keys(row.ids, row.start),
+                                      row.text_logprobs, row.top):
+            if len(top) > k:
+                raise ValueError(f"divergence record of document {row.doc_id}: {len(top)} top entries, more "
+                                 f"than divergence_top_k={k}")
+            cols["doc_id"].append(row.doc_id)
+            cols["request"].append(row.request)
+            cols["kind"].append(KINDS.index(row.kind))
+            cols["position"].append(p)
+            cols["context"].append(key)
+            cols["text_id"].append(row.ids[p])
+            cols["text_logprob"].append(value)
+            cols["top_ids"].append([t for t, _ in top] + [PAD] * (k - len(top)))
+            cols["top_logprobs"].append([v for _, v in top] + [np.nan] * (k - len(top)))
+    arrays = {name: np.asarray(values, dtype=DTYPES[name]) for name, values in cols.items()}
+    for name in ("top_ids", "top_logprobs"):
+        arrays[name] = arrays[name].reshape(-1, k)
+    return Positions(**arrays)
+
+
+def write(path: Path, positions: Positions) -> None:
+    """One task's record, compressed (only run/results.py calls this, inside the run's temporary folder)."""
+    with open(path, "wb") as f:
+        np.savez_compressed(f, version=np.asarray(VERSION), **{name: getattr(positions, name) for name in COLUMNS})
+
+
+def read(path: Path) -> Positions:
+    """A record written by :func:`write`; one line naming the file where it is not one."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if int(data["version"]) != VERSION:
+                raise ValueError(f"version {int(data['version'])}, this evalkit reads {VERSION}")
+            return Positions(**{name: data[name].astype(DTYPES[name], copy=False) for name in COLUMNS})
+    except (OSError, KeyError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable divergence record: {error}") from None
