@@ -230,7 +230,7 @@ def test_numeric_choices_are_read_with_one_request_per_last_context():
     two path reads, each prompt's rows giving the space and the first digit, its next-token read the last
     digits; the step of the space is in both (either answers it)."""
     from evalkit.engine.logprob_reads import token_steps
-    from evalkit.engine.read_plan import plan_paths
+    from evalkit.engine.vllm.chained import plan_paths
 
     question = (3, 17, 5)
     choices = [(42, 30, 31), (42, 30, 32), (42, 33, 34), (42, 33, 35)]
@@ -251,7 +251,7 @@ def test_every_step_of_any_choices_is_read_by_a_path_or_left_for_a_next_token_re
     import random
 
     from evalkit.engine.logprob_reads import token_steps
-    from evalkit.engine.read_plan import plan_paths
+    from evalkit.engine.vllm.chained import plan_paths
 
     rng = random.Random(seed)
     contexts = [(1, 2, 3), (1, 2, 3, 4, 5)]
@@ -307,7 +307,7 @@ def test_the_whole_blocks_before_each_reads_rows_are_prefilled_once():
     """Rows from position 8 need the logits of position 7, which must be computed: with 4-token blocks one
     whole block (4 tokens) may come from the cache; rows from position 9 leave two (8 tokens); a read whose rows
     start inside the first block gets none, and a read with no rows none."""
-    from evalkit.engine.read_plan import whole_blocks_before_rows
+    from evalkit.engine.vllm.path_reads import whole_blocks_before_rows
 
     reads = [PathRead(prompt=IDS, start=8, asked=()), PathRead(prompt=IDS, start=9, asked=(4,)),
              PathRead(prompt=IDS, start=3, asked=()), PathRead(prompt=IDS[:6], start=None, asked=(4,))]
@@ -350,7 +350,9 @@ def test_more_than_128_asked_ids_are_split_into_reads_of_the_same_prompt():
     """200 two-token choices " is " + word behind one question: one path read asking 200 last tokens, split
     into reads of at most 128 ids; the first keeps the rows; every step is still answered."""
     from evalkit.engine.logprob_reads import token_steps
-    from evalkit.engine.read_plan import MAX_LOGPROB_TOKEN_IDS, plan_paths, split_asked
+    from evalkit.engine.read_plan import MAX_LOGPROB_TOKEN_IDS
+    from evalkit.engine.vllm.chained import plan_paths
+    from evalkit.engine.vllm.path_reads import split_asked
 
     question, is_ = (3, 17, 5), 9
     requests = [ScoreRequest(ids=question + (is_, 1000 + w), start=3) for w in range(200)]
@@ -413,7 +415,8 @@ def sent_as_vllm_does(reads, warm, block, runner):
 
 def planned(requests, block, others=(), cut=True):
     """The reads the engine sends for these continuations, warm prefixes first (VLLMEngine._send_reads)."""
-    from evalkit.engine.read_plan import block_safe, plan_paths, split_asked, whole_blocks_before_rows
+    from evalkit.engine.vllm.chained import plan_paths
+    from evalkit.engine.vllm.path_reads import block_safe, split_asked, whole_blocks_before_rows
 
     reads, _ = plan_paths(requests)
     sent = split_asked(block_safe(reads, block, others) if cut else reads)
@@ -451,7 +454,8 @@ def test_choices_that_share_leading_tokens_are_read_once_each(runner):
     """Long choices (the shared-prefix path) sharing their first five tokens past a block boundary: the second
     one's read found the first one's blocks cached into its continuation. Cut, the shared part is read once, in
     reads that end inside their first row's block, and nothing is refused."""
-    from evalkit.engine.read_plan import PathRead, block_safe, whole_blocks_before_rows
+    from evalkit.engine.read_plan import PathRead
+    from evalkit.engine.vllm.path_reads import block_safe, whole_blocks_before_rows
 
     block, context, shared = 4, (3, 17, 5, 22, 9, 31), (14, 8, 26, 11, 35)
     requests = [ScoreRequest(ids=context + shared + tail, start=6) for tail in [(2, 4, 6), (12, 13), (15, 16, 18, 19)]]
@@ -472,7 +476,9 @@ def test_no_plan_of_random_choices_is_refused_on_either_runner(runner, seed):
     import random
 
     from evalkit.engine.logprob_reads import token_steps
-    from evalkit.engine.read_plan import PathRead, block_safe, plan_paths, whole_blocks_before_rows
+    from evalkit.engine.read_plan import PathRead
+    from evalkit.engine.vllm.chained import plan_paths
+    from evalkit.engine.vllm.path_reads import block_safe, whole_blocks_before_rows
 
     rng = random.Random(seed)
     block = rng.randint(2, 5)

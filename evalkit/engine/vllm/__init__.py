@@ -1,2 +1,8 @@
-"""vLLM in this process: the engine (engine.VLLMEngine), its start (start.start_vllm, the door) and its
-progress bar (bar)."""
+"""vLLM in this process: its start (start.start_vllm, the door), the engine (engine.VLLMEngine: start-up,
+tokenizer side, generation and which scoring path takes a request), and its progress bar (bar).
+
+One module per scoring path, each with its planning beside its reading: next_token (one-token
+continuations), chained (2 to 16 tokens, read by path), prompt_logprobs (prompt rows, with or without the
+prefix cache); path_reads sends the path reads both of the latter plan, cut against vLLM's prefix cache;
+second_read is what a read that fails its check twice raises; trace the per-token traces.
+"""
