@@ -6,5 +6,5 @@ process), ``served/`` (an OpenAI-compatible server over HTTP), ``hf/`` (HF trans
 environment, the checks before a start, the settings chosen for it, the embedded model and process groups.
 The top holds what every kind shares: ``factory`` (the door: start_engines), ``wrapper`` (engines that wrap
 an engine), ``backoff`` (the memory back-off), ``logprob_reads`` and ``read_plan`` (reading log-probabilities
-the same way on every engine) and ``tokenizer``.
+the same way on every engine, and what one path read asks for) and ``tokenizer``.
 """

@@ -38,7 +38,7 @@ def expected(request=REQUEST):
 
 
 def read_prompt_rows(request, flat, runner="v1", token_id_scores=None):
-    """request scored from its own prompt rows as the engine reads it (VLLMEngine._score_prompts: a path read with
+    """request scored from its own prompt rows as the engine reads it (vllm/prompt_logprobs.score_prompts: a path read with
     no next token; on V2 the values from ``prompt_token_id_logprobs``, asked from row start - 1)."""
     read = PathRead(prompt=request.ids, start=scored_positions(request).start, asked=())
     rows, _ = read_path(read, runner=runner, prompt_rows=flat, token_id_scores=token_id_scores, next_token=None)
@@ -365,7 +365,7 @@ def test_more_than_128_asked_ids_are_split_into_reads_of_the_same_prompt():
     assert set(unique) == {s for r in split for s in r.steps()}
 
 
-# --- the plan against vLLM's prefix cache (read_plan.block_safe) ---
+# --- the plan against vLLM's prefix cache (vllm/path_reads.block_safe) ---
 
 def logits_of(ids):
     """Logits of a model whose row h depends on the whole prefix ids[:h + 1] (different texts, different rows)."""
@@ -379,7 +379,7 @@ def sent_as_vllm_does(reads, warm, block, runner):
     the longest run of whole blocks that a request before it computed, never its last token
     (kv_cache_manager.get_computed_blocks: max_cache_hit_length = num_tokens - 1); its rows laid out by the
     runner for one step from that hit; then its whole blocks cached. What the engine reads of it (on V1 a hit
-    that reached the first row is refused, as VLLMEngine._send_reads refuses it): {step: Scored}, and the
+    that reached the first row is refused, as vllm/path_reads.send_reads refuses it): {step: Scored}, and the
     reads refused."""
     from evalkit.engine.logprob_reads import path_scores
 
@@ -414,7 +414,7 @@ def sent_as_vllm_does(reads, warm, block, runner):
 
 
 def planned(requests, block, others=(), cut=True):
-    """The reads the engine sends for these continuations, warm prefixes first (VLLMEngine._send_reads)."""
+    """The reads the engine sends for these continuations, warm prefixes first (vllm/path_reads.send_reads)."""
     from evalkit.engine.vllm.chained import plan_paths
     from evalkit.engine.vllm.path_reads import block_safe, split_asked, whole_blocks_before_rows
 
@@ -459,7 +459,7 @@ def test_choices_that_share_leading_tokens_are_read_once_each(runner):
 
     block, context, shared = 4, (3, 17, 5, 22, 9, 31), (14, 8, 26, 11, 35)
     requests = [ScoreRequest(ids=context + shared + tail, start=6) for tail in [(2, 4, 6), (12, 13), (15, 16, 18, 19)]]
-    reads = [PathRead(prompt=r.ids, start=r.start, asked=()) for r in requests]  # VLLMEngine._score_prompts
+    reads = [PathRead(prompt=r.ids, start=r.start, asked=()) for r in requests]  # vllm/prompt_logprobs.score_prompts
     assert sent_as_vllm_does(reads, whole_blocks_before_rows(reads, block), block, runner)[1]
     cut = block_safe(reads, block)
     found, refused = sent_as_vllm_does(cut, whole_blocks_before_rows(cut, block), block, runner)
