@@ -1,10 +1,11 @@
-"""``python -m evalkit.compare``: the command line over the comparison (paired.py), its localisation
-(locate.py) and its report (report.py). Exit 0, 1 when a candidate is worse (or changed) family-wise at
---alpha (verdict.py), 2 on bad input.
+"""``python -m evalkit.compare``: the command line over the comparison (paired.py), the token-level
+divergence where both runs recorded it (divergence/), its localisation (locate.py) and its report (report.py).
+Exit 0, 1 when a candidate is worse (or changed) family-wise at --alpha (verdict.py) or, with --noise, its
+divergence is beyond noise (divergence/verdict.py), 2 on unusable input.
 
 Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]
-[--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--output DIR] [--locate]`` (``--locate``: why each changed
-document changed, evalkit/compare/locate.py).
+[--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--noise RUN] [--output DIR] [--locate]`` (``--locate``: why
+each changed document changed, evalkit/compare/locate.py).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from evalkit.compare import locate, report, verdict
+from evalkit.compare.divergence import ALPHA as NOISE_ALPHA, between, family, records
 from evalkit.compare.paired import compare_family, compare_runs
 from evalkit.compare.runs import CompareError, Run, load_run
 from evalkit.compare.verdict import Tolerances
@@ -30,9 +33,11 @@ Are two runs' scores the same within a tolerance, and if not, why did they chang
 Compares a candidate run (or several: every point of a sweep) with a reference run of the same tasks,
 documents and prompts, document by document. For every task, filter and metric it gives both scores, the
 difference with its interval, and a verdict, family-wise at --alpha over every row: worse, changed, better,
-lower, higher, equivalent or inconclusive. Below the table: the documents that flipped, where generations
-diverge, log-probability drift; --locate finds the first token where each changed generation parted and why
-(near-tie, logit drift, other). The report is printed and written next to each candidate run
+lower, higher, equivalent or inconclusive. Where both runs recorded their top-k log-probabilities
+(divergence_top_k), the token-level divergence beside it (llama.cpp's Mean KLD, Same top p, Δp, PPL ratio),
+and with --noise RUN whether it lies beyond the engine's own noise. Below the tables: the documents that
+flipped, where generations diverge, log-probability drift; --locate finds the first token where each changed
+generation parted and why (near-tie, logit drift, other). The report is printed and written next to each candidate run
 (compare-vs-<reference model>-<reference run id>.md and .html)."""
 
 EPILOG = """\
@@ -40,13 +45,17 @@ examples:
   python -m evalkit.compare result/qwen2-7b/20261201-101500 result/qwen2-7b/20261202-093000
   python -m evalkit.compare REF CAND --tolerance 0.01 --tolerance-for mmlu/acc=0.005
   python -m evalkit.compare REF SWEEP_POINT_1 SWEEP_POINT_2 --locate
+  python -m evalkit.compare REF CAND --noise REF_AGAIN     (REF_AGAIN: python -m evalkit.compare.noise)
 
 exit codes:
-  0  no row of any candidate is worse or changed (inconclusive rows exit 0 too: read the verdicts)
-  1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha
+  0  no row of any candidate is worse or changed (inconclusive rows exit 0 too: read the verdicts), and with
+     --noise no candidate's divergence is beyond noise
+  1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha; or,
+     with --noise, a candidate's divergence is beyond noise at --divergence-alpha
   2  unusable input: a run missing, unreadable, truncated or damaged, runs not like-for-like (other tasks,
      versions, documents, prompts or targets), a bad option (a tolerance not above 0, --alpha outside
-     (0, 0.5)), or an engine --locate cannot start
+     (0, 0.5)), an engine --locate cannot start, or a divergence verdict --noise cannot give (a noise run
+     without a record, too few documents); 2 wins over 1
   a report that cannot be written (a read-only folder) is said on stderr; the exit code stays the verdict's
 
 more: docs/compare.md and docs/locate.md"""
@@ -106,19 +115,60 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--output", metavar="DIR",
                         help="write the reports into DIR (made if missing) instead of beside each candidate run")
-    parser.add_argument("--noise", nargs=2, metavar=("RUN_A", "RUN_B"),
-                        help="two runs of one config (python -m evalkit.compare.noise) to show the engine's own variation")
+    parser.add_argument("--noise", nargs="+", metavar="RUN",
+                        help="the engine's own variation: RUN, a second run of the reference's config (python -m "
+                             "evalkit.compare.noise), compared with the reference; or RUN_A RUN_B, two runs of one "
+                             "config, compared with each other. Adds their score differences to the table and, "
+                             "where the runs recorded divergence, the verdict whether the candidate's is beyond it")
+    parser.add_argument("--divergence-alpha", type=float, default=NOISE_ALPHA, metavar="ALPHA",
+                        help="false-alarm rate of the divergence verdict against --noise: a one-sided signed-rank "
+                             f"test over documents, Holm over the candidates (default {NOISE_ALPHA})")
 
 
-def noise_columns(args: Any, tolerances: Tolerances) -> pd.DataFrame:
-    table, _ = compare_runs(load_run(args.noise[0]), load_run(args.noise[1]), tolerance=tolerances,
-                            iterations=args.iterations, seed=args.seed)
+def noise_pair(args: Any, reference: Run) -> tuple[Run, Run] | None:
+    """The two runs whose difference is the engine's own: (reference, RUN) or (RUN_A, RUN_B); None without."""
+    if not args.noise:
+        return None
+    if len(args.noise) > 2:
+        raise CompareError(f"--noise takes one run (a second run of the reference's config) or two, not "
+                           f"{len(args.noise)}; put --noise after the candidates")
+    return (reference, load_run(args.noise[0])) if len(args.noise) == 1 else tuple(map(load_run, args.noise))
+
+
+def noise_columns(args: Any, pair: tuple[Run, Run], tolerances: Tolerances) -> pd.DataFrame:
+    table, _ = compare_runs(*pair, tolerance=tolerances, iterations=args.iterations, seed=args.seed)
     return table[["task", "filter", "metric", "diff", "mcnemar_b", "mcnemar_c"]].rename(columns={
         "diff": "noise_diff", "mcnemar_b": "noise_b", "mcnemar_c": "noise_c"})
 
 
+def divergences(args: Any, reference: Run, candidates: list[Run],
+                pair: tuple[Run, Run] | None) -> list[between.Divergence]:
+    """Each candidate's divergence from the reference (or the line why there is none), with the verdict
+    against the noise pair when there is one; several candidates' verdicts are one family (Holm)."""
+    if not 0 < args.divergence_alpha < 0.5:
+        raise CompareError(f"--divergence-alpha {args.divergence_alpha}: must lie in (0, 0.5)")
+    ref = records.read_run(reference)
+    found = []
+    for candidate in candidates:
+        cand = records.read_run(candidate)
+        d = between.divergence(ref, cand)
+        if pair is not None:
+            d = between.against_noise(d, ref, cand, tuple(map(records.read_run, pair)), alpha=args.divergence_alpha)
+        found.append(d)
+    verdicts = family([d.verdict for d in found if d.verdict], alpha=args.divergence_alpha)
+    tested = iter(verdicts)
+    return [replace(d, verdict=next(tested)) if d.verdict else d for d in found]
+
+
+def exit_code(tables: list[pd.DataFrame], found: list[between.Divergence]) -> int:
+    """2 where a divergence verdict is unusable, else 1 where a row fails or a divergence is beyond noise."""
+    labels = {d.verdict.label for d in found if d.verdict}
+    return 2 if "unusable" in labels else max(verdict.gate(tables), int("beyond noise" in labels))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Exit 0, or 1 when a row of any candidate is worse (or changed) family-wise at --alpha, or 2 on bad input."""
+    """Exit 0, or 1 when a row of any candidate is worse (or changed) family-wise at --alpha or a divergence is
+    beyond noise, or 2 on unusable input."""
     parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
@@ -129,23 +179,30 @@ def main(argv: list[str] | None = None) -> int:
             raise CompareError(f"--alpha {args.alpha}: must lie in (0, 0.5)")
         tolerances, confidence = tolerances_from(args), 1.0 - args.alpha
         reference, candidates = load_run(args.reference), [load_run(path) for path in args.candidates]
-        noise = noise_columns(args, tolerances) if args.noise else None
-        why = locate.from_args(args, reference, candidates) if args.locate else {}
+        pair = noise_pair(args, reference)
+        noise = noise_columns(args, pair, tolerances) if pair else None
+        found = divergences(args, reference, candidates, pair)
+        why = locate.from_args(args, reference, candidates, pair) if args.locate else {}
         compared = compare_family(reference, candidates, tolerance=tolerances, confidence=confidence,
                                   iterations=args.iterations, seed=args.seed)  # one family: every candidate's rows
         tables = [table for table, _ in compared]
-        for candidate, table, (_, details) in zip(candidates, tables, compared):
+        code = exit_code(tables, found)
+        for candidate, table, (_, details), d in zip(candidates, tables, compared, found):
             text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
                                    confidence=confidence, noise=noise, why=why.get(candidate.path),
-                                   family=sum(map(len, tables)), comparisons=len(tables))
+                                   family=sum(map(len, tables)), comparisons=len(tables), divergence=d)
             images = {**report.plots(table, details, args.tolerance), **report.why_plots(why.get(candidate.path))}
-            page = report.html_page(text, report.with_noise(table, noise), images, exit_code=verdict.gate(tables),
+            page = report.html_page(text, report.with_noise(table, noise), images, exit_code=code,
                                     tolerance=args.tolerance, confidence=confidence, reference=reference,
                                     candidate=candidate, details=details, why=why.get(candidate.path),
-                                    family=sum(map(len, tables)))
+                                    family=sum(map(len, tables)), divergence=d)
             print(text)
             write_report(reference, candidate, {".md": text, ".html": page}, args.output)
-        return verdict.gate(tables)
+        for d in found:
+            if d.verdict and d.verdict.label == "unusable":
+                print(f"evalkit.compare: error: the divergence of {d.candidate} against noise: {d.verdict.reason}",
+                      file=sys.stderr)
+        return code
     except CompareError as error:
         print(f"evalkit.compare: error: {error}", file=sys.stderr)
         return 2

@@ -166,16 +166,18 @@ def default_floor_applies(run: Run) -> str | None:
     return None if dtype == "float32" else f"run {run.name} ran in dtype {dtype or 'unknown'}"
 
 
-def from_args(args: Any, reference: Run, candidates: list[Run]) -> dict[Path, why.Localisation]:
-    """--locate as main runs it: candidate folder -> its Localisation, the floor from --noise when given; the
-    default floor only for CPU float32 runs (None otherwise: locate() asks for --noise if it needs a floor)."""
+def from_args(args: Any, reference: Run, candidates: list[Run],
+              noise: tuple[Run, Run] | None = None) -> dict[Path, why.Localisation]:
+    """--locate as main runs it: candidate folder -> its Localisation, the floor from the noise pair (--noise)
+    when given; the default floor only for CPU float32 runs (None otherwise: locate() asks for --noise if it
+    needs a floor)."""
     floor, source = why.NOISE_FLOOR, "default: float32 batch noise measured in this project on CPU"
     unfit = next(filter(None, map(default_floor_applies, [reference, *candidates])), None)
-    if unfit and not args.noise:
+    if unfit and not noise:
         floor = None
         source = f"the default noise floor ({why.NOISE_FLOOR:g} nats) was measured on CPU float32 and {unfit}"
-    if args.noise:
-        measured = why.noise_floor(load_run(args.noise[0]).samples, load_run(args.noise[1]).samples)
+    if noise:
+        measured = why.noise_floor(noise[0].samples, noise[1].samples)
         if measured is None:
             floor, source = (None, "the --noise runs recorded no log-likelihoods to measure a floor from") if unfit \
                 else (floor, "default: the --noise runs recorded no log-likelihoods to measure it")

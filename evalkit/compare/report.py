@@ -10,6 +10,8 @@ from __future__ import annotations
 import pandas as pd
 
 from evalkit.compare import documents, page, proportions, report_page
+from evalkit.compare.divergence import report as divergence_report
+from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.paired import TaskDetail
 from evalkit.compare.plots import MAX_WHY, plots, why_plots  # noqa: F401 (report.plots, report.why_plots: the callers')
 from evalkit.compare.runs import Run
@@ -88,7 +90,10 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
 
 def markdown(reference: str, candidate: str, table: pd.DataFrame, details: list[TaskDetail], *,
              tolerance: float, confidence: float, noise: pd.DataFrame | None = None,
-             why: Localisation | None = None, family: int | None = None, comparisons: int = 1) -> str:
+             why: Localisation | None = None, family: int | None = None, comparisons: int = 1,
+             divergence: Divergence | None = None) -> str:
+    """The text report: the scores' table, the divergence (when compare read both runs' records), the samples
+    that changed and, with --locate, why (with each changed document's highest-KLD position)."""
     shown = with_noise(table[[c for c in SHOWN if c in table.columns]], noise)
     notes = [f"- {r.task} / {r.metric} ({r.filter}): {r.note}" for r in table.itertuples() if r.note]
     lines = ["# evalkit compare", "", f"- reference: `{reference}`", f"- candidate: `{candidate}`",
@@ -96,11 +101,14 @@ def markdown(reference: str, candidate: str, table: pd.DataFrame, details: list[
              shown.to_markdown(index=False, floatfmt=".4g"), ""]
     if notes:
         lines += ["Notes:", "", *notes, ""]
+    if divergence is not None:
+        lines += divergence_report.markdown(divergence)
     lines += ["## Samples", ""]
     for detail in details:
         lines += detail_markdown(detail)
     if why is not None:
         lines += why_markdown(why, table, details)
+        lines += divergence_report.peaks(divergence, why) if divergence is not None else []
     return "\n".join(lines)
 
 
@@ -208,11 +216,11 @@ def why_markdown(why: Localisation, table: pd.DataFrame, details: list[TaskDetai
 def html_page(text: str, table: pd.DataFrame, images: dict[str, page.Plot], *, exit_code: int | None,
               tolerance: float, confidence: float, reference: Run | None = None, candidate: Run | None = None,
               details: list[TaskDetail] = (), why: Localisation | None = None, family: int | None = None,
-              title: str = "evalkit compare") -> str:
+              title: str = "evalkit compare", divergence: Divergence | None = None) -> str:
     """The page (report_page.py through page.py's template): the verdict in words with the command's exit code
     (verdict.gate's, passed in; None where no command exits with it), the compact table, the plots, the
     documents that changed (from both runs' samples, when given) and the text report rendered."""
     found = documents.changed(reference, candidate, list(details)) if reference and candidate else {}
     names = (reference.name if reference else "", candidate.name if candidate else "")
     return report_page.html(text, table, images, exit_code=exit_code, tolerance=tolerance, confidence=confidence,
-                            found=found, why=why, names=names, family=family, title=title)
+                            found=found, why=why, names=names, family=family, title=title, divergence=divergence)

@@ -13,6 +13,9 @@ from collections import Counter
 import pandas as pd
 
 from evalkit.compare import documents, page, proportions, verdict
+from evalkit.compare.divergence import report_page as divergence_page
+from evalkit.compare.divergence.between import Divergence
+from evalkit.compare.divergence.verdict import NoiseVerdict
 from evalkit.compare.why import Localisation
 
 INSIDE = ("equivalent", "lower", "higher")  # shown inside the tolerance
@@ -42,10 +45,21 @@ def inconclusive_reason(table: pd.DataFrame, needed: int | None) -> str:
             f"{len(few)} with too few documents ({counted}), {len(rows) - len(few)} see the notes")
 
 
-def headline(table: pd.DataFrame, *, exit_code: int | None, needed: int | None) -> tuple[str, str]:
-    """The verdict in words and its colour (fail, unsure, pass), from the table's verdicts and the command's exit
-    code: "candidate is worse than reference on 1 of 57 rows (exit 1)". exit_code None: a page no command exits
-    with (the sweep's comparisons), coloured by this table's own gate."""
+def noise_words(noise: NoiseVerdict | None) -> str:
+    """The divergence verdict against a noise run, in words: "divergence beyond noise (p=0.0012)"."""
+    if noise is None:
+        return ""
+    if noise.label == "unusable":
+        return f"divergence verdict unusable: {noise.reason}"
+    return f"divergence {noise.label} (p={noise.p_value:.3g})"
+
+
+def headline(table: pd.DataFrame, *, exit_code: int | None, needed: int | None,
+             noise: NoiseVerdict | None = None) -> tuple[str, str]:
+    """The verdict in words and its colour (fail, unsure, pass), from the table's verdicts, the divergence
+    verdict against a noise run (when there is one) and the command's exit code: "candidate is worse than
+    reference on 1 of 57 rows (exit 1)". exit_code None: a page no command exits with (the sweep's
+    comparisons), coloured by this table's own gate."""
     counts, m = Counter(table["verdict"]), len(table)
     if m == 0:
         return "nothing compared" + ("" if exit_code is None else f" (exit {exit_code})"), "unsure"
@@ -68,12 +82,16 @@ def headline(table: pd.DataFrame, *, exit_code: int | None, needed: int | None) 
     rest = ", ".join(f"{counts[v]} {v}" for v in verdict.VERDICTS if counts[v] and v not in shown)
     if counts["inconclusive"] and "inconclusive" not in shown:
         rest += f" — {inconclusive_reason(table, needed)}"
-    mine = verdict.gate([table])
-    code = "" if exit_code is None else f" (exit {exit_code}" + (
-        ": another candidate is worse)" if exit_code and not mine else ")")
+    label = noise.label if noise else ""
+    mine = 2 if label == "unusable" else int(verdict.gate([table]) or label == "beyond noise")
+    other = "another candidate is worse" + (" or beyond noise" if noise else "") if exit_code == 1 else \
+        "another candidate's divergence verdict is unusable"
+    code = "" if exit_code is None else f" (exit {exit_code}" + (f": {other})" if exit_code and exit_code != mine
+                                                                  else ")")
     kind = "fail" if (mine if exit_code is None else exit_code) else (
         "pass" if inside + counts["better"] == m else "unsure")
-    return f"{lead}{f'; {rest}' if rest else ''}{code}", kind
+    said = "; ".join(filter(None, [rest, noise_words(noise)]))
+    return f"{lead}{f'; {said}' if said else ''}{code}", kind
 
 
 def _num(value: object, digits: str = ".4g") -> str:
@@ -130,22 +148,27 @@ def statistics(table: pd.DataFrame) -> str:
                        f"<div class=scroll>{page.table(columns, cells)}</div>")
 
 
-def facts(reference: str, candidate: str, *, family: int, confidence: float) -> str:
+def facts(reference: str, candidate: str, *, family: int, confidence: float, noise: bool = False) -> str:
     return (f"reference <code>{page.escape(reference)}</code> · candidate <code>{page.escape(candidate)}</code> · "
             f"verdicts Holm-adjusted over {family} rows at α = {1 - confidence:.2g}; exit 1 when a row is worse or "
-            "changed · <a href=#changed>documents that changed</a> · <a href=#report>text report</a>")
+            "changed" + (" or the divergence is beyond noise (<a href=#divergence>divergence</a>)" if noise else "")
+            + " · <a href=#changed>documents that changed</a> · <a href=#report>text report</a>")
 
 
 def html(text: str, table: pd.DataFrame, images: dict[str, page.Plot], *, exit_code: int | None, tolerance: float,
          confidence: float, found: dict[tuple[str, str], list[documents.Changed]], why: Localisation | None,
-         names: tuple[str, str], family: int | None, title: str) -> str:
-    """The whole page."""
+         names: tuple[str, str], family: int | None, title: str, divergence: Divergence | None = None) -> str:
+    """The whole page: the verdict first, the scores, the divergence (when both runs recorded it, else its one
+    line), the documents that changed, the plots, the text report."""
     needed = proportions.documents_needed(tolerance, confidence=confidence) if 0 < tolerance < 1 else None
-    words, kind = headline(table, exit_code=exit_code, needed=needed)
+    words, kind = headline(table, exit_code=exit_code, needed=needed,
+                           noise=divergence.verdict if divergence is not None else None)
     figures = [page.figure(name, plot) for name, plot in images.items()]
     return page.document(
         title=title, headline=words, kind=kind,
-        facts=facts(*names, family=family or len(table), confidence=confidence),
+        facts=facts(*names, family=family or len(table), confidence=confidence,
+                    noise=divergence is not None and divergence.verdict is not None),
         sections=[f"<div class=scroll>{score_table(table, found)}</div>", statistics(table),
+                  divergence_page.section(divergence),
                   documents.section(found, why), "<h2>Plots</h2>" if figures else "", *figures,
                   f'<h2 id=report>The text report</h2>\n<div class=report>{page.markdown_html(text)}</div>'])

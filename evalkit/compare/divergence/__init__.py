@@ -12,6 +12,10 @@ The flow, one module per step, all pure functions:
   intervals that treat the document as the unit, per task and overall;
 * verdict: "beyond noise" / "within noise" / "unusable" against a second reference run, exit codes 1 / 0 / 2.
 
+Over two runs' folders (``python -m evalkit.compare``): records reads each run's record (evalkit/run/positions.py)
+and pairs the positions whose contexts are the same; between measures and summarises them per task and runs
+the verdict against a noise pair; report and report_page show them in compare's text report and page.
+
 User documentation: docs/divergence.md.
 """
 
@@ -20,8 +24,8 @@ from evalkit.compare.divergence.positions import TIE_TOL, Positions, measure
 from evalkit.compare.divergence.sides import PAD, Side, from_rows, full_distribution, top_entries
 from evalkit.compare.divergence.stats import (Estimate, Summary, document_divergence, summarize,
                                               summarize_tasks)
-from evalkit.compare.divergence.verdict import ALPHA, EXIT, NoiseVerdict, min_documents, noise_verdict
+from evalkit.compare.divergence.verdict import ALPHA, EXIT, NoiseVerdict, family, min_documents, noise_verdict
 
 __all__ = ["ALPHA", "EXIT", "MASS_TOL", "PAD", "TIE_TOL", "Estimate", "NoiseVerdict", "Positions", "Side",
-           "Summary", "coarse_kl", "document_divergence", "exact_kl", "from_rows", "full_distribution",
+           "Summary", "coarse_kl", "document_divergence", "exact_kl", "family", "from_rows", "full_distribution",
            "measure", "min_documents", "noise_verdict", "summarize", "summarize_tasks", "top_entries"]

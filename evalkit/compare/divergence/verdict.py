@@ -14,18 +14,21 @@ correction above, where its error is far below any level in use. So it resolves 
 Labels and exit codes, as compare's: "beyond noise" (1) when p <= α; "within noise" (0) otherwise; "unusable"
 (2) when the runs share no document, when a divergence is NaN, or when they share fewer documents than
 the test needs to ever reach α (2^-N > α: 7 at α = 0.01) — said in one line instead of a silent "within".
-Without a noise run there is no verdict: show the figures only.
+Without a noise run there is no verdict: show the figures only. Several candidates against one noise run are one
+family: ``family`` adjusts their p-values by Holm's step-down, as compare adjusts its rows.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Hashable, Mapping
 
 import numpy as np
 from scipy.stats import norm, rankdata
+
+from evalkit.compare.verdict import holm
 
 ALPHA = 0.01
 EXACT_MAX = 400  # differing documents up to which the p-value is exact (a convolution over 400 * 401 sums)
@@ -115,3 +118,17 @@ def noise_verdict(candidate: Mapping[Hashable, float], noise: Mapping[Hashable, 
     return NoiseVerdict(label, p, alpha, len(common), differing, *means,
                         f"signed-rank test over {differing} of {len(common)} documents: p={p:.3g}, "
                         f"alpha={alpha:g}")
+
+
+def family(verdicts: list[NoiseVerdict], *, alpha: float = ALPHA) -> list[NoiseVerdict]:
+    """Several candidates' verdicts as one family: each usable one's label from its Holm-adjusted p-value, so
+    the chance that any candidate of one process is called beyond noise stays at most alpha."""
+    tested = [i for i, v in enumerate(verdicts) if v.label != "unusable"]
+    if len(tested) < 2:
+        return list(verdicts)
+    adjusted = holm(np.array([verdicts[i].p_value for i in tested]))
+    out = list(verdicts)
+    for i, p in zip(tested, adjusted):
+        out[i] = replace(verdicts[i], label="beyond noise" if p <= alpha else "within noise",
+                         reason=f"{verdicts[i].reason}; Holm-adjusted over {len(tested)} candidates: p={p:.3g}")
+    return out

@@ -1,0 +1,196 @@
+"""The divergence of a candidate run from a reference run, from both runs' records: the positions paired
+(records.py), measured (sides.py, positions.py) and summarised per task and over all tasks (stats.py), with
+the verdict against a noise run (verdict.py) where one is given.
+
+Every shared context is one position for KLD and top-1 agreement; Δp and the PPL ratio come from the shared
+(context, text token) triples (records.py says why). Both are summarised by the same ``summarize`` and put
+together in one ``Summary``: its KLD, percentiles and top-1 figures from the contexts, its Δp and PPL figures
+from the triples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Hashable
+
+import numpy as np
+
+from evalkit.compare.divergence import records, stats
+from evalkit.compare.divergence.positions import Positions, measure
+from evalkit.compare.divergence.sides import PAD, top_entries
+from evalkit.compare.divergence.verdict import NoiseVerdict, noise_verdict
+from evalkit.compare.runs import CompareError
+from evalkit.run.positions import Positions as Rows
+
+CONFIDENCE = 0.95  # the figures' intervals: descriptive, as llama.cpp's, not a test
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task's compared positions: one per shared context, and one per shared (context, text token)."""
+
+    contexts: Positions
+    docs: np.ndarray  # document of each context position
+    kinds: np.ndarray  # index into run.positions.KINDS
+    request: np.ndarray  # the reference's request and position of each context position
+    position: np.ndarray
+    ref_text: np.ndarray  # each run's text token there (they differ where two generations part)
+    cand_text: np.ndarray
+    texts: Positions
+    text_docs: np.ndarray
+    unshared: int  # shared contexts where no token is known on both sides: KLD bound 0, top-1 differs
+
+
+def _entries(rows: Rows, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The known entries of rows: the top-k and, where it is not among them, the text token (n, k + 1)."""
+    ids, values = rows.top_ids[index].astype(np.int64), rows.top_logprobs[index].astype(np.float64)
+    text, text_lp = rows.text_id[index].astype(np.int64), rows.text_logprob[index].astype(np.float64)
+    listed = (ids == text[:, None]).any(axis=1)
+    return (np.concatenate([ids, np.where(listed, PAD, text)[:, None]], axis=1),
+            np.concatenate([values, np.where(listed, np.nan, text_lp)[:, None]], axis=1))
+
+
+def _shared_token(ref_ids, ref_lp, cand_ids, cand_lp):
+    """Per row, the reference's best entry the candidate knows too, with both values, and whether one exists:
+    a parting position's two text tokens differ, and the measures need one token known on both sides."""
+    match = (ref_ids[:, :, None] == cand_ids[:, None, :]) & (ref_ids != PAD)[:, :, None]
+    rows, found = np.arange(len(ref_ids)), match.any(axis=(1, 2))
+    i = np.argmax(match.any(axis=2), axis=1)
+    j = np.argmax(match[rows, i], axis=1)
+    return ref_ids[rows, i], ref_lp[rows, i], cand_lp[rows, j], found
+
+
+def measure_rows(ref: Rows, ref_rows: np.ndarray, cand: Rows, cand_rows: np.ndarray) -> tuple[Positions, int]:
+    """The measures at paired rows (Side: the top-k, own_top), and how many positions no token is known on
+    both sides of. Where the two text tokens differ the position is measured on a token both know, and its Δp
+    and log-likelihood ratio are NaN; where none is, its KLD bound is 0 and its top tokens differ."""
+    ref_ids, ref_lp = _entries(ref, ref_rows)
+    cand_ids, cand_lp = _entries(cand, cand_rows)
+    text = ref.text_id[ref_rows].astype(np.int64)
+    text_ref, text_cand = ref.text_logprob[ref_rows].astype(float), cand.text_logprob[cand_rows].astype(float)
+    differ = text != cand.text_id[cand_rows]
+    keep = ~differ
+    if differ.any():
+        token, lp_ref, lp_cand, found = _shared_token(ref_ids[differ], ref_lp[differ], cand_ids[differ],
+                                                      cand_lp[differ])
+        text[differ], text_ref[differ], text_cand[differ] = token, lp_ref, lp_cand
+        keep[np.flatnonzero(differ)[found]] = True
+    own = min(ref.k, cand.k) > 0  # each side's entries hold its own best: its top token is known
+    measured = measure(top_entries(text[keep], text_ref[keep], ref_ids[keep], ref_lp[keep], own_top=own),
+                       top_entries(text[keep], text_cand[keep], cand_ids[keep], cand_lp[keep], own_top=own))
+    n = len(ref_rows)
+    out = {"kld": np.zeros(n), "exact": np.zeros(n, dtype=bool), "captured": np.zeros(n),
+           "same_top": np.full(n, 0.0 if own else np.nan), "delta_p": np.full(n, np.nan), "llr": np.full(n, np.nan)}
+    for name, values in out.items():
+        values[keep] = getattr(measured, name)
+    out["delta_p"][differ], out["llr"][differ] = np.nan, np.nan
+    return Positions(**out), int((~keep).sum())
+
+
+def compare_task(ref: Rows, cand: Rows) -> Task:
+    pairs = records.pair(ref, cand)
+    contexts, unshared = measure_rows(ref, pairs.ref, cand, pairs.cand)
+    texts, _ = measure_rows(ref, pairs.text_ref, cand, pairs.text_cand)
+    return Task(contexts=contexts, docs=ref.doc_id[pairs.ref], kinds=ref.kind[pairs.ref],
+                request=ref.request[pairs.ref], position=ref.position[pairs.ref], ref_text=ref.text_id[pairs.ref],
+                cand_text=cand.text_id[pairs.cand], texts=texts, text_docs=ref.doc_id[pairs.text_ref],
+                unshared=unshared)
+
+
+def compare_records(ref: records.Recorded, cand: records.Recorded, k: int) -> dict[str, Task]:
+    """Every task both runs recorded, both records cut to k entries; a record that fails its checks is a
+    CompareError naming the task and the runs."""
+    out = {}
+    for task in sorted(set(ref.tasks) & set(cand.tasks)):
+        try:
+            out[task] = compare_task(records.cut(ref.tasks[task], k), records.cut(cand.tasks[task], k))
+        except ValueError as error:
+            raise CompareError(f"divergence of {task}, {cand.run} against {ref.run}: {error}") from None
+    return out
+
+
+def per_document(tasks: dict[str, Task]) -> dict[Hashable, float]:
+    """Mean KLD per (task, document): the input of the verdict against noise."""
+    return {(task, doc): value for task, t in tasks.items()
+            for doc, value in stats.document_divergence(t.contexts.kld, t.docs).items()}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The candidate's divergence from the reference, or in one line why there is none (missing)."""
+
+    reference: str
+    candidate: str
+    missing: str = ""
+    k: int = 0  # the top-k both records were compared at
+    notes: tuple[str, ...] = ()  # what the reader must know about how they were compared (one line each)
+    tasks: dict[str, Task] = field(default_factory=dict)
+    per_task: dict[str, stats.Summary] = field(default_factory=dict)
+    overall: stats.Summary | None = None
+    verdict: NoiseVerdict | None = None  # None: no noise run, no verdict claimed
+    documents: dict[Hashable, float] = field(default_factory=dict)  # (task, doc) -> the candidate's mean KLD
+    noise: dict[Hashable, float] = field(default_factory=dict)  # (task, doc) -> the noise run's, at the same k
+
+
+def _joined(contexts: stats.Summary, texts: stats.Summary) -> stats.Summary:
+    """KLD, its percentiles and top-1 from the shared contexts; Δp and the PPL ratio from the shared tokens."""
+    return replace(contexts, mean_dp=texts.mean_dp, rms_dp=texts.rms_dp, dp_percentiles=texts.dp_percentiles,
+                   ln_ppl_ratio=texts.ln_ppl_ratio, ppl_ratio=texts.ppl_ratio)
+
+
+def summaries(tasks: dict[str, Task]) -> tuple[dict[str, stats.Summary], stats.Summary]:
+    per_context, all_contexts = stats.summarize_tasks({n: (t.contexts, t.docs) for n, t in tasks.items()},
+                                                      confidence=CONFIDENCE)
+    per_text, all_texts = stats.summarize_tasks({n: (t.texts, t.text_docs) for n, t in tasks.items()},
+                                                confidence=CONFIDENCE)
+    return {n: _joined(per_context[n], per_text[n]) for n in tasks}, _joined(all_contexts, all_texts)
+
+
+def _lacking(runs: list[records.Recorded], how: str) -> str:
+    names = [r.run for r in runs if r.missing]
+    if not names:
+        return ""
+    who = f"run {names[0]} recorded" if len(names) == 1 else f"neither run ({', '.join(names)}) recorded"
+    return f"{who} no divergence; {how}"
+
+
+def divergence(ref: records.Recorded, cand: records.Recorded) -> Divergence:
+    """The figures of the candidate against the reference over every task both recorded."""
+    lacking = _lacking([ref, cand], records.HOW)
+    if lacking:
+        return Divergence(ref.run, cand.run, missing=lacking)
+    k, note = records.comparable(ref, cand)
+    tasks = compare_records(ref, cand, k)
+    if not tasks:
+        told = f"{', '.join(sorted(ref.tasks))} vs {', '.join(sorted(cand.tasks))}"
+        return Divergence(ref.run, cand.run, missing=f"the runs recorded the divergence of no task in common ({told})")
+    if not any(t.contexts.n for t in tasks.values()):
+        return Divergence(ref.run, cand.run, missing="no position of the candidate shares its context with the "
+                                                     "reference's, token for token (another tokenizer or prompt)")
+    per_task, overall = summaries(tasks)
+    notes = tuple(filter(None, [note, records.overfull(ref), records.overfull(cand)]))
+    return Divergence(ref.run, cand.run, k=k, notes=notes, tasks=tasks, per_task=per_task, overall=overall,
+                      documents=per_document(tasks))
+
+
+def _unusable(reason: str, alpha: float) -> NoiseVerdict:
+    return NoiseVerdict("unusable", math.nan, alpha, 0, 0, math.nan, math.nan, reason)
+
+
+def against_noise(found: Divergence, ref: records.Recorded, cand: records.Recorded,
+                  noise: tuple[records.Recorded, records.Recorded], *, alpha: float) -> Divergence:
+    """found with the verdict against the noise pair's own divergence (the second noise run against the
+    first), all of it at the smallest top-k any of the runs recorded; unusable, in one line, where the noise
+    runs recorded none."""
+    if found.missing:
+        return found
+    lacking = _lacking(list(noise), "make the noise run with the same divergence_top_k as the reference")
+    if lacking:
+        return replace(found, verdict=_unusable(lacking, alpha))
+    k, note = records.comparable(*{r.run: r for r in (ref, cand, *noise)}.values())
+    documents = found.documents if k == found.k else per_document(compare_records(ref, cand, k))
+    noise_documents = per_document(compare_records(noise[0], noise[1], k))
+    found = replace(found, documents=documents, noise=noise_documents,
+                    notes=found.notes + ((f"the verdict: {note}",) if note and k != found.k else ()))
+    return replace(found, verdict=noise_verdict(documents, noise_documents, alpha=alpha))

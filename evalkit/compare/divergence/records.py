@@ -1,0 +1,134 @@
+"""Two runs' divergence records (evalkit/run/positions.py), read from their folders and paired position by
+position, so that the measures (sides.py, positions.py) compare like with like.
+
+A position is compared only where both runs saw the same context token for token: rows are matched by
+(document, context key), never by their index in a request. Within one document several rows can share a
+context (the choices of one question share their first continuation position); such a context is one
+position for KLD and top-1 agreement, counted once. Δp and the log-likelihood ratio need the same text token
+on both sides, so they use the (document, context, text token) triples both runs recorded, each once. A
+generation's positions after the two outputs part have other contexts and drop out by themselves; the
+parting position itself shares its context and counts for KLD and top-1, not for Δp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from evalkit.compare.runs import CompareError, Run
+from evalkit.run import positions
+from evalkit.run.positions import Positions
+
+HOW = "run it with divergence_top_k=20 (the default) to record one"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One run's divergence records, task -> its rows; missing says in one line why there are none ("" when
+    there are)."""
+
+    run: str
+    tasks: dict[str, Positions]
+    missing: str = ""
+
+    @property
+    def k(self) -> int:
+        """The top-k the run recorded (the smallest of its tasks', should they differ)."""
+        return min((p.k for p in self.tasks.values()), default=0)
+
+
+def read_run(run: Run) -> Recorded:
+    """The records results.json names in ``evalkit.files.divergence``; a run that names none is missing them
+    (one line saying so), a named file that cannot be read is a CompareError (a damaged run: exit 2)."""
+    names = ((run.results.get("evalkit") or {}).get("files") or {}).get("divergence")
+    if not names:
+        return Recorded(run.name, {}, f"run {run.name} recorded no divergence; {HOW}")
+    if not isinstance(names, dict):
+        raise CompareError(f"{run.path / 'results.json'}: evalkit.files.divergence is not a task -> file object")
+    tasks = {}
+    for task, name in names.items():
+        try:
+            tasks[task] = positions.read(run.path / str(name))
+        except ValueError as error:
+            raise CompareError(f"{error}; a damaged run: copy it again or rerun") from None
+    return Recorded(run.name, tasks)
+
+
+def cut(rows: Positions, k: int) -> Positions:
+    """The rows with only their k best top entries (a record is best first, so these are its top-k)."""
+    return rows if rows.k <= k else replace(rows, top_ids=rows.top_ids[:, :k], top_logprobs=rows.top_logprobs[:, :k])
+
+
+def comparable(*runs: Recorded) -> tuple[int, str]:
+    """The k two or more runs are compared at (the smallest they recorded) and one line when they differ: a
+    bound is computed the same way on both sides only from the same number of entries."""
+    ks = [run.k for run in runs]
+    if len(set(ks)) == 1:
+        return ks[0], ""
+    told = " and ".join(f"top-{k} ({run.run})" for k, run in zip(ks, runs))
+    return min(ks), f"the runs recorded {told}: compared at top-{min(ks)}, the larger records cut to their best"
+
+
+MASS_SLACK = 1e-3  # float32 rounding of k probabilities stays far below this
+
+
+def overfull(run: Recorded) -> str:
+    """One line where a run's top entries hold more than all the probability at some position (an engine or
+    a record that gives no log-probabilities of one distribution, so the bound means nothing there), else ""."""
+    counts, worst = 0, 0.0
+    for rows in run.tasks.values():
+        mass = np.nansum(np.exp(rows.top_logprobs.astype(np.float64)), axis=1) if len(rows) else np.zeros(0)
+        counts += int((mass > 1 + MASS_SLACK).sum())
+        worst = max(worst, float(mass.max(initial=0.0)))
+    if not counts:
+        return ""
+    return (f"run {run.run}: the top-{run.k} probabilities sum above 1 at {counts} positions (up to {worst:.3g}): "
+            "not the log-probabilities of one distribution, so the bound there means nothing")
+
+
+_CONTEXT = np.dtype([("doc", "<i8"), ("context", "<u8")])
+_TEXT = np.dtype([("doc", "<i8"), ("context", "<u8"), ("text", "<i4")])
+
+
+def _keys(rows: Positions, dtype: np.dtype) -> np.ndarray:
+    keys = np.empty(len(rows), dtype=dtype)
+    keys["doc"], keys["context"] = rows.doc_id, rows.context
+    if "text" in dtype.names:
+        keys["text"] = rows.text_id
+    return keys
+
+
+def _common(ref: Positions, cand: Positions, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The keys both runs recorded, each once, and the first row of each in either run."""
+    ref_keys, ref_first = np.unique(_keys(ref, dtype), return_index=True)  # the first occurrence of each key
+    cand_keys, cand_first = np.unique(_keys(cand, dtype), return_index=True)
+    keys, in_ref, in_cand = np.intersect1d(ref_keys, cand_keys, assume_unique=True, return_indices=True)
+    return keys, ref_first[in_ref], cand_first[in_cand]
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Rows of the two runs to compare, as indices into each run's record of one task."""
+
+    ref: np.ndarray  # (n,) rows of the reference, one per shared context (KLD, top-1)
+    cand: np.ndarray
+    text_ref: np.ndarray  # (m,) one per shared context and text token (Δp, log-likelihood ratio)
+    text_cand: np.ndarray
+
+
+def pair(ref: Positions, cand: Positions) -> Pairs:
+    """The shared contexts and the shared (context, text token) triples of two runs' records of one task. A
+    context where both runs also share a text token is compared on that token's rows (the same request on
+    both sides); the others (a generation's parting position) on each run's first row there."""
+    texts, text_ref, text_cand = _common(ref, cand, _TEXT)
+    contexts, first_ref, first_cand = _common(ref, cand, _CONTEXT)
+    rows_ref, rows_cand = first_ref, first_cand
+    if len(texts):  # the first shared text triple of each shared context: both key lists are sorted
+        text_contexts = np.empty(len(texts), dtype=_CONTEXT)
+        text_contexts["doc"], text_contexts["context"] = texts["doc"], texts["context"]
+        at = np.minimum(np.searchsorted(text_contexts, contexts), len(texts) - 1)
+        covered = text_contexts[at] == contexts
+        rows_ref, rows_cand = np.where(covered, text_ref[at], first_ref), np.where(covered, text_cand[at], first_cand)
+    return Pairs(ref=rows_ref.astype(np.int64), cand=rows_cand.astype(np.int64), text_ref=text_ref.astype(np.int64),
+                 text_cand=text_cand.astype(np.int64))
