@@ -1,13 +1,12 @@
-"""vLLM's settings on HF transformers (``engine=hf``): sampling mapped onto HF generation, what HF cannot
-honour refused before the model loads, and stop strings and stop tokens cut as vLLM's detokenizer cuts them."""
+"""vLLM's settings on HF transformers (``engine=hf``): sampling mapped onto HF generation, and what HF cannot
+honour refused before the model loads. Stop strings and stop tokens are cut in ``hf/generation.py``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from evalkit.config import ConfigError
-from evalkit.contracts import Generation, GenRequest
 
 ENGINE_KWARGS = ("device_map", "attn_implementation")  # the engine_kwargs that reach from_pretrained
 IGNORED_KWARGS = ("enforce_eager",)  # vLLM's, set by the OOM back-off (evalkit/run/supervise.py): nothing to do here
@@ -72,37 +71,3 @@ def check_settings(*, engine_kwargs: dict[str, Any], sampling_kwargs: dict[str, 
                               f"{', '.join(ENGINE_KWARGS)}): remove it, or run engine=vllm")
     sampling_for_hf(sampling_kwargs)
 
-
-class Row:
-    """One sequence being generated, detokenized token by token as vLLM's detokenizer does: a stop token ends
-    it (its text left out), a stop string ends it (the text cut before it, the ids kept up to the token that
-    completed it), or its own max_tokens does."""
-
-    def __init__(self, request: GenRequest, step: Callable[[int], str], stop_ids: set[int], limit: int) -> None:
-        self.request, self.step, self.stop_ids, self.limit = request, step, stop_ids, limit
-        self.ids: list[int] = []
-        self.text = ""
-        self.finish: str | None = None
-
-    def add(self, token: int) -> None:
-        if self.finish:
-            return
-        self.ids.append(token)
-        if token in self.stop_ids:
-            self.finish = "stop"
-            return
-        before = len(self.text)
-        self.text += self.step(token)
-        best = None  # (end, start) of the stop string that completes first, the first listed on a tie
-        for stop in self.request.stop:
-            start = self.text.find(stop, max(before + 1 - len(stop), 0))
-            if start >= 0 and (best is None or start + len(stop) < best[0]):
-                best = (start + len(stop), start)
-        if best:
-            self.text, self.finish = self.text[:best[1]], "stop"
-        elif len(self.ids) >= self.limit:
-            self.finish = "length"
-
-    def generation(self) -> Generation:
-        return Generation(text=self.text, finish_reason=self.finish or "length", output_tokens=len(self.ids),
-                          token_ids=tuple(self.ids))

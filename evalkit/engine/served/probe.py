@@ -11,7 +11,6 @@ log-likelihoods only if its echo covers the prompt token by token. Nothing here 
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +33,14 @@ class ServerRefused(ConfigError):
     evalkit could not read right): found before anything is sent for scoring, and bad input like any other."""
 
 
-def salt() -> str:
-    """A fresh cache_salt: the request shares no prefix-cache block with any other."""
-    return uuid.uuid4().hex
-
-
 def deployment(client: Client, model: str | None, max_model_len: int) -> dict[str, Any]:
     """The served model's identity: its name, root, max_model_len and the server's version (None where the
     server has no /version, as servers other than vLLM)."""
     url = without_credentials(client.url)
     listed = client.get(f"{client.url}/models")
-    if isinstance(listed, Failure):
-        raise ServerRefused(f"the server at {url} did not answer /v1/models: {listed.reason}")
+    if isinstance(listed, Failure):  # a refused connection's reason names the server already
+        raise ServerRefused(listed.reason if listed.refused else
+                            f"the server at {url} did not answer /v1/models: {listed.reason}")
     version = client.get(f"{client.root()}/version")
     names = [m.get("id") for m in listed.get("data", [])]
     if model is None and len(names) != 1:
@@ -108,7 +103,8 @@ def probe(engine: Any) -> dict[str, Any]:
         raise ServerRefused("the server tokenizes a probe text differently from the local tokenizer "
                             f"({engine.tokenizer_path}): point tokenizer= at the served model's tokenizer")
     # one after the other: the second could read the first's cache, were the salt ignored
-    answers = [client.post_many("/completions", [body.prompt_logprobs_body(ids, model, salt())])[0] for _ in range(2)]
+    answers = [client.post_many("/completions", [body.prompt_logprobs_body(ids, model, body.salt())])[0]
+               for _ in range(2)]
     for answer in answers:
         if isinstance(answer, Failure):
             raise ServerRefused(f"the server failed evalkit's probe: {answer.reason}")

@@ -1,4 +1,4 @@
-"""The HF transformers reference engine (evalkit/engine/hf/engine.py, ``engine=hf``).
+"""The HF transformers reference engine (evalkit/engine/hf/, ``engine=hf``).
 
 Engine-marked, on the embedded model in float32: against lm-eval's own ``hf`` backend on the same documents
 (the same token ids scored and prompted, log-likelihoods within HF_LOGPROB_TOL, identical greedy

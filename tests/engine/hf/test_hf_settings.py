@@ -1,6 +1,6 @@
-"""The HF reference engine's pure parts (evalkit/engine/hf/settings.py, hf/engine.py), without a model: vLLM
-sampling settings mapped onto HF generation or refused in one line, vLLM-only engine settings refused before
-the model loads, stop strings and tokens, score batches.
+"""The HF reference engine's pure parts (evalkit/engine/hf/settings.py, generation.py, forward.py), without a
+model: vLLM sampling settings mapped onto HF generation or refused in one line, vLLM-only engine settings
+refused before the model loads, stop strings and tokens, score batches.
 Run: pytest tests/engine/hf/test_hf_settings.py
 """
 
@@ -9,8 +9,9 @@ import pytest
 from evalkit.config import ConfigError, compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.factory import start_engines
-from evalkit.engine.hf.engine import score_batches
-from evalkit.engine.hf.settings import Row, check_settings, sampling_for_hf
+from evalkit.engine.hf.forward import score_batches
+from evalkit.engine.hf.generation import Row
+from evalkit.engine.hf.settings import check_settings, sampling_for_hf
 
 OUTPUT = (("skip_special_tokens", False), ("spaces_between_special_tokens", False))  # as evalkit's harness sends
 GREEDY = (*OUTPUT, ("temperature", 0.0))

@@ -215,7 +215,7 @@ def test_chains_are_sent_only_where_they_cost_the_server_less():
     """Choices of several tokens behind a short question are read whole (fewer requests); behind a long few-shot
     context, or of one token each, they are chained (the context prefilled once)."""
     from evalkit.contracts import ScoreRequest
-    from evalkit.engine.served.engine import chaining_pays
+    from evalkit.engine.served.body import chaining_pays
 
     def question(context_len: int, choice_len: int, first: int) -> list:
         context = tuple(range(first, first + context_len))

@@ -1,4 +1,4 @@
-"""engine=served (evalkit/engine/served*.py) without a vLLM server: the bodies, the reads, the retries, the config,
+"""engine=served (evalkit/engine/served/) without a vLLM server: the bodies, the reads, the retries, the config,
 the store. Responses are built with vLLM's own protocol classes; retries run against a real HTTP server in a
 thread. The real server: tests/engine/served/test_served.py.
 Run: pytest tests/engine/served/test_served_units.py
@@ -247,6 +247,27 @@ def test_a_server_back_within_reconnect_wait_gets_the_unfinished_requests_again(
     back[0].shutdown()
 
 
+def test_a_refused_connection_names_the_server_without_its_credentials():
+    """Nothing listens at the address (the server stopped, or never started): each request fails after its
+    retries naming the server and that it refused connections, and the start's first request fails the run
+    with that line alone."""
+    import socket
+
+    from evalkit.engine.served.probe import ServerRefused, deployment
+
+    with socket.socket() as closed:  # a port that listened a moment ago
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    client = Client(f"http://user:secret@127.0.0.1:{port}/v1", api_key=None, max_concurrency=2, timeout=5,
+                    retries=1, backoff=0.01)
+    refused = (f"the server at http://127.0.0.1:{port} refused connections (ConnectError: All connection attempts "
+               "failed after 2 tries)")
+    assert client.post_many("/completions", [{}, {}]) == [Failure(refused, refused=True)] * 2
+    with pytest.raises(ServerRefused) as error:
+        deployment(client, None, 4096)
+    assert str(error.value) == refused
+
+
 def test_what_names_a_servers_weights(tmp_path):
     """The rule (docs/served.md, "Which answers are reused"): a server evalkit started is keyed on the content of
     the weights it started it from; a server it did not start only on the id the user gives, and without one its
@@ -303,7 +324,7 @@ def test_more_than_128_next_token_ids_go_in_several_bodies_that_vllm_accepts(emb
     from vllm.exceptions import VLLMValidationError
 
     from evalkit.engine.logprob_reads import next_token_asks, token_steps
-    from evalkit.engine.served.engine import MAX_LOGPROB_TOKEN_IDS
+    from evalkit.engine.served.body import MAX_LOGPROB_TOKEN_IDS
 
     config = ModelConfig(model=embedded_model_dir, max_model_len=4096)
 

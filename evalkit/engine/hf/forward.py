@@ -1,0 +1,101 @@
+"""engine=hf, log-likelihoods and token traces: the scored positions of each request read from one forward pass,
+as lm-eval's own ``hf`` backend computes them (``HFLM._loglikelihood_tokens``): the whole sequence but its last
+token, right-padded, no attention mask, log_softmax in the model's dtype; is_greedy when every scored token is
+the argmax. tests/engine/hf/test_hf_engine.py holds the numbers equal to lm-eval's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from evalkit.contracts import Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.engine.hf.model import Loaded
+
+LOGIT_ROWS = 4096  # rows of logits (batch x longest input) one scoring pass may hold; 49152 x 4 bytes each here
+
+
+def score_batches(requests: Sequence[ScoreRequest], batch_size: int, logit_rows: int = LOGIT_ROWS) -> list[list[int]]:
+    """Indices of requests in forward passes, in lm-eval's hf order (longest first, then by token ids), at most
+    batch_size each and at most logit_rows rows of logits (batch times its longest input; one request at least)."""
+    order = sorted(range(len(requests)), key=lambda i: (-len(requests[i].ids), requests[i].ids))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and len(batches[-1]) < batch_size and \
+                (len(batches[-1]) + 1) * (len(requests[batches[-1][0]].ids) - 1) <= logit_rows:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def score(loaded: Loaded, requests: Sequence[ScoreRequest], progress: Progress | None, *,
+          batch_size: int) -> list[Scored]:
+    """Log-probabilities of ids[start:] given ids[:start] (from position 1 when start is 0, as vLLM), and
+    is_greedy as lm-eval's hf backend reads it: each scored token is the argmax."""
+    import torch
+
+    def read(r: ScoreRequest, rows: Any) -> Scored:
+        target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
+        return Scored(logprob=float(rows.gather(1, target[:, None]).sum()),
+                      is_greedy=bool((rows.argmax(dim=-1) == target).all()))
+
+    return _each_batch(loaded, requests, read, Scored(logprob=0.0, is_greedy=True), progress, batch_size)
+
+
+def trace(loaded: Loaded, requests: Sequence[ScoreRequest], top_k: int, *, batch_size: int) -> list[TokenTrace]:
+    """Each scored position's token log-probability and its top_k (token, log-probability) entries."""
+    import torch
+
+    def read(r: ScoreRequest, rows: Any) -> TokenTrace:
+        target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
+        values, tokens = rows.topk(top_k, dim=-1)
+        rows = rows.float()
+        return TokenTrace(logprobs=tuple(rows.gather(1, target[:, None])[:, 0].tolist()),
+                          top=tuple(tuple(zip(t, v)) for t, v in zip(tokens.tolist(), values.tolist())))
+
+    return _each_batch(loaded, requests, read, TokenTrace(logprobs=(), top=()), None, batch_size)
+
+
+def _each_batch(loaded: Loaded, requests: Sequence[ScoreRequest], read: Callable[[ScoreRequest, Any], Any],
+                empty: Any, progress: Progress | None, batch_size: int) -> list[Any]:
+    """read(request, the log-probabilities of its scored positions) for each request, in request order; empty
+    for a request that scores no token.
+
+    Requests with the same input (ids[:-1]: the choices of a question with one-token answers) share one
+    forward pass, that of the one with the longest continuation, as lm-eval's hf backend shares them."""
+    results: list[Any] = [empty] * len(requests)
+    shared: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(requests):
+        if len(r.ids) > max(r.start, 1):  # the others score no token
+            shared.setdefault(r.ids[:-1], []).append(i)
+    first = {i: max(requests[i].start, 1) for members in shared.values() for i in members}
+    heads = [min(members, key=lambda i: first[i]) for members in shared.values()]
+    if progress and len(first) < len(requests):
+        progress.advance(len(requests) - len(first))
+    for batch in score_batches([requests[i] for i in heads], batch_size):
+        chosen = [requests[heads[b]] for b in batch]
+        answered = 0
+        for b, rows in zip(batch, _logprobs(loaded, chosen)):
+            for i in shared[requests[heads[b]].ids[:-1]]:
+                results[i] = read(requests[i], rows[first[i] - first[heads[b]]:])
+                answered += 1
+        if progress:
+            progress.advance(answered, sum(len(r.ids) for r in chosen))
+    return results
+
+
+def _logprobs(loaded: Loaded, batch: Sequence[ScoreRequest]) -> list[Any]:
+    """Per request, log-probabilities [positions, vocab] of the positions predicting ids[max(start, 1):], as
+    lm-eval's hf backend computes them: one forward pass of the batch, right-padded, over each sequence but its
+    last token, with no attention mask (right padding comes after every position a causal model reads),
+    log_softmax in the model's dtype, and kept in it (lm-eval sums a continuation's values in that dtype). All
+    logits are computed: asking for the scored positions only (logits_to_keep) would change them by rounding
+    (measured: up to 8e-6 nats per request in float32). In bfloat16, a float32 log_softmax and sum moved a
+    continuation by up to 3.6e-2 nats from lm-eval's (tests/engine/hf/test_hf_engine.py holds the two equal in
+    bfloat16)."""
+    import torch
+
+    ids, _ = loaded.padded([r.ids[:-1] for r in batch], left=False)
+    with torch.inference_mode():
+        rows = torch.log_softmax(loaded.model(input_ids=ids).logits, dim=-1)
+        return [rows[row, max(r.start, 1) - 1:len(r.ids) - 1] for row, r in enumerate(batch)]

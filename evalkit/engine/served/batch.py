@@ -1,0 +1,102 @@
+"""engine=served: a batch of /v1/completions requests sent, and each answer checked before it is kept.
+
+Both ways of reading a server (vLLM's fields, ``served/body.py``; the OpenAI API alone, ``served/openai.py``)
+send through :class:`Sender`: every request's body, its read, and the checks every answer passes first (the
+probed deployment's ``system_fingerprint``). A request whose answer fails its read is sent once more; a request
+that still fails is never scored: the batch's finished answers are handed back with one :class:`ServedError`
+naming how many failed and why the first did (the request store keeps the finished ones, so a rerun sends only
+the rest).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+from evalkit.contracts import PartialAnswers, Progress
+from evalkit.engine.logprob_reads import BadRead
+from evalkit.engine.served.http import Client, Failure, without_credentials
+
+Make = Callable[[Any], dict]  # a request's body; called again for a second try (a fresh cache_salt)
+Read = Callable[[Any, dict], Any]  # a request's answer from its response, or BadRead
+Tokens = Callable[[Any], int]  # a request's tokens, for the progress bar
+
+
+class ServedError(PartialAnswers):
+    """Some requests of a batch got no verified answer from the server; none of them was scored."""
+
+    def __init__(self, message: str, answers: list[Any], reason: str | None = None) -> None:
+        super().__init__(message, answers)
+        self.reason = reason or message
+
+
+def failed(answers: list[Any], reason: str) -> ServedError:
+    """The error of a batch whose None answers failed, the first of them for reason."""
+    missing = sum(1 for a in answers if a is None)
+    return ServedError(f"{missing} of {len(answers)} requests failed: {reason}", answers, reason)
+
+
+class Sender:
+    """Sends batches to one probed server and keeps only the answers that are its deployment's and read right.
+    A first read that fails its check is counted in counts["mismatched"]."""
+
+    def __init__(self, client: Client, *, fingerprint: str | None, counts: Counter[str]) -> None:
+        self.client = client
+        self.fingerprint = fingerprint  # the probe's system_fingerprint: the deployment every answer must come from
+        self.counts = counts
+
+    def built(self, requests: Sequence[Any], make: Make, read: Read, progress: Progress | None,
+              tokens: Tokens) -> list[Any]:
+        """As send, with every body built before any is sent: a request that cannot be put into a body (a
+        setting the API has no field for) fails the batch before the server sees any of it."""
+        try:
+            bodies = {id(r): make(r) for r in requests}
+        except BadRead as error:
+            raise failed([None] * len(requests), str(error)) from None
+        return self.send(requests, lambda r: bodies[id(r)], read, progress, tokens)
+
+    def send(self, requests: Sequence[Any], make: Make, read: Read, progress: Progress | None,
+             tokens: Tokens) -> list[Any]:
+        """Each request sent, its answer read and checked; one that fails its check is sent once more (make
+        builds its body again); those still failing raise ServedError after the batch, with the finished
+        answers."""
+        answers: list[Any] = [None] * len(requests)
+        reasons: dict[int, str] = {}
+        todo = list(range(len(requests)))
+        for round_ in (1, 2):
+            responses = self.client.post_many("/completions", [make(requests[i]) for i in todo])
+            again = []
+            for i, response in zip(todo, responses):
+                try:
+                    if isinstance(response, Failure):
+                        reasons[i] = response.reason
+                        continue
+                    changed = self._other_deployment(response)
+                    if changed:
+                        reasons[i] = changed
+                        continue
+                    answers[i] = read(requests[i], response)
+                    reasons.pop(i, None)
+                    if progress:
+                        progress.advance(1, tokens(requests[i]))
+                except BadRead as error:
+                    reasons[i] = f"the answer failed its check twice ({error})"
+                    again.append(i)
+            self.counts["mismatched"] += len(again) if round_ == 1 else 0
+            todo = again
+            if not todo:
+                break
+        if reasons:
+            raise failed(answers, reasons[min(reasons)])
+        return answers
+
+    def _other_deployment(self, response: Any) -> str | None:
+        """Why an answer is not the probed deployment's: its system_fingerprint differs from the probe's (a server
+        restarted under other settings or version, a replica of another build behind a load balancer). Such an
+        answer is never read or kept, so no run mixes two deployments' answers."""
+        seen = response.get("system_fingerprint") if isinstance(response, dict) else None
+        if seen == self.fingerprint:
+            return None
+        return (f"the server's system_fingerprint changed from {self.fingerprint} (at the probe) to "
+                f"{seen}: another deployment answers at {without_credentials(self.client.url)}; its answers were "
+                "not kept, run again to evaluate it as itself")
