@@ -89,9 +89,19 @@ def measure_rows(ref: Rows, ref_rows: np.ndarray, cand: Rows, cand_rows: np.ndar
 
 
 def compare_task(ref: Rows, cand: Rows) -> Task:
+    """One task's two records, paired (records.pair) and measured: each shared (context, token) pair once, and
+    the contexts where the two tokens differ (a parting position) apart; every shared context takes its
+    measures from the one it is compared on."""
     pairs = records.pair(ref, cand)
-    contexts, unshared = measure_rows(ref, pairs.ref, cand, pairs.cand)
     texts, _ = measure_rows(ref, pairs.text_ref, cand, pairs.text_cand)
+    parting = pairs.text_of < 0
+    parted, unshared = measure_rows(ref, pairs.ref[parting], cand, pairs.cand[parting])
+    columns = {}
+    for name in ("kld", "exact", "captured", "same_top", "delta_p", "llr"):
+        column = np.empty(len(parting), dtype=getattr(texts, name).dtype)
+        column[~parting], column[parting] = getattr(texts, name)[pairs.text_of[~parting]], getattr(parted, name)
+        columns[name] = column
+    contexts = Positions(**columns)
     return Task(contexts=contexts, docs=ref.doc_id[pairs.ref], kinds=ref.kind[pairs.ref],
                 request=ref.request[pairs.ref], position=ref.position[pairs.ref], ref_text=ref.text_id[pairs.ref],
                 cand_text=cand.text_id[pairs.cand], texts=texts, text_docs=ref.doc_id[pairs.text_ref],

@@ -115,6 +115,7 @@ class Pairs:
     cand: np.ndarray
     text_ref: np.ndarray  # (m,) one per shared context and text token (Δp, log-likelihood ratio)
     text_cand: np.ndarray
+    text_of: np.ndarray  # (n,) the text pair each shared context is compared on, -1 where the tokens differ
 
 
 def pair(ref: Positions, cand: Positions) -> Pairs:
@@ -123,12 +124,13 @@ def pair(ref: Positions, cand: Positions) -> Pairs:
     both sides); the others (a generation's parting position) on each run's first row there."""
     texts, text_ref, text_cand = _common(ref, cand, _TEXT)
     contexts, first_ref, first_cand = _common(ref, cand, _CONTEXT)
-    rows_ref, rows_cand = first_ref, first_cand
+    rows_ref, rows_cand, text_of = first_ref, first_cand, np.full(len(contexts), -1, dtype=np.int64)
     if len(texts):  # the first shared text triple of each shared context: both key lists are sorted
         text_contexts = np.empty(len(texts), dtype=_CONTEXT)
         text_contexts["doc"], text_contexts["context"] = texts["doc"], texts["context"]
         at = np.minimum(np.searchsorted(text_contexts, contexts), len(texts) - 1)
         covered = text_contexts[at] == contexts
         rows_ref, rows_cand = np.where(covered, text_ref[at], first_ref), np.where(covered, text_cand[at], first_cand)
+        text_of = np.where(covered, at, -1)
     return Pairs(ref=rows_ref.astype(np.int64), cand=rows_cand.astype(np.int64), text_ref=text_ref.astype(np.int64),
-                 text_cand=text_cand.astype(np.int64))
+                 text_cand=text_cand.astype(np.int64), text_of=text_of.astype(np.int64))
