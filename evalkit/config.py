@@ -141,6 +141,10 @@ class EvalConfig:
     log_samples: bool = True
     resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/store/requests.py)
     chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
+    # top log-probabilities recorded at every scored position, beside the samples, for the divergence between two
+    # runs (docs/divergence.md, "What a run records"); 0: record nothing. 20: the time recording takes does not
+    # depend on k; 20 keeps a position at 180 bytes (less compressed) and captures 0.71-0.80 of the exact mean KLD
+    divergence_top_k: int = 20
     oom_retry: OomRetry = field(default_factory=OomRetry)
 
 
@@ -258,10 +262,27 @@ def validate(cfg: EvalConfig) -> None:
         raise ConfigError(f"gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]")
     if cfg.limit is not None and (cfg.limit <= 0 or (cfg.limit > 1 and cfg.limit != int(cfg.limit))):
         raise ConfigError(f"limit={cfg.limit} must be a whole number of documents or a fraction in (0, 1]")
+    check_divergence_top_k(cfg)
     if not cfg.tasks:
         raise ConfigError("tasks is empty: pass tasks=[name,...]")
     if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith("."):
         raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")
+
+
+MAX_TOP_K = 100  # 8 bytes a position per entry; the bound's share was measured up to k = 100 (docs/divergence.md)
+VLLM_MAX_LOGPROBS = 20  # vllm.LLM's max_logprobs default: the most prompt log-probabilities a request may ask
+
+
+def check_divergence_top_k(cfg: EvalConfig) -> None:
+    """divergence_top_k within 0..MAX_TOP_K, and within what a vLLM engine evalkit starts will give."""
+    k = cfg.divergence_top_k
+    if not 0 <= k <= MAX_TOP_K:
+        raise ConfigError(f"divergence_top_k={k} must be 0 (record nothing) to {MAX_TOP_K}")
+    ceiling = int(cfg.engine_kwargs.get("max_logprobs", VLLM_MAX_LOGPROBS))
+    starts_vllm = cfg.engine == "vllm" or (cfg.engine == "served" and cfg.endpoint.serve)
+    if starts_vllm and ceiling != -1 and k > ceiling:
+        raise ConfigError(f"divergence_top_k={k} is more than vLLM's max_logprobs={ceiling}: pass "
+                          f"+engine_kwargs.max_logprobs={k}, or a smaller divergence_top_k")
 
 
 def check_batch_invariant(engine: str) -> None:

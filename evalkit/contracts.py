@@ -143,3 +143,7 @@ class RequestRecord:
     clamped: bool = False  # max_tokens was lowered to fit max_model_len
     truncated_tokens: int = 0  # prompt tokens dropped from the left under overflow=truncate_left
     extra: dict[str, Any] = field(default_factory=dict)
+    # with divergence_top_k > 0, what was traced for the run's divergence record (evalkit/harness/tracing.py), as
+    # (request number in its document, the traced request, its trace): one, or one per rolling window. Written to
+    # the divergence record, not to the samples
+    traced: list[tuple[int, ScoreRequest, TokenTrace]] = field(default_factory=list, repr=False)

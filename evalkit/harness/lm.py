@@ -11,6 +11,8 @@ ceiling, unfinished reasoning), the README says so ("Differences from lm-eval").
 
 Every request goes through the length budget (``budget.py``) and leaves a :class:`RequestRecord`, which the
 results stage merges into the per-sample output: raw text, finish reason, token counts, clamps, truncations.
+With ``divergence_top_k`` > 0, each kind's answers are followed by one trace of what was scored or generated
+(``tracing.py``), kept on the records for the run's divergence record.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from evalkit.harness.budget import plan_generation, plan_score
 from evalkit.contracts import Engine, GenRequest, RequestProgress, RequestRecord, ScoreRequest
 from evalkit.harness.lm_eval_compat import encode_pairs
+from evalkit.harness.tracing import Item, TraceError, TraceLog, keep, outputs, scored_positions
 
 
 def strip_thinking(text: str, end_marker: str) -> str:
@@ -100,6 +103,7 @@ class EvalkitLM(TemplateLM):
         fast_scoring: bool = True,
         seed: int = 0,
         progress: Callable[[str, int], RequestProgress] | None = None,
+        divergence_top_k: int = 0,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -121,6 +125,8 @@ class EvalkitLM(TemplateLM):
         self.records: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
         self.progress = progress  # opens the progress of one engine call: (request kind, requests); None: silent
         self.engine_seconds: dict[str, float] = {}  # wall time of the engine calls, per request kind
+        self.divergence_top_k = divergence_top_k  # top entries traced at each scored position; 0: no traces
+        self.traces = TraceLog(divergence_top_k)
 
     @functools.cached_property
     def _bos_text(self) -> str:
@@ -179,6 +185,25 @@ class EvalkitLM(TemplateLM):
     def _record(self, instance: Any, record: RequestRecord) -> None:
         self.records[(instance.task_name, instance.doc_id)].append(record)
 
+    def _trace(self, kind: str, items: list[Item]) -> None:
+        """With divergence_top_k > 0: one trace of the items' requests (each distinct one once, in _submit's
+        order, so a noise run's traces see other batches too), checked and kept on the records (tracing.keep)."""
+        k = self.divergence_top_k
+        items = [item for item in items if scored_positions(item[2])]  # an empty continuation has no position
+        if not k or not items:
+            return
+        distinct = list(dict.fromkeys(request for _, _, request, _ in items))
+
+        def call(requests: list[ScoreRequest], progress: RequestProgress | None) -> list:
+            answers = self.engine.trace(requests, k)
+            if len(answers) != len(requests):
+                raise TraceError(f"the engine answered {len(answers)} traces for {len(requests)} {kind} requests")
+            if progress:
+                progress.advance(len(requests), sum(len(r.ids) for r in requests))
+            return answers
+
+        keep(kind, items, dict(zip(distinct, self._submit(call, distinct, f"trace_{kind}"))), self.traces)
+
     # --- log-likelihood ---
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """Each (context, continuation) encoded as TemplateLM.loglikelihood encodes it, scored with its record."""
@@ -191,17 +216,20 @@ class EvalkitLM(TemplateLM):
     def _score_pairs(self, pairs: list, *, instances: list | None) -> list[tuple[float, bool]]:
         """pairs: ((context, continuation), context ids, continuation ids); instances: the lm-eval requests they
         came from, one each, whose records are kept."""
-        scores = []
+        scores, records = [], []
         for i, (_, context_enc, continuation_enc) in enumerate(pairs):
             drop = plan_score(context_tokens=len(context_enc), continuation_tokens=len(continuation_enc),
                               max_model_len=self.engine.max_model_len, overflow=self.overflow)
             ids = tuple(context_enc[drop:]) + tuple(continuation_enc)
             scores.append(ScoreRequest(ids=ids, start=len(context_enc) - drop))
             if instances is not None:
-                self._record(instances[i], RequestRecord(
-                    kind="loglikelihood", prompt_tokens=len(ids), truncated_tokens=drop,
-                    extra={"continuation_tokens": len(continuation_enc)}))
-        return [(s.logprob, s.is_greedy) for s in self._submit(self._score, scores, "loglikelihood")]
+                records.append(RequestRecord(kind="loglikelihood", prompt_tokens=len(ids), truncated_tokens=drop,
+                                             extra={"continuation_tokens": len(continuation_enc)}))
+                self._record(instances[i], records[-1])
+        answers = self._submit(self._score, scores, "loglikelihood")
+        if instances is not None and self.divergence_top_k:
+            self._trace("loglikelihood", list(zip(records, [i.idx for i in instances], scores, answers)))
+        return [(s.logprob, s.is_greedy) for s in answers]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Perplexity-style scoring: the whole text (with the tokenizer's default special tokens, so a BOS
@@ -209,19 +237,26 @@ class EvalkitLM(TemplateLM):
         (its hf backend uses windows of max_length)."""
         windows: list[ScoreRequest] = []
         owners: list[int] = []
+        numbers: list[int] = []  # each window's number in its document: its request in the divergence record
+        records = []
         for n, instance in enumerate(requests):
             (text,) = instance.args
             tokens = self.tok_encode(text)
-            for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+            for w, (context, continuation) in enumerate(map(make_disjoint_window, get_rolling_token_windows(
                     token_list=tokens, prefix_token=self.prefix_token_id,
-                    max_seq_len=self.engine.max_model_len - 2, context_len=1)):
+                    max_seq_len=self.engine.max_model_len - 2, context_len=1))):
                 windows.append(ScoreRequest(ids=tuple(context) + tuple(continuation), start=len(context)))
                 owners.append(n)
-            self._record(instance, RequestRecord(kind="loglikelihood_rolling", prompt_tokens=len(tokens),
-                                                 extra={"windows": owners.count(n)}))
+                numbers.append(w)
+            records.append(RequestRecord(kind="loglikelihood_rolling", prompt_tokens=len(tokens),
+                                         extra={"windows": owners.count(n)}))
+            self._record(instance, records[-1])
         totals = [0.0] * len(requests)
-        for n, scored in zip(owners, self._submit(self._score, windows, "loglikelihood_rolling")):
+        answers = self._submit(self._score, windows, "loglikelihood_rolling")
+        for n, scored in zip(owners, answers):
             totals[n] += scored.logprob
+        self._trace("loglikelihood_rolling", [(records[n], w, window, scored) for n, w, window, scored
+                                              in zip(owners, numbers, windows, answers)])
         return totals
 
     # --- generation ---
@@ -270,8 +305,8 @@ class EvalkitLM(TemplateLM):
                                          clamped=plan.clamped, truncated_tokens=plan.truncated))
             stops.append(until)
         answers = []
-        for instance, record, until, generation in zip(requests, records, stops,
-                                                       self._submit(self.engine.generate, batch, "generate_until")):
+        generations = self._submit(self.engine.generate, batch, "generate_until")
+        for instance, record, until, generation in zip(requests, records, stops, generations):
             record.raw_output = generation.text
             record.finish_reason = generation.finish_reason
             record.output_tokens = generation.output_tokens
@@ -279,4 +314,7 @@ class EvalkitLM(TemplateLM):
             self._record(instance, record)
             text = strip_thinking(generation.text, self.thinking_end) if self.strip_thinking else generation.text
             answers.append(postprocess_generated_text(text, until, None))
+        if self.divergence_top_k:
+            self._trace("generate_until", outputs(requests, records, batch, generations,
+                                                  max_model_len=self.engine.max_model_len, log=self.traces))
         return answers

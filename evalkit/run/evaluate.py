@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -112,6 +113,17 @@ def refuse_unanswerable(description: dict[str, Any], tasks: list[Any]) -> None:
         raise ConfigError(f"{', '.join(needs)} need log-likelihoods, and {why}")
 
 
+def recording_top_k(cfg: EvalConfig, description: dict[str, Any]) -> tuple[int, str | None]:
+    """The k the run's divergence record is traced at, and why nothing is recorded where it is 0: a served
+    engine whose server cannot score (its echo failed the probe) cannot trace either."""
+    if not cfg.divergence_top_k:
+        return 0, "divergence_top_k=0"
+    if description.get("cannot_score"):
+        print(f"evalkit: no divergence record: {description['cannot_score']}", file=sys.stderr)
+        return 0, str(description["cannot_score"])
+    return cfg.divergence_top_k, None
+
+
 def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
     """How prompts were built, with what the tokenizer did by default, for the results file."""
     bos, eos = lm.prefix_token_id, lm.eot_token_id
@@ -145,6 +157,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     try:
         description = engine.describe()
         refuse_unanswerable(description, tasks)
+        top_k, unrecorded = recording_top_k(cfg, description)
         fingerprint = model_fingerprint(model_dir, description)
         if cfg.resume:
             answers = RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
@@ -154,7 +167,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
                        sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
                        strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
                        order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
-                       progress=Progress)
+                       progress=Progress, divergence_top_k=top_k)
         scoring_before = engine.scoring_counts()  # a lent engine counts earlier runs too
         outcome = score_with_lm_eval(cfg, lm, manager, tasks)
         scoring = Counter(engine.scoring_counts())
@@ -181,9 +194,11 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
                                           "seconds": timings["total"]}],
         "resume": engine.record() if cfg.resume else None,
     }
+    divergence = lm.traces.summary() if top_k else {"top_k": 0, "recorded": f"nothing: {unrecorded}"}
     run_dir = results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
                                 results=outcome, records=lm.records,
-                                config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)), evalkit=section)
+                                config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)), evalkit=section,
+                                divergence=divergence)
     if description.get("server_log") and Path(description["server_log"]).is_file():  # endpoint.serve=true
         results.attach_log(run_dir, Path(description["server_log"]), "server.log")
     return run_dir

@@ -7,6 +7,7 @@ and laid out as lm-eval's EvaluationTracker writes them, so lm-eval's own tools 
 * ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`);
   ``results_<date>.json`` is a link to it, under lm-eval's name
 * ``samples_<task>_<date>.jsonl`` -- one line per document and filter (:class:`SampleLine`)
+* ``divergence_<task>_<date>.npz`` -- the task's divergence record (``positions.py``), with divergence_top_k > 0
 * ``config.yaml`` -- the resolved config
 * ``summary.csv`` / ``summary.md`` -- one row per task, metric and filter (:data:`SUMMARY_COLUMNS`)
 """
@@ -19,7 +20,7 @@ import shutil
 import time
 from collections import Counter
 from datetime import datetime
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Iterable, TypedDict
 
@@ -27,6 +28,7 @@ import pandas as pd
 
 from evalkit.config import ConfigError
 from evalkit.contracts import RequestRecord
+from evalkit.run import positions, recording
 
 
 class OutputError(ConfigError):
@@ -79,7 +81,9 @@ class EvalkitSection(TypedDict):
     provenance: dict[str, Any]  # content hashes: config, model fingerprint, each task's documents and prompts
     resume: dict[str, Any] | None  # request store file, answers reused from it and computed now
     attempts: list[dict[str, Any]]  # every try of this run: settings, status, error, seconds (OOM back-off)
-    files: dict[str, Any]  # written by write_run: {"results": lm-eval's name, "samples": {task: file name}}
+    files: dict[str, Any]  # written by write_run: {"results": lm-eval's name, "samples": {task: file name},
+    #   "divergence": {task: file name}}
+    divergence: dict[str, Any]  # written by write_run: what the divergence record holds (recording.section)
 
 
 class SampleLine(TypedDict, total=False):
@@ -117,7 +121,8 @@ def provenance(results: dict[str, Any], *, config: dict[str, Any], model_fingerp
         docs = sorted({(s["doc_id"], s.get("doc_hash")) for s in samples})
         prompts = sorted({(s["doc_id"], s.get("prompt_hash")) for s in samples})
         tasks[task] = {"documents": len(docs), "docs_sha256": sha256(docs), "prompts_sha256": sha256(prompts)}
-    settings = {k: v for k, v in config.items() if k not in ("output_dir", "resume", "chunk_size", "log_samples")}
+    settings = {k: v for k, v in config.items()
+                if k not in ("output_dir", "resume", "chunk_size", "log_samples", "divergence_top_k")}
     return {"config_sha256": sha256(settings), "model_fingerprint": model_fingerprint, "tasks": tasks}
 
 
@@ -137,9 +142,14 @@ def sample_line(sample: dict[str, Any], records: list[RequestRecord]) -> SampleL
         "finish_reason": gens[0].finish_reason if gens else None,
         "prompt_tokens": sum(r.prompt_tokens for r in records),
         "output_tokens": sum(r.output_tokens for r in records),
-        "requests": [asdict(r) for r in records],
+        "requests": [request_fields(r) for r in records],
     }
     return {**line, **lm_eval_layout(sample)}
+
+
+def request_fields(record: RequestRecord) -> dict[str, Any]:
+    """A request's record as the samples show it: its traces go to the divergence record instead."""
+    return {k: v for k, v in asdict(replace(record, traced=[])).items() if k != "traced"}
 
 
 def lm_eval_layout(sample: dict[str, Any]) -> dict[str, Any]:
@@ -222,8 +232,10 @@ def write_run(
     records: dict[tuple[str, int], list[RequestRecord]],
     config_yaml: str,
     evalkit: EvalkitSection,
+    divergence: dict[str, Any] | None = None,
 ) -> Path:
-    """Write one run folder atomically and return its final path."""
+    """Write one run folder atomically and return its final path. divergence: the harness's summary of its
+    traces (TraceLog.summary), whose top_k > 0 writes the divergence record from the records' traces."""
     parent = Path(output_dir) / model_name
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".tmp-{run_id}-{os.getpid()}"
@@ -231,11 +243,17 @@ def write_run(
         tmp.mkdir()
         date_id = lm_eval_date_id()
         samples = results.get("samples") or {}
+        top_k = (divergence or {}).get("top_k", 0)
+        built = recording.task_positions(records, top_k) if top_k else {}
         files = {"results": f"results_{date_id}.json",
-                 "samples": {task: f"samples_{task}_{date_id}.jsonl" for task in samples}}
+                 "samples": {task: f"samples_{task}_{date_id}.jsonl" for task in samples},
+                 "divergence": {task: f"divergence_{task}_{date_id}.npz" for task in built}}
+        for task, columns in built.items():
+            positions.write(tmp / files["divergence"][task], columns)
+        sizes = {task: (tmp / name).stat().st_size for task, name in files["divergence"].items()}
         aggregate = {k: v for k, v in results.items() if k != "samples"}
         aggregate["task_hashes"] = task_hashes(samples)
-        aggregate["evalkit"] = {**evalkit, "files": files}
+        aggregate["evalkit"] = {**evalkit, "files": files, "divergence": recording.section(divergence, built, sizes)}
         (tmp / "results.json").write_text(json.dumps(json.loads(_json(aggregate)), indent=2) + "\n")
         (tmp / files["results"]).symlink_to("results.json")
         for task, task_samples in samples.items():

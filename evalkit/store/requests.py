@@ -7,7 +7,8 @@ share one answer when greedy and keep one each when sampled (:meth:`ResumableEng
 is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
 change outputs, the model runner and kernel-selecting environment, the library versions, the hardware and
 evalkit's own answer code; each line is keyed by a hash of the exact request and the scoring path
-(``fast_scoring``) and records the settings of the try that computed it. Settings that only change scheduling or memory
+(``fast_scoring``), or of a trace and its k (``divergence_top_k``), and records the settings of the try that
+computed it. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
 ``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
 
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evalkit.config import ConfigError
-from evalkit.contracts import Engine, Generation, GenRequest, PartialAnswers, Progress, Scored, ScoreRequest
+from evalkit.contracts import (Engine, Generation, GenRequest, PartialAnswers, Progress, Scored, ScoreRequest,
+                               TokenTrace)
 from evalkit.hashing import sha256
 from evalkit.engine.wrapper import Wrapped
 
@@ -112,11 +114,10 @@ class RequestStore:
 
 
 class ResumableEngine(Wrapped):
-    """An Engine that answers from the store where it can and sends the rest in chunks, saving each. generate
-    and score go through the store; every other member, close() included, goes to the engine unchanged
-    (Wrapped). A trace is not stored: it is computed afresh for each comparison (evalkit/compare/locate.py).
-    scoring_counts() are the engine's: answers read from the store took no scoring path. close() frees the
-    store, then closes the engine."""
+    """An Engine that answers from the store where it can and sends the rest in chunks, saving each. generate,
+    score and trace (a run's divergence record) go through the store; every other member, close() included, goes
+    to the engine unchanged (Wrapped). scoring_counts() are the engine's: answers read from the store took no
+    scoring path. close() frees the store, then closes the engine."""
 
     def __init__(self, engine: Engine, store: RequestStore, chunk_size: int, settings: Any = None) -> None:
         super().__init__(engine)
@@ -125,6 +126,7 @@ class ResumableEngine(Wrapped):
         self.settings = settings  # this try's memory settings, recorded with each answer it computes
         self.reused = 0
         self.computed = 0
+        self.traces: Counter = Counter()  # traces reused and computed, apart from the answers above
         self._reused_from: Counter = Counter()  # settings (as JSON) of the tries whose answers were reused
         self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
 
@@ -146,7 +148,7 @@ class ResumableEngine(Wrapped):
             if k not in self.store.answers:
                 first.setdefault(k, i)
         missing = list(first.values())
-        self.reused += len(requests) - len(missing)
+        self._tally("reused", len(requests) - len(missing), path)
         if progress and len(missing) < len(requests):
             progress.advance(len(requests) - len(missing))
         self._reused_from.update(json.dumps(self.store.origins.get(k), sort_keys=True)
@@ -158,16 +160,26 @@ class ResumableEngine(Wrapped):
             except PartialAnswers as partial:  # keep what was answered, then fail: a rerun sends only the rest
                 kept = [(keys[i], asdict(a)) for i, a in zip(chunk, partial.answers) if a is not None]
                 self.store.add(kept, by=self.settings)
-                self.computed += len(kept)
+                self._tally("computed", len(kept), path)
                 raise
             self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
-            self.computed += len(chunk)
+            self._tally("computed", len(chunk), path)
         return [load(self.store.answers[k]) for k in keys]
 
+    def _tally(self, what: str, n: int, path: dict[str, Any] | None) -> None:
+        """Count answers reused or computed; traces apart, so that reused + computed stays the requests a run
+        asked, with the divergence record or without."""
+        if path and "trace_top_k" in path:
+            self.traces[what] += n
+        else:
+            setattr(self, what, getattr(self, what) + n)
+
     def record(self) -> dict[str, Any]:
-        """For results.json: the store, answers reused and computed, and the settings the reused ones came from."""
+        """For results.json: the store, answers reused and computed (traces for the divergence record counted
+        apart), and the settings the reused answers and traces came from."""
         origins = [{"settings": json.loads(s), "answers": n} for s, n in sorted(self._reused_from.items())]
         return {"store": str(self.store.path), "reused": self.reused, "computed": self.computed,
+                "traces": {"reused": self.traces["reused"], "computed": self.traces["computed"]},
                 "reused_from": origins,
                 "other_settings": any(o["settings"] != self.settings for o in origins)}
 
@@ -185,3 +197,14 @@ class ResumableEngine(Wrapped):
               fast: bool = True) -> list[Scored]:
         return self._run(requests, functools.partial(self.engine.score, fast=fast), lambda a: Scored(**a), progress,
                          path={"fast": fast})
+
+    def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
+        """Keyed by the request and k (a trace at another k is another answer), apart from its score's key."""
+        return self._run(requests, lambda chunk, progress: self.engine.trace(chunk, top_k), load_trace, None,
+                         path={"trace_top_k": top_k})
+
+
+def load_trace(answer: dict[str, Any]) -> TokenTrace:
+    """A stored trace (JSON lists) as the engine gave it: tuples of (token id, log-probability) per position."""
+    return TokenTrace(logprobs=tuple(answer["logprobs"]),
+                      top=tuple(tuple((int(t), float(v)) for t, v in row) for row in answer["top"]))

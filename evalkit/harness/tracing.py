@@ -1,0 +1,145 @@
+"""Traces of a run's scored positions, for its divergence record (docs/divergence.md, "What a run records").
+
+After each kind of request is answered, the harness asks the engine for one batched ``trace`` of what was
+scored or generated: at each position, the text token's log-probability and the engine's top-k entries. The
+positions recorded per kind are :data:`RECORDED`. Each answer is checked against what was asked before it is
+kept (STYLE 14): one log-probability and one top list per position, at most k distinct entries, best first,
+the text token's value agreeing with its own entry, and no entry missing that the text token outranks (a
+read of the wrong position or token shows as one). A log-likelihood's traced tokens must also sum to what
+the engine scored: they come from two paths (the trace reads raw logits with no prefix cache; scoring may take
+its fast paths), so they differ by the engine's own noise, which is measured and recorded, and a gap beyond
+:func:`gross_gap` fails the run in one line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Sequence
+
+from evalkit.contracts import Generation, GenRequest, RequestRecord, Scored, ScoreRequest, TokenTrace
+
+# what the harness traces: the record it belongs to, its request number in its document (lm-eval's index of a
+# choice or a generation, a rolling window's number), the request, and its score where it was scored
+Item = tuple[RequestRecord, int, ScoreRequest, Scored | None]
+
+RECORDED = {
+    "loglikelihood": "the continuation tokens of every request (each choice)",
+    "loglikelihood_rolling": "every token of every window",
+    "generate_until": "each greedy generation's own output tokens after its prompt; sampled draws are not recorded",
+}
+ENTRY_TOLERANCE = 1e-4  # nats: one value read twice from one row (the text token, its top entry), or a tie in order
+
+
+def gross_gap(positions: int) -> float:
+    """The largest |Σ trace − score| (nats) a request of this many scored positions may show before the run
+    fails: far above the noise between the engine's scoring paths (largest measured: docs/divergence.md), far
+    below what reading a wrong token costs (several nats at one position)."""
+    return 0.5 + 0.01 * positions
+
+
+class TraceError(RuntimeError):
+    """An engine's trace that does not answer what was asked."""
+
+
+def scored_positions(request: ScoreRequest) -> int:
+    """Positions of ids[start:] that have a context (position 0 never does)."""
+    return max(len(request.ids) - max(request.start, 1), 0)
+
+
+def check(request: ScoreRequest, trace: TokenTrace, top_k: int) -> None:
+    """The trace answers the request: see the module docstring. TraceError in one line where it does not."""
+    start = max(request.start, 1)
+    n = len(request.ids) - start
+    if len(trace.logprobs) != n or len(trace.top) != n:
+        raise TraceError(f"the engine's trace of a {len(request.ids)}-token request has {len(trace.logprobs)} "
+                         f"log-probabilities and {len(trace.top)} top lists for its {n} scored positions")
+    for p, (value, top) in enumerate(zip(trace.logprobs, trace.top), start=start):
+        token = request.ids[p]
+        where = f"the engine's trace at position {p} (token {token})"
+        if not top or len(top) > top_k:
+            raise TraceError(f"{where} has {len(top)} top entries; divergence_top_k={top_k} asks for 1 to {top_k}")
+        if math.isnan(value) or any(math.isnan(v) for _, v in top):
+            raise TraceError(f"{where} holds a NaN log-probability")
+        ids = [t for t, _ in top]
+        if len(set(ids)) != len(ids):
+            raise TraceError(f"{where} repeats a token among its top entries {ids}")
+        if any(later > earlier + ENTRY_TOLERANCE for (_, earlier), (_, later) in zip(top, top[1:])):
+            raise TraceError(f"{where} lists its top entries out of order (not best first)")
+        own = dict(top).get(token)
+        if own is not None and abs(own - value) > ENTRY_TOLERANCE:
+            raise TraceError(f"{where} gives the text token {value:.6g} but {own:.6g} among its top entries")
+        if own is None and value > top[-1][1] + ENTRY_TOLERANCE:
+            raise TraceError(f"{where} gives the text token {value:.6g}, above its last top entry "
+                             f"{top[-1][1]:.6g}, yet leaves it out: a read of another position or token")
+
+
+def score_gap(request: ScoreRequest, trace: TokenTrace, scored: Scored) -> float:
+    """|Σ trace − score| of one request; TraceError where it is gross (:func:`gross_gap`)."""
+    gap = abs(math.fsum(trace.logprobs) - scored.logprob)
+    if gap > gross_gap(len(trace.logprobs)):
+        raise TraceError(f"the engine's trace of a {len(trace.logprobs)}-token continuation sums to "
+                         f"{math.fsum(trace.logprobs):.4f} but it scored {scored.logprob:.4f}: its trace and its "
+                         "scores read different tokens or positions (pass divergence_top_k=0 to run without the "
+                         "record, and report the engine)")
+    return gap
+
+
+class TraceLog:
+    """What the run's traces did, kind by kind, for results.json's ``evalkit.divergence``."""
+
+    def __init__(self, top_k: int) -> None:
+        self.top_k = top_k
+        self.requests: Counter[str] = Counter()  # kind -> distinct requests traced
+        self.positions: Counter[str] = Counter()  # kind -> positions of those
+        self.not_recorded: Counter[str] = Counter()  # why -> requests left out
+        self.max_gap: dict[str, float] = {}  # kind -> largest |Σ trace − score| over its requests
+
+    def traced(self, kind: str, requests: Sequence[ScoreRequest]) -> None:
+        self.requests[kind] += len(requests)
+        self.positions[kind] += sum(scored_positions(r) for r in requests)
+
+    def gap(self, kind: str, gap: float) -> None:
+        self.max_gap[kind] = max(self.max_gap.get(kind, 0.0), gap)
+
+    def summary(self) -> dict[str, Any]:
+        return {"top_k": self.top_k,
+                "recorded": {kind: RECORDED[kind] for kind in RECORDED if self.requests[kind]},
+                "traced_requests": dict(self.requests), "traced_positions": dict(self.positions),
+                "not_recorded": {why: n for why, n in self.not_recorded.items() if n},
+                "max_score_gap": {kind: float(f"{gap:.3g}") for kind, gap in self.max_gap.items()}}
+
+
+def outputs(instances: Sequence[Any], records: Sequence[RequestRecord], batch: Sequence[GenRequest],
+            generations: Sequence[Generation], *, max_model_len: int, log: TraceLog) -> list[Item]:
+    """Each greedy generation's prompt + its own output ids, scored from the first output token: two runs'
+    contexts are then the same up to and including the first token where their outputs part. A greedy
+    request lm-eval repeats is traced once; sampled draws are left out (they share one request number and
+    their first context, and part by chance), and so is an output whose ids the engine did not give."""
+    items: list[Item] = []
+    seen = set()
+    for instance, record, request, generation in zip(instances, records, batch, generations):
+        if not request.greedy or not generation.token_ids:
+            why = "sampled generations" if not request.greedy else "generations without token ids"
+            log.not_recorded[why] += bool(generation.output_tokens)
+            continue
+        ids = request.prompt_ids + tuple(generation.token_ids)
+        room = max_model_len - 1  # a read needs one free position after its ids (budget.plan_score)
+        log.not_recorded["output tokens past max_model_len - 1"] += max(len(ids) - room, 0)
+        traced = ScoreRequest(ids=ids[:room], start=len(request.prompt_ids))
+        if (instance.task_name, instance.doc_id, instance.idx, traced) not in seen:
+            seen.add((instance.task_name, instance.doc_id, instance.idx, traced))
+            items.append((record, instance.idx, traced, None))
+    return items
+
+
+def keep(kind: str, items: Sequence[Item], traced: dict[ScoreRequest, TokenTrace], log: TraceLog) -> None:
+    """Check each distinct request's trace, measure each scored item's |Σ trace − score|, and keep the trace
+    on its item's record as (request number, request, trace)."""
+    for request, trace in traced.items():
+        check(request, trace, log.top_k)
+    log.traced(kind, list(traced))
+    for record, number, request, scored in items:
+        if scored is not None:
+            log.gap(kind, score_gap(request, traced[request], scored))
+        record.traced.append((number, request, traced[request]))
