@@ -43,7 +43,8 @@ class TracingEngine(FakeEngine):
 
 
 def run(tmp_path, name, engine, **cfg):
-    return fake_run(tmp_path, name, engine, tasks=TASKS, tasks_dirs=[str(COMPARE_TASKS)], limit=6, **cfg)
+    return fake_run(tmp_path, name, engine, tasks=TASKS, tasks_dirs=[str(COMPARE_TASKS)], limit=6,
+                    **{"divergence_top_k": 20, **cfg})
 
 
 def record(run_dir):
