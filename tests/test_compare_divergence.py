@@ -165,7 +165,7 @@ def test_a_run_without_a_record_gets_one_line(make, lacking, capsys):
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("Divergence")]
     assert lines == [f"Divergence: none: run m/{lacking} recorded no divergence; run it with divergence_top_k=20 "
-                     "(the default) to record one"]
+                     "to record one"]
     assert "## Divergence" not in out
 
 
@@ -327,3 +327,36 @@ def test_top_entries_holding_more_than_all_the_mass_are_said_in_one_line():
         "run m/cand: the top-2 probabilities sum above 1 at 12 positions (up to 1.3): not the log-probabilities of "
         "one distribution, so the bound there means nothing"]
     assert not records.overfull(records.Recorded("m/x", {"t": positions.build(facts_rows(), 2)}))
+
+
+def outputs(rows, doc):
+    """A document's generated ids as a run recorded them: its text tokens in position order."""
+    at = rows.doc_id == doc
+    return rows.text_id[at][rows.position[at].argsort()].tolist()
+
+
+def test_runs_that_record_their_divergence_are_compared_as_written(tmp_path, capsys):
+    """Two runs that wrote their own records (divergence_top_k=20, the fake engine's traces), the candidate
+    answering ' 13' to every question. The log-likelihoods are the same: KLD 0 everywhere. Each generation is
+    compared up to and including the token where the two outputs part, counted here from the ids each run
+    recorded, apart from the context keys compare matches on."""
+    ref = fake_run(tmp_path, "a", FakeEngine(), divergence_top_k=20, dtype="float32")
+    cand = fake_run(tmp_path, "b", FakeEngine(reply=" 13"), divergence_top_k=20, dtype="float32")
+    r, c = records.read_run(load_run(ref)), records.read_run(load_run(cand))
+    assert not r.missing and r.k == c.k == 20
+    d = between.divergence(r, c)
+    facts, rows = d.per_task["evalkit_facts"], r.tasks["evalkit_facts"]
+    assert facts.positions == len(set(zip(rows.doc_id, rows.context))) < len(rows)  # choices share a context
+    assert d.tasks["evalkit_facts"].texts.n == len(set(zip(rows.doc_id, rows.context, rows.text_id)))
+    assert (facts.mean_kld.value, facts.same_top.value, facts.mean_dp.value) == (0.0, 1.0, 0.0)
+    shared = parted = 0
+    for doc in DOCS:
+        a, b = outputs(r.tasks["evalkit_arith"], doc), outputs(c.tasks["evalkit_arith"], doc)
+        common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        shared += min(common + 1, len(a), len(b))
+        parted += min(common, len(a), len(b))
+    assert d.per_task["evalkit_arith"].positions == shared and d.tasks["evalkit_arith"].texts.n == parted
+    assert shared > parted  # some outputs parted
+    assert cli.main([str(ref), str(cand)]) == 1  # arith is worse
+    out = capsys.readouterr().out
+    assert f"generated up to the first parting {shared}" in out and "top-20 captures" in out

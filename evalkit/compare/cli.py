@@ -58,7 +58,7 @@ exit codes:
      without a record, too few documents); 2 wins over 1
   a report that cannot be written (a read-only folder) is said on stderr; the exit code stays the verdict's
 
-more: docs/compare.md and docs/locate.md"""
+more: docs/compare.md, docs/divergence.md and docs/locate.md"""
 
 
 def tolerances_from(args: Any) -> Tolerances:

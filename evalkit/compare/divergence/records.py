@@ -20,7 +20,7 @@ from evalkit.compare.runs import CompareError, Run
 from evalkit.run import positions
 from evalkit.run.positions import Positions
 
-HOW = "run it with divergence_top_k=20 (the default) to record one"
+HOW = "run it with divergence_top_k=20 to record one"
 
 
 @dataclass(frozen=True)
