@@ -120,13 +120,14 @@ def start_times(url: str, model: str, model_dir: str, tries: int = 3) -> list[li
     (imports, tokenizer, probe and the rest of start_served) and lm-eval's LocalCompletionsAPI (import, init)."""
     import subprocess
 
-    def best(code: str, *args: str) -> list[str]:
-        runs = [subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
-                               cwd=ROOT).stdout.split() for _ in range(tries)]
-        return min(runs, key=lambda r: float(r[-3]))
+    def once(code: str, *args: str) -> list[str]:
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True,
+                              cwd=ROOT).stdout.split()
 
-    ours = best(EVALKIT_START, url, model_dir)
-    theirs = best(LM_EVAL_START, url, model_dir, model)
+    # the two clients take turns, so that a machine whose load drifts (an engine still settling) weighs on both
+    runs = [(once(EVALKIT_START, url, model_dir), once(LM_EVAL_START, url, model_dir, model)) for _ in range(tries)]
+    ours = min((r[0] for r in runs), key=lambda r: float(r[-3]))
+    theirs = min((r[1] for r in runs), key=lambda r: float(r[-3]))
     return [["evalkit served: imports / tokenizer / probe and the rest", f"{ours[0]} / {ours[1]} / {ours[2]}",
              f"{ours[3]}", f"vllm {ours[4]}, torch {ours[5]}"],
             ["lm-eval local-completions: import / model init", f"{theirs[0]} / {theirs[1]}", f"{theirs[2]}",
