@@ -124,9 +124,8 @@ class ResumableEngine(Wrapped):
         self.store = store
         self.chunk_size = chunk_size
         self.settings = settings  # this try's memory settings, recorded with each answer it computes
-        self.reused = 0
-        self.computed = 0
-        self.traces: Counter = Counter()  # traces reused and computed, apart from the answers above
+        self.counted: Counter = Counter()  # answers reused and computed: the requests a run asked
+        self.traces: Counter = Counter()  # traces reused and computed, apart, for the divergence record
         self._reused_from: Counter = Counter()  # settings (as JSON) of the tries whose answers were reused
         self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
 
@@ -140,15 +139,26 @@ class ResumableEngine(Wrapped):
             key = sha256({"request": key, "draw": self._draws[key]})
         return key
 
+    @property
+    def reused(self) -> int:
+        return self.counted["reused"]
+
+    @property
+    def computed(self) -> int:
+        return self.counted["computed"]
+
     def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
-             progress: Progress | None, path: dict[str, Any] | None = None) -> list:
+             progress: Progress | None, path: dict[str, Any] | None = None, tally: Counter | None = None) -> list:
+        """Each request answered from the store or by call in chunks, each chunk saved; reused and computed
+        counted in tally (the answers' by default, so that they stay the requests a run asked)."""
+        tally = self.counted if tally is None else tally
         keys = [self._key(r, path) for r in requests]
         first: dict[str, int] = {}  # each missing answer once, however often it is asked
         for i, k in enumerate(keys):
             if k not in self.store.answers:
                 first.setdefault(k, i)
         missing = list(first.values())
-        self._tally("reused", len(requests) - len(missing), path)
+        tally["reused"] += len(requests) - len(missing)
         if progress and len(missing) < len(requests):
             progress.advance(len(requests) - len(missing))
         self._reused_from.update(json.dumps(self.store.origins.get(k), sort_keys=True)
@@ -160,19 +170,11 @@ class ResumableEngine(Wrapped):
             except PartialAnswers as partial:  # keep what was answered, then fail: a rerun sends only the rest
                 kept = [(keys[i], asdict(a)) for i, a in zip(chunk, partial.answers) if a is not None]
                 self.store.add(kept, by=self.settings)
-                self._tally("computed", len(kept), path)
+                tally["computed"] += len(kept)
                 raise
             self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
-            self._tally("computed", len(chunk), path)
+            tally["computed"] += len(chunk)
         return [load(self.store.answers[k]) for k in keys]
-
-    def _tally(self, what: str, n: int, path: dict[str, Any] | None) -> None:
-        """Count answers reused or computed; traces apart, so that reused + computed stays the requests a run
-        asked, with the divergence record or without."""
-        if path and "trace_top_k" in path:
-            self.traces[what] += n
-        else:
-            setattr(self, what, getattr(self, what) + n)
 
     def record(self) -> dict[str, Any]:
         """For results.json: the store, answers reused and computed (traces for the divergence record counted
@@ -201,7 +203,7 @@ class ResumableEngine(Wrapped):
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         """Keyed by the request and k (a trace at another k is another answer), apart from its score's key."""
         return self._run(requests, lambda chunk, progress: self.engine.trace(chunk, top_k), load_trace, None,
-                         path={"trace_top_k": top_k})
+                         path={"trace_top_k": top_k}, tally=self.traces)
 
 
 def load_trace(answer: dict[str, Any]) -> TokenTrace:
