@@ -56,14 +56,16 @@ class FaultProxy:
         self.server.shutdown()
         self.server.server_close()
 
-    def _fault(self, handler: BaseHTTPRequestHandler, sent: bytes | None) -> tuple[str | None, bool]:
-        """(the fault for this request, whether its answer gets another prompt's ids)."""
+    def _fault(self, handler: BaseHTTPRequestHandler, sent: bytes | None) -> tuple[str | None, list[int]]:
+        """(the fault for this request, the prompts of it whose answers get another prompt's ids: a request may
+        carry several prompts, answered by one choice each in their order)."""
         if sent is None or not handler.path.endswith("/completions"):
-            return None, False
+            return None, []
         with self.lock:
             fault = self.faults.pop(0) if self.faults else None
-        wrong = tuple(json.loads(sent)["prompt"]) in self.wrong_ids_for
-        return fault, wrong
+        prompt = json.loads(sent)["prompt"]
+        prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
+        return fault, [i for i, p in enumerate(prompts) if tuple(p) in self.wrong_ids_for]
 
     def handle(self, handler: BaseHTTPRequestHandler, sent: bytes | None) -> None:
         if self.die_after is not None and self.answered >= self.die_after:
@@ -98,7 +100,8 @@ class FaultProxy:
             if wrong:
                 self.spoiled.append("wrong_ids")
             answer = json.loads(data)
-            answer["choices"][0]["prompt_token_ids"][-1] += 1
+            for i in wrong or [0]:
+                answer["choices"][i]["prompt_token_ids"][-1] += 1
             data = json.dumps(answer).encode()
         if self.rewrite is not None and status == 200 and handler.path.endswith("/completions"):
             data = json.dumps(self.rewrite(json.loads(data))).encode()

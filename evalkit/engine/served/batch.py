@@ -10,6 +10,7 @@ the rest).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any, Callable, Sequence
 
@@ -36,14 +37,48 @@ def failed(answers: list[Any], reason: str) -> ServedError:
     return ServedError(f"{missing} of {len(answers)} requests failed: {reason}", answers, reason)
 
 
+def bundles(bodies: Sequence[dict], size: int) -> list[list[int]]:
+    """Which bodies go in one request: those equal but for their prompt (and cache_salt: the bundle keeps its
+    first member's, fresh per bundle where each body has its own), at most size together, in the order given."""
+    groups: dict[str, list[int]] = {}
+    for i, body in enumerate(bodies):
+        rest = {k: v for k, v in body.items() if k not in ("prompt", "cache_salt")}
+        groups.setdefault(json.dumps(rest, sort_keys=True), []).append(i)
+    return [group[s:s + size] for group in groups.values() for s in range(0, len(group), size)]
+
+
+def joined(bodies: Sequence[dict], members: list[int]) -> dict:
+    """One request of the members' prompts: vLLM's completions take a list of token-id lists as prompt."""
+    first = bodies[members[0]]
+    return first if len(members) == 1 else {**first, "prompt": [bodies[i]["prompt"] for i in members]}
+
+
+def split(response: Any, members: list[int]) -> list[Any]:
+    """Each member's own response (the bundle's with that member's choice alone), a Failure for all, or a
+    BadRead for each where the choices do not answer the prompts one each, numbered as sent (``index``)."""
+    if len(members) == 1 or isinstance(response, Failure) or not isinstance(response, dict):
+        return [response] * len(members)
+    choices = response.get("choices")
+    choices = [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+    numbered = {c.get("index"): c for c in choices}
+    if len(choices) != len(members) or set(numbered) != set(range(len(members))):
+        bad = BadRead(f"{len(choices)} choices numbered {list(numbered)[:5]} answer a request of {len(members)} "
+                      "prompts, one each numbered 0.. was asked for")
+        return [bad] * len(members)
+    return [{**response, "choices": [numbered[n]]} for n in range(len(members))]
+
+
 class Sender:
     """Sends batches to one probed server and keeps only the answers that are its deployment's and read right.
-    A first read that fails its check is counted in counts["mismatched"]."""
+    A first read that fails its check is counted in counts["mismatched"]. With bundle > 1, requests whose
+    bodies differ only in their prompt go together, up to bundle prompts a request (fewer requests for the
+    server to take in: lm-eval's batch_size); each prompt's answer is still read and checked alone."""
 
-    def __init__(self, client: Client, *, fingerprint: str | None, counts: Counter[str]) -> None:
+    def __init__(self, client: Client, *, fingerprint: str | None, counts: Counter[str], bundle: int = 1) -> None:
         self.client = client
         self.fingerprint = fingerprint  # the probe's system_fingerprint: the deployment every answer must come from
         self.counts = counts
+        self.bundle = max(1, min(bundle, client.max_concurrency))  # a bundle never holds more than may be in flight
 
     def built(self, requests: Sequence[Any], make: Make, read: Read, progress: Progress | None,
               tokens: Tokens) -> list[Any]:
@@ -64,10 +99,11 @@ class Sender:
         reasons: dict[int, str] = {}
         todo = list(range(len(requests)))
         for round_ in (1, 2):
-            responses = self.client.post_many("/completions", [make(requests[i]) for i in todo])
             again = []
-            for i, response in zip(todo, responses):
+            for i, response in zip(todo, self._post([make(requests[i]) for i in todo])):
                 try:
+                    if isinstance(response, BadRead):
+                        raise response
                     if isinstance(response, Failure):
                         reasons[i] = response.reason
                         continue
@@ -89,6 +125,17 @@ class Sender:
         if reasons:
             raise failed(answers, reasons[min(reasons)])
         return answers
+
+    def _post(self, bodies: list[dict]) -> list[Any]:
+        """Each body's response (or Failure, or BadRead), the bodies sent in bundles."""
+        groups = bundles(bodies, self.bundle)
+        self.counts.update(http_requests=len(groups))
+        responses = self.client.post_many("/completions", [joined(bodies, members) for members in groups])
+        found: list[Any] = [None] * len(bodies)
+        for members, response in zip(groups, responses):
+            for i, own in zip(members, split(response, members)):
+                found[i] = own
+        return found
 
     def _other_deployment(self, response: Any) -> str | None:
         """Why an answer is not the probed deployment's: its system_fingerprint differs from the probe's (a server

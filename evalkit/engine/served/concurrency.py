@@ -15,7 +15,9 @@ memory stays flat (a fixed pool of that many workers, never one task per request
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 START = 32  # requests in flight before the server has said anything
 POLL = 0.5  # seconds between two reads of /metrics while requests are in flight
@@ -63,24 +65,34 @@ class Window:
 
 
 class Gate:
-    """Holds a worker back while the window is full; the tuner moves the window."""
+    """Holds a worker back while its request would overfill the window; the tuner moves the window. A request
+    weighs the prompts it carries (a bundle of several, ``served/batch.py``), as the server counts them running."""
 
     def __init__(self, window: Window) -> None:
         self.window = window
-        self.in_flight = 0
-        self.peak = 0  # the most requests that were in flight at once
+        self.in_flight = 0  # prompts sent and unanswered
+        self.wanting = 0  # prompts of the requests held back
+        self.peak = 0  # the most prompts that were in flight at once
         self._changed = asyncio.Condition()
 
-    async def __aenter__(self) -> None:
+    @contextlib.asynccontextmanager
+    async def held(self, weight: int = 1) -> AsyncIterator[None]:
+        """Room for a request of weight prompts while it is in flight; one heavier than the window goes alone."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self.in_flight < self.window.limit)
-            self.in_flight += 1
+            self.wanting += weight
+            try:
+                await self._changed.wait_for(lambda: self.in_flight == 0 or
+                                             self.in_flight + weight <= self.window.limit)
+            finally:
+                self.wanting -= weight
+            self.in_flight += weight
             self.peak = max(self.peak, self.in_flight)
-
-    async def __aexit__(self, *_: object) -> None:
-        async with self._changed:
-            self.in_flight -= 1
-            self._changed.notify_all()
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.in_flight -= weight
+                self._changed.notify_all()
 
     async def tune(self, metrics_url: str, headers: dict[str, str], poll: float = POLL) -> None:
         """Read the server's load every poll seconds and move the window, until cancelled; a server without the
@@ -90,7 +102,7 @@ class Gate:
         async with httpx.AsyncClient(headers=headers, timeout=max(poll * 4, 2.0)) as fresh:
             while True:
                 await asyncio.sleep(poll)
-                if self.in_flight < self.window.limit:
+                if not self.wanting:  # the window is not full: nothing to learn
                     continue
                 try:
                     response = await fresh.get(metrics_url)
@@ -101,7 +113,7 @@ class Gate:
                     if load is None:
                         self.window.unknown()
                     else:
-                        self.window.seen(*load, in_flight=self.in_flight)
+                        self.window.seen(*load, in_flight=self.in_flight + self.wanting)
                     self._changed.notify_all()
                 if load is None:
                     return

@@ -11,16 +11,17 @@ server that ignores them, the OpenAI API alone (``served/openai.py``: echo). Bot
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import NOTHING_SCORED, unscored
 from evalkit.engine.machine.environment import library_versions
 from evalkit.engine.served.batch import Sender, ServedError, failed
-from evalkit.engine.served.body import VLLMApi, salt
+from evalkit.engine.served.body import PROMPTS_PER_REQUEST, VLLMApi, salt
 from evalkit.engine.served.http import Client, without_credentials
 from evalkit.engine.served.openai import OpenAIApi
-from evalkit.engine.served.probe import ServerRefused, deployment, probe, server_defaults
+from evalkit.engine.served.probe import ServerRefused, early_probe, probe, server_defaults
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 
 __all__ = ["ServedEngine", "ServedError", "ServerRefused"]
@@ -36,16 +37,20 @@ class ServedEngine(TokenizerSide):
         self.client = client
         self.server = server  # the server evalkit started (served/start.py), stopped by close(); None otherwise
         self.tokenizer_path = tokenizer
-        self.tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code, add_bos_token=add_bos_token,
-                                        with_vllm=False)  # a client machine needs no vLLM
         self.max_model_len = max_model_len
         self.trust_remote_code = trust_remote_code
         self._counts: Counter[str] = Counter()
         # next-token reads share the server's prefix cache with one another, and with no other client's requests
         self.cache_salt = salt()
-        self.deployment = {**deployment(client, model, max_model_len), **(identity or {})}  # weights_identity
+        # the probe's round trips to the server go while the tokenizer loads (a thread: both mostly wait)
+        with ThreadPoolExecutor(1, thread_name_prefix="evalkit-probe") as pool:
+            sent = pool.submit(early_probe, client, model, max_model_len)
+            self.tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code,
+                                            add_bos_token=add_bos_token, with_vllm=False)  # a client needs no vLLM
+            early = sent.result()
+        self.deployment = {**early["deployment"], **(identity or {})}  # identity: weights_identity
         self.model = self.deployment["model"]
-        self.probed = probe(self)
+        self.probed = probe(self, early)
         self.api = self.probed["api"]  # "vllm": read through vLLM's fields; "openai": the OpenAI API alone
         if self.probed["system_fingerprint"] is not None:
             self.deployment["system_fingerprint"] = self.probed["system_fingerprint"]
@@ -56,9 +61,11 @@ class ServedEngine(TokenizerSide):
     def _reader(self) -> VLLMApi | OpenAIApi:
         """The probed API's reader: vLLM's fields, else the OpenAI API alone (scoring by echo where the probe
         found the server's echo readable)."""
-        sender = Sender(self.client, fingerprint=self.probed["system_fingerprint"], counts=self._counts)
-        if self.api == "vllm":
+        if self.api == "vllm":  # a vLLM server answers each prompt of a request apart (choices numbered by prompt)
+            sender = Sender(self.client, fingerprint=self.probed["system_fingerprint"], counts=self._counts,
+                            bundle=PROMPTS_PER_REQUEST)
             return VLLMApi(sender, model=self.model, cache_salt=self.cache_salt, counts=self._counts)
+        sender = Sender(self.client, fingerprint=self.probed["system_fingerprint"], counts=self._counts)
         cannot_score = None if self.probed["scoring"] is not None else self.probed["cannot_score"]
         return OpenAIApi(sender, model=self.model, decode=self.token_texts, cannot_score=cannot_score,
                          counts=self._counts)

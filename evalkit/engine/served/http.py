@@ -77,6 +77,13 @@ def refused(error: BaseException) -> bool:
     return False
 
 
+def prompts_in(body: Any) -> int:
+    """The prompts a request carries, as the server runs them: a completions body's list of token-id lists
+    counts each (``served/batch.py`` bundles them), anything else one."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    return len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else 1
+
+
 def describe_error(error: BaseException) -> str:
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return "timed out"
@@ -98,7 +105,7 @@ class Client:
         self.max_backoff = max_backoff
         self.reconnect_wait = reconnect_wait  # seconds to wait for a server that went away to come back
         self.health_poll = health_poll
-        self.peak_in_flight = 0  # the most requests this client had in flight at once
+        self.peak_in_flight = 0  # the most prompts this client had in flight at once
 
     def root(self) -> str:
         """The server's root URL (the base URL without its trailing /v1), where /version and /health live."""
@@ -149,13 +156,14 @@ class Client:
             queue.put_nowait(i)
         workers = min(self.max_concurrency, len(todo))
         limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
-        gate = Gate(Window(cap=workers))  # as many in flight as the server batches (served/concurrency.py)
+        # as many prompts in flight as the server batches (served/concurrency.py), at most max_concurrency
+        gate = Gate(Window(cap=self.max_concurrency))
         # httpx's own timeouts are per read; the request's whole time is bounded by asyncio.wait_for below
         async with httpx.AsyncClient(headers=self.headers, limits=limits, timeout=None) as client:
             async def worker() -> None:
                 while not queue.empty():
                     i = queue.get_nowait()
-                    async with gate:
+                    async with gate.held(prompts_in(calls[i][2])):
                         answers[i] = await self._one(client, *calls[i])
                     if done:
                         done(i)

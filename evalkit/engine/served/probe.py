@@ -83,8 +83,30 @@ def weights_identity(*, started_from: str | None, deployment_id: str | None, kee
     return identity
 
 
-def probe(engine: Any) -> dict[str, Any]:
-    """What the server was found to do, checked on a known prompt before anything is scored:
+def early_probe(client: Client, model: str | None, max_model_len: int) -> dict[str, Any]:
+    """The probe's round trips that need no local tokenizer, sent while it loads (the served engine runs this in
+    a thread; on 2 cores they took 1.2-1.8 s after it): the deployment, the server's ids of the probe text
+    (``/tokenize``), and where it gave them the two prompt-log-probability reads of those ids. :func:`probe`
+    checks them all once the tokenizer is there."""
+    named = deployment(client, model, max_model_len)
+    tokenized = client.post(f"{client.root()}/tokenize", {"model": named["model"], "prompt": PROBE_TEXT,
+                                                          "add_special_tokens": False})
+    tokens = None if isinstance(tokenized, Failure) else tokenized.get("tokens")
+    given = isinstance(tokens, list) and len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
+    return {"deployment": named, "tokenized": tokenized,
+            "reads": _two_reads(client, named["model"], tuple(tokens)) if given else None}
+
+
+def _two_reads(client: Client, model: str, ids: tuple[int, ...]) -> list[Any]:
+    """The prompt log-probabilities of ids twice, each under a fresh cache_salt, one after the other: the second
+    could read the first's cache, were the salt ignored."""
+    return [client.post_many("/completions", [body.prompt_logprobs_body(ids, model, body.salt())])[0]
+            for _ in range(2)]
+
+
+def probe(engine: Any, early: dict[str, Any]) -> dict[str, Any]:
+    """What the server was found to do, checked on a known prompt before anything is scored (early: what
+    :func:`early_probe` found while the tokenizer loaded):
 
     * it tokenizes as the local tokenizer (where it has /tokenize);
     * ``api: vllm``: it returns the token ids it saw (``return_token_ids`` took effect) and log-probabilities
@@ -94,17 +116,17 @@ def probe(engine: Any) -> dict[str, Any]:
       covers the prompt token by token, else ``scoring`` is None and why is in ``cannot_score``."""
     client, model = engine.client, engine.model
     text_ids = engine.encode(PROBE_TEXT, add_special_tokens=False)
-    ids = (engine.prefix_token_id(), *text_ids)
-    found: dict[str, Any] = {"prompt_tokens": len(ids)}
-    tokenized = client.post(f"{client.root()}/tokenize", {"model": model, "prompt": PROBE_TEXT,
-                                                          "add_special_tokens": False})
-    found["tokenize"] = "no /tokenize" if isinstance(tokenized, Failure) else tokenized.get("tokens") == text_ids
-    if found["tokenize"] is False:
+    tokenized = early["tokenized"]
+    tokenize = "no /tokenize" if isinstance(tokenized, Failure) else tokenized.get("tokens") == text_ids
+    if tokenize is False:
         raise ServerRefused("the server tokenizes a probe text differently from the local tokenizer "
                             f"({engine.tokenizer_path}): point tokenizer= at the served model's tokenizer")
-    # one after the other: the second could read the first's cache, were the salt ignored
-    answers = [client.post_many("/completions", [body.prompt_logprobs_body(ids, model, body.salt())])[0]
-               for _ in range(2)]
+    if early["reads"] is not None:  # read on the server's ids of the text, the local ones (checked just above)
+        ids, answers = tuple(text_ids), early["reads"]
+    else:
+        ids = (engine.prefix_token_id(), *text_ids)
+        answers = _two_reads(client, model, ids)
+    found: dict[str, Any] = {"prompt_tokens": len(ids), "tokenize": tokenize}
     for answer in answers:
         if isinstance(answer, Failure):
             raise ServerRefused(f"the server failed evalkit's probe: {answer.reason}")

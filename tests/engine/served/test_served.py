@@ -30,7 +30,9 @@ def test_the_probe_passes_and_describe_names_the_deployment(served):
 def test_served_answers_are_the_offline_engines(served, engine):
     gens = [GenRequest(prompt_ids=tuple(engine.encode(p, True)), max_tokens=12, stop=("\n",),
                        sampling=(("temperature", 0.0),)) for p in PROMPTS]
+    sent_before = served.scoring_counts().get("http_requests", 0)
     assert served.generate(gens) == engine.generate(gens)
+    assert served.scoring_counts()["http_requests"] - sent_before == 1  # the four prompts in one request
     scores = []
     for p in PROMPTS:
         ids = tuple(engine.encode(p, True))
@@ -105,10 +107,13 @@ def test_locate_traces_a_served_run_through_its_server(served_runs, tmp_path):
 @pytest.mark.engine
 def test_faults_on_the_way_are_retried_and_the_answers_are_the_servers(served, proxy, embedded_model_dir):
     """429, 500, a hang past the timeout, a dropped connection, a body cut short and an answer with the wrong
-    prompt ids, one each on the first requests: every answer is still the server's own."""
+    prompt ids, one each on the first tries of a batch's request (its prompts bundled in one): every answer is
+    still the server's own."""
     from tests.fault_proxy import FAULTS
 
-    engine = through(proxy, embedded_model_dir, "endpoint.retries=3")
+    # the batch's prompts go in one request (a bundle), so the faults come one after another on it: six tries
+    engine = through(proxy, embedded_model_dir, "endpoint.retries=6")
+    engine.client.backoff = 0.05  # a test's patience: the retries are what is tested, not their pace
     gens = [GenRequest(prompt_ids=tuple(engine.encode(p, True)), max_tokens=12, stop=("\n",),
                        sampling=(("temperature", 0.0),)) for p in PROMPTS]
     scores = score_requests(engine)
@@ -155,7 +160,7 @@ def test_a_server_killed_mid_run_then_back_computes_only_what_is_missing(served,
 
     args = ["engine=served", f"endpoint.url={proxy.url}", DEPLOYMENT, "endpoint.retries=1", "endpoint.timeout=4",
             "tasks=[evalkit_arith]", "limit=10", "chunk_size=2", f"output_dir={tmp_path}"]
-    proxy.die_after = 2 + 6  # the probe's two completions, then six answers
+    proxy.die_after = 2 + 3  # the probe's two completions, then three answers of two prompts (one request a chunk)
     with pytest.raises(ServedError, match=r"^\d+ of \d+ requests failed: RemoteProtocolError"):
         evaluate(compose_config(args))
     stored = sum(len(f.read_text().splitlines())

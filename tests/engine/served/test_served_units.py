@@ -374,3 +374,47 @@ def test_a_sweeps_served_point_is_done_only_while_the_weights_evalkit_served_are
     (tmp_path / "model.safetensors").write_bytes(b"Q8")
     assert fingerprint(str(tmp_path), described_here(recorded, machine)) != \
         fingerprint(str(tmp_path), {**recorded, **machine})
+
+
+def test_prompts_that_differ_only_in_their_prompt_are_sent_together_and_each_answer_is_read_alone():
+    """batch.Sender's bundles: bodies equal but for prompt and cache_salt go in one request (at most the bundle's
+    size, the first member's salt), and the response is split into one choice per prompt by its index; choices
+    that do not answer the prompts one each fail every member's read."""
+    from evalkit.engine.logprob_reads import BadRead
+    from evalkit.engine.served.batch import bundles, joined, split
+    from evalkit.engine.served.http import prompts_in
+
+    bodies = [{"prompt": [i, i + 1], "max_tokens": 4 if i % 3 else 8, "cache_salt": f"s{i}"} for i in range(7)]
+    groups = bundles(bodies, 2)
+    assert groups == [[0, 3], [6], [1, 2], [4, 5]]
+    together = joined(bodies, groups[0])
+    assert together == {"prompt": [[0, 1], [3, 4]], "max_tokens": 8, "cache_salt": "s0"} and prompts_in(together) == 2
+    assert joined(bodies, [6]) is bodies[6] and prompts_in(bodies[6]) == 1
+    answer = {"system_fingerprint": "f", "choices": [{"index": 1, "text": "b"}, {"index": 0, "text": "a"}]}
+    assert split(answer, [0, 3]) == [{"system_fingerprint": "f", "choices": [{"index": 0, "text": "a"}]},
+                                     {"system_fingerprint": "f", "choices": [{"index": 1, "text": "b"}]}]
+    for wrong in ({"choices": [{"index": 0}]}, {"choices": [{"index": 0}, {"index": 0}]}, {"choices": None}):
+        spoiled = split(wrong, [0, 3])
+        assert len(spoiled) == 2 and all(isinstance(s, BadRead) for s in spoiled), wrong
+    assert split(Failure("x"), [0, 3]) == [Failure("x")] * 2
+
+
+def test_a_request_weighs_its_prompts_in_the_window():
+    """Gate.held(weight): a request enters while the prompts in flight stay within the window; one heavier than
+    the window goes alone."""
+    import asyncio
+
+    from evalkit.engine.served.concurrency import Gate, Window
+
+    async def run() -> list[int]:
+        gate, seen = Gate(Window(cap=4)), []
+
+        async def one(weight: int) -> None:
+            async with gate.held(weight):
+                seen.append(gate.in_flight)
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(one(3), one(3), one(9), one(1))
+        return [*seen, gate.peak]
+
+    assert asyncio.run(run()) == [3, 4, 3, 9, 9]
