@@ -103,7 +103,18 @@ def test_auto_takes_the_cpu_build_without_a_driver_and_says_why(repo, tmp_path):
     lines = dry_run(repo, env=machine(tmp_path, gpus=0, nvidia_smi="absent"))
     assert lines[0] == ("install.sh: the cpu build of vLLM: no NVIDIA GPU found: 0 (how: none: no NVIDIA driver "
                         "(/proc/driver/nvidia, /dev/nvidiactl, /dev/dxg absent))")
-    assert any("-c constraints/cpu.txt -e .\\[cpu" in line for line in lines)
+    # uv installs torch and the rest in one step, with pip's configured sources and its choice across them
+    (uv,) = [line for line in lines if line.startswith("+ .venv/bin/uv pip install")]
+    assert "--index-strategy unsafe-best-match" in uv and "-c constraints/cpu.txt torch==2.13.0+cpu -e .\\[cpu" in uv
+
+
+def test_uv_gets_the_sources_pip_is_configured_with(repo, tmp_path):
+    """uv reads no pip.conf and no PIP_* variable: install.sh hands them over, each value as one option."""
+    env = {**machine(tmp_path, gpus=0, nvidia_smi="absent"), "PIP_INDEX_URL": "https://mirror.example/simple",
+           "PIP_EXTRA_INDEX_URL": "file:///a/simple file:///b/simple", "PIP_FIND_LINKS": "/wheels"}
+    (uv,) = [line for line in dry_run(repo, "cpu", env=env) if line.startswith("+ .venv/bin/uv pip install")]
+    assert ("--index-url https://mirror.example/simple --extra-index-url file:///a/simple "
+            "--extra-index-url file:///b/simple --find-links /wheels -c constraints/cpu.txt") in uv
 
 
 def test_a_venv_made_for_the_cpu_build_is_made_afresh_for_the_gpu_build(repo):
