@@ -9,23 +9,32 @@ evalkit's own ``endpoint.serve`` code and already up before any side's clock sta
 * **lm-eval local-completions**: lm-eval's ``LocalCompletionsAPI`` on the same server, as a careful user sets it:
   token ids (``tokenized_requests=True``), the same local tokenizer, ``max_length=4096`` (its default 2048 would
   cut prompts); each of ``--lm-eval-settings`` (``num_concurrent`` x ``batch_size``, prompts per request) is
-  run on every task and the fastest is shown with the setting that won ("its best settings", issue 31), and
-  every setting's answers are checked against the offline engine's;
+  run once on every task (the sweep), and every setting's answers are checked against the offline engine's;
 * **evalkit offline**: ``evaluate`` on a ``vllm.LLM`` in this process (the reference every side is compared with).
 
+How the two clients are compared ("its best settings", issue 31): a single run of one side varies by 10-40 %
+on this shared machine, so the fastest of the sweep's four runs would be a minimum set against one run of
+evalkit. The sweep only chooses local-completions' setting for each task (its fastest); then evalkit served and
+local-completions at that setting run in turn, ``--repeats`` times each (served, lm-eval, served, lm-eval,
+...), each from a cold prefix cache, and each side's median is shown with its spread (fastest-slowest). The
+verdict for a task is on the medians: evalkit served is "no slower" where its median is at most
+local-completions'.
+
 Seconds are each side's evaluate/simple_evaluate wall for the task (harness included, engine or server already
-up). Every side starts with a cold prefix cache: the server runs with ``VLLM_SERVER_DEV_MODE=1`` and its
-``/reset_prefix_cache`` is called before each side (else the side that runs second would find the first's
-prompts cached). Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
-every choice. Tasks: evalkit_facts (0-shot, 4 numeric/short choices), evalkit_bench_mc (4 choices behind a
-~250-token few-shot context), evalkit_arith (3-shot generation), evalkit_bench_num_mc (4 choices of 4-6 digits,
-each several tokens) and evalkit_bench_fewshot_gen (5-shot generation of up to 128 tokens), 30 documents each
-by default (the last two made by the seeded make_data.py in benchmarks/tasks/, issue 31).
+up). Every run starts with a cold prefix cache: the server runs with ``VLLM_SERVER_DEV_MODE=1`` and its
+``/reset_prefix_cache`` is called before each run (else a run would find the one before's prompts cached).
+Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
+every choice, over every run of a side. Tasks: evalkit_facts (0-shot, 4 numeric/short choices),
+evalkit_bench_mc (4 choices behind a ~250-token few-shot context), evalkit_arith (3-shot generation),
+evalkit_bench_num_mc (4 choices of 4-6 digits, each several tokens) and evalkit_bench_fewshot_gen (5-shot
+generation of up to 128 tokens), 30 documents each by default (the last two made by the seeded make_data.py in
+benchmarks/tasks/, issue 31).
 
 Two more tables (issue 31): the generation task's seconds against ``endpoint.max_concurrency`` on the same server,
 and the start of each client in a fresh process (imports, tokenizer, evalkit's probe; lm-eval's model init).
 
-Run: .venv/bin/python benchmarks/served.py [--limit N] [--lm-eval-settings 8x8,32x1,...] [--out benchmarks/served.md]
+Run: .venv/bin/python benchmarks/served.py [--limit N] [--repeats 3] [--lm-eval-settings 8x8,32x1,...]
+     [--out benchmarks/served.md]
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -116,8 +126,10 @@ print(f"{t1 - t0:.2f} {t2 - t1:.2f} {t2 - t0:.2f} {'vllm' in sys.modules} {'torc
 
 
 def start_times(url: str, model: str, model_dir: str, tries: int = 3) -> list[list[str]]:
-    """Rows: each client's start in fresh processes (tries each, the least shown): evalkit's served engine
-    (imports, tokenizer, probe and the rest of start_served) and lm-eval's LocalCompletionsAPI (import, init)."""
+    """Rows: each client's start in fresh processes (tries each, taking turns; the fastest's parts, the fastest
+    and the median total): evalkit's served engine (imports, the tokenizer with the probe's round trips in a
+    thread beside it, then the rest of the probe and of start_served) and lm-eval's LocalCompletionsAPI (import,
+    init)."""
     import subprocess
 
     def once(code: str, *args: str) -> list[str]:
@@ -126,12 +138,13 @@ def start_times(url: str, model: str, model_dir: str, tries: int = 3) -> list[li
 
     # the two clients take turns, so that a machine whose load drifts (an engine still settling) weighs on both
     runs = [(once(EVALKIT_START, url, model_dir), once(LM_EVAL_START, url, model_dir, model)) for _ in range(tries)]
-    ours = min((r[0] for r in runs), key=lambda r: float(r[-3]))
-    theirs = min((r[1] for r in runs), key=lambda r: float(r[-3]))
-    return [["evalkit served: imports / tokenizer / probe and the rest", f"{ours[0]} / {ours[1]} / {ours[2]}",
-             f"{ours[3]}", f"vllm {ours[4]}, torch {ours[5]}"],
-            ["lm-eval local-completions: import / model init", f"{theirs[0]} / {theirs[1]}", f"{theirs[2]}",
-             f"vllm {theirs[3]}, torch {theirs[4]}"]]
+    ours, theirs = [r[0] for r in runs], [r[1] for r in runs]
+    fast, slow = min(ours, key=lambda r: float(r[-3])), min(theirs, key=lambda r: float(r[-3]))
+    middle = [statistics.median(float(r[-3]) for r in side) for side in (ours, theirs)]
+    return [["evalkit served: imports / tokenizer (the probe's round trips beside it) / the rest of the probe",
+             f"{fast[0]} / {fast[1]} / {fast[2]}", f"{fast[3]} / {middle[0]:.2f}", f"vllm {fast[4]}, torch {fast[5]}"],
+            ["lm-eval local-completions: import / model init", f"{slow[0]} / {slow[1]}", f"{slow[2]} / {middle[1]:.2f}",
+             f"vllm {slow[3]}, torch {slow[4]}"]]
 
 
 def reset_prefix_cache(root: str) -> None:
@@ -142,11 +155,110 @@ def reset_prefix_cache(root: str) -> None:
         pass
 
 
+def server_counts(root: str) -> dict[str, float]:
+    """The server's counters so far: /v1/completions requests answered and prompt tokens prefilled (/metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{root}/metrics", timeout=60) as answer:
+        lines = answer.read().decode().splitlines()
+    found = {"requests": 0.0, "prompt tokens": 0.0}
+    for line in lines:
+        if line.startswith("http_requests_total{") and 'handler="/v1/completions"' in line:
+            found["requests"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:prompt_tokens_total{"):
+            found["prompt tokens"] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def counted(root: str, run: Any) -> tuple:
+    """run()'s answer with what it cost besides seconds: the server's requests and prompt tokens, and this
+    process's CPU seconds (the client's own work; it shares the machine's cores with the server)."""
+    import resource
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    before, cpu_before = server_counts(root), cpu()
+    answer = run()
+    after, cpu_after = server_counts(root), cpu()
+    return (*answer, {**{k: after[k] - before[k] for k in after}, "client CPU s": cpu_after - cpu_before})
+
+
+def spread(seconds: list[float]) -> str:
+    """The median of a side's runs with their spread: '5.1 (4.8-5.9)'."""
+    return f"{statistics.median(seconds):.1f} ({min(seconds):.1f}-{max(seconds):.1f})"
+
+
+def compare_task(task: str, served: Any, offline: Any, base: list[str], model_dir: str, limit: int,
+                 settings: list[str], repeats: int, out: Path) -> dict[str, Any]:
+    """One task: local-completions' sweep (one run per setting, the fastest chosen), then evalkit served and
+    local-completions at the chosen setting in turn, repeats runs each, then evalkit offline once; every run from
+    a cold prefix cache. Returns every run's (seconds, results, log-likelihoods, generations)."""
+    root = served.client.root()
+
+    def on_server() -> tuple:
+        reset_prefix_cache(root)
+        return counted(root, lambda: evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
+                                                   f"output_dir={out / 'served'}"], served, task))
+
+    def lm_eval(setting: str) -> tuple:
+        reset_prefix_cache(root)
+        concurrent, batch = map(int, setting.split("x"))
+        return counted(root, lambda: lm_eval_task(served.client.url, served.model, model_dir, task, limit,
+                                                  concurrent, batch))
+
+    sweep = {setting: lm_eval(setting) for setting in settings}
+    best = min(sweep, key=lambda k: sweep[k][0])
+    print(task, "sweep", {k: f"{v[0]:.1f} s" for k, v in sweep.items()}, "best", best, flush=True)
+    runs: dict[str, list[tuple]] = {SIDES[0]: [], SIDES[1]: []}
+    for _ in range(repeats):  # in turn, so that load drifting under the benchmark weighs on both
+        runs[SIDES[0]].append(on_server())
+        runs[SIDES[1]].append(lm_eval(best))
+        print(task, {side: f"{r[-1][0]:.1f} s" for side, r in runs.items()}, flush=True)
+    offline.llm.reset_prefix_cache()
+    runs[SIDES[2]] = [evalkit_task([*base, f"output_dir={out / 'offline'}"], offline, task)]
+    return {"runs": runs, "sweep": sweep, "best": best}
+
+
+def task_rows(task: str, found: dict[str, Any]) -> list[list[str]]:
+    """The table's rows of one task: medians and spreads, scores, agreement over every run, the sweep."""
+    runs, sweep, ref = found["runs"], found["sweep"], found["runs"][SIDES[2]][0]
+    n = {s: len(runs[s]) for s in SIDES}
+    rows = [[f"**{task}**: seconds, median of runs (fastest-slowest)", *(spread([r[0] for r in runs[s]]) for s in SIDES)],
+            [f"{task}: runs", *(str(n[s]) for s in SIDES)],
+            [f"{task}: score ({primary_metric(ref[1])[0]})",
+             *(" / ".join(sorted({f"{primary_metric(r[1])[1]:.3f}" for r in runs[s]})) for s in SIDES)]]
+    if ref[2]:
+        rows.append([f"{task}: max abs Δ log-likelihood vs offline ({len(ref[2])} choices), every run",
+                     *(f"{max(max(abs(a - b) for a, b in zip(r[2], ref[2])) for r in runs[s]):.2e}"
+                       if all(len(r[2]) == len(ref[2]) for r in runs[s]) else "n/a" for s in SIDES)])
+        rows.append([f"{task}: max abs Δ log-likelihood, every local-completions setting", "",
+                     f"{max(max(abs(a - b) for a, b in zip(o[2], ref[2])) for o in sweep.values()):.2e}", ""])
+    if ref[3]:
+        rows.append([f"{task}: generations identical to offline (of {len(ref[3])}), fewest over runs",
+                     *(str(min(sum(a == b for a, b in zip(r[3], ref[3])) for r in runs[s])) for s in SIDES)])
+        rows.append([f"{task}: generations identical, every local-completions setting", "",
+                     str(min(sum(a == b for a, b in zip(o[3], ref[3])) for o in sweep.values())), ""])
+    for what in ("requests", "prompt tokens", "client CPU s"):
+        rows.append([f"{task}: {what} to the server, median of runs" if what != "client CPU s" else
+                     f"{task}: client CPU seconds (this process), median of runs",
+                     *(f"{statistics.median(r[4][what] for r in runs[s]):.{1 if 'CPU' in what else 0}f}"
+                       for s in SIDES[:2]), ""])
+    rows.append([f"{task}: local-completions' sweep, one run each (num_concurrent x batch_size: s)", "",
+                 ", ".join(f"{k} {v[0]:.1f}" for k, v in sweep.items()) + f"; chosen {found['best']}", ""])
+    ours, theirs = (statistics.median(r[0] for r in runs[s]) for s in SIDES[:2])
+    rows.append([f"{task}: evalkit served ÷ local-completions (medians)", f"{ours / theirs:.2f}: "
+                 + ("no slower" if ours <= theirs else "SLOWER"), "", ""])
+    return rows
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=30, help="documents per task")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each client at the chosen setting")
     parser.add_argument("--lm-eval-settings", default=",".join(LM_EVAL_SETTINGS),
-                        help="local-completions' num_concurrent x batch_size settings to try on each task")
+                        help="local-completions' num_concurrent x batch_size settings swept on each task")
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks to time")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
                         help="endpoint.max_concurrency values timed on evalkit_bench_fewshot_gen (empty: none)")
@@ -161,40 +273,24 @@ def main(argv: list[str]) -> None:
     from evalkit.engine.machine.preflight import resolve_model_path
     from evalkit.engine.vllm.start import start_vllm
 
+    load = os.getloadavg()
     model_dir = resolve_model_path(EMBEDDED)
     out = Path(tempfile.mkdtemp(prefix="evalkit-served-bench-"))
     base = [f"vllm_path={model_dir}", f"limit={options.limit}", *SETTINGS]
     started = time.perf_counter()
-    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the server's /reset_prefix_cache, between sides
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the server's /reset_prefix_cache, between runs
     served = start_served(compose_config([*base, "engine=served", "endpoint.serve=true", "gpu_memory_utilization=0.15",
                                           f"output_dir={out / 'server'}"]), model_dir)
     server_start = time.perf_counter() - started
     with environment_restored():  # lm-eval's client and the server must not see the offline engine's variables
         offline = start_vllm(compose_config([*base, "gpu_memory_utilization=0.25"]), model_dir)
-    found: dict[str, dict[str, tuple]] = {}
-    best: dict[str, str] = {}  # task -> the local-completions setting that was fastest on it
-    every: dict[str, list[tuple]] = {}  # task -> every local-completions setting's outcome
+    found: dict[str, dict[str, Any]] = {}
     try:
         starts = [] if options.no_start else start_times(served.client.url, served.model, model_dir)
         print(starts, flush=True)
         for task in options.tasks.split(","):
-            reset_prefix_cache(served.client.root())
-            on_server = evalkit_task([*base, "engine=served", f"endpoint.url={served.client.url}",
-                                      f"output_dir={out / 'served'}"], served, task)
-            tried = {}
-            for setting in options.lm_eval_settings.split(","):
-                reset_prefix_cache(served.client.root())
-                concurrent, batch = map(int, setting.split("x"))
-                tried[setting] = lm_eval_task(served.client.url, served.model, model_dir, task, options.limit,
-                                              concurrent, batch)
-                print(task, "local-completions", setting, f"{tried[setting][0]:.1f} s", flush=True)
-            best[task] = min(tried, key=lambda k: tried[k][0])
-            lm_eval = tried[best[task]]
-            every[task] = list(tried.values())
-            offline.llm.reset_prefix_cache()
-            found[task] = {"evalkit served": on_server, "lm-eval local-completions": lm_eval,
-                           "evalkit offline": evalkit_task([*base, f"output_dir={out / 'offline'}"], offline, task)}
-            print(task, {side: f"{found[task][side][0]:.1f} s" for side in SIDES}, flush=True)
+            found[task] = compare_task(task, served, offline, base, model_dir, options.limit,
+                                       options.lm_eval_settings.split(","), options.repeats, out)
         by_concurrency = []
         for cap in [int(c) for c in options.concurrency.split(",") if c]:
             reset_prefix_cache(served.client.root())
@@ -207,40 +303,22 @@ def main(argv: list[str]) -> None:
         offline.close()
         served.close()
 
-    rows = []
-    for task, sides in found.items():
-        ref = sides["evalkit offline"]
-        rows.append([f"**{task}**: seconds", *(f"{sides[s][0]:.1f}" for s in SIDES)])
-        rows.append([f"{task}: score ({primary_metric(ref[1])[0]})", *(f"{primary_metric(sides[s][1])[1]:.3f}" for s in SIDES)])
-        if ref[2]:
-            rows.append([f"{task}: max abs Δ log-likelihood vs offline ({len(ref[2])} choices)",
-                         *(f"{max(abs(a - b) for a, b in zip(sides[s][2], ref[2])):.2e}"
-                           if len(sides[s][2]) == len(ref[2]) else "n/a" for s in SIDES)])
-        if ref[3]:
-            rows.append([f"{task}: generations identical to offline (of {len(ref[3])})",
-                         *(str(sum(a == b for a, b in zip(sides[s][3], ref[3]))) for s in SIDES)])
-        served_s, lm_s = sides["evalkit served"][0], sides["lm-eval local-completions"][0]
-        if ref[2]:
-            rows.append([f"{task}: max abs Δ log-likelihood, every local-completions setting", "",
-                         f"{max(max(abs(a - b) for a, b in zip(o[2], ref[2])) for o in every[task]):.2e}", ""])
-        if ref[3]:
-            rows.append([f"{task}: generations identical, every local-completions setting", "",
-                         str(min(sum(a == b for a, b in zip(o[3], ref[3])) for o in every[task])), ""])
-        rows.append([f"{task}: local-completions' fastest setting (num_concurrent x batch_size)", "", best[task], ""])
-        rows.append([f"{task}: evalkit served ÷ local-completions", f"{served_s / lm_s:.2f}", "", ""])
-    total = {s: sum(found[t][s][0] for t in found) for s in SIDES}
-    rows.append(["**all tasks**: seconds", *(f"{total[s]:.1f}" for s in SIDES)])
+    rows = [row for task in found for row in task_rows(task, found[task])]
+    total = {s: sum(statistics.median(r[0] for r in found[t]["runs"][s]) for t in found) for s in SIDES}
+    rows.append(["**all tasks**: seconds, sum of the medians", *(f"{total[s]:.1f}" for s in SIDES)])
     rows.append(["server start (evalkit's endpoint.serve, probe included), s", f"{server_start:.1f}", "", ""])
     text = "\n".join([f"- command: python benchmarks/served.py {' '.join(argv)}",
-                      f"- machine: {os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.2f}",
+                      f"- machine: {os.cpu_count()} cores; load average at start {load[0]:.2f} {load[1]:.2f} "
+                      f"{load[2]:.2f}, at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
                       f"- server: {served.describe()['deployment']}", "",
                       tabulate(rows, headers=["measure", *SIDES], tablefmt="github", disable_numparse=True), "",
-                      "evalkit_bench_fewshot_gen on the same server, by endpoint.max_concurrency (cold prefix cache):", "",
+                      "evalkit_bench_fewshot_gen on the same server, by endpoint.max_concurrency (cold prefix cache; "
+                      "in flight counts prompts):", "",
                       tabulate(by_concurrency, headers=["max_concurrency", "seconds", "most in flight"],
                                tablefmt="github", disable_numparse=True), "",
-                      "Start of each client in a fresh process (seconds, the fastest of 3):", "",
-                      tabulate(starts, headers=["client", "parts", "total", "imported"], tablefmt="github",
-                               disable_numparse=True)])
+                      "Start of each client in a fresh process (seconds; the two take turns, 3 each):", "",
+                      tabulate(starts, headers=["client", "parts (of its fastest start)", "fastest / median total",
+                                                "imported"], tablefmt="github", disable_numparse=True)])
     print(text)
     Path(options.out).write_text(text + "\n")
 

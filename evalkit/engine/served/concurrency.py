@@ -1,15 +1,16 @@
-"""engine=served: how many requests are kept in flight, as many as the server batches (issue 31).
+"""engine=served: how many prompts are kept in flight, as many as the server batches (issue 31).
 
-A server that batches decodes faster with more requests in flight, up to its own limit (vLLM's max_num_seqs);
-past it, requests wait in its queue, where their ``timeout`` runs and nothing goes faster. So the window of
-requests in flight starts at ``START`` (or the cap), doubles while every slot is taken and the server queues
+A server that batches decodes faster with more prompts in flight, up to its own limit (vLLM's max_num_seqs);
+past it, they wait in its queue, where their request's ``timeout`` runs and nothing goes faster. So the window
+of prompts in flight (a request of several prompts, ``served/batch.py``, weighs as many, as the server counts
+them running) starts at ``START`` (or the cap), doubles while a request is held back and the server queues
 nothing, and, when the server says it queues (vLLM's ``/metrics``: ``vllm:num_requests_waiting`` above 0),
 falls to what it runs (``vllm:num_requests_running``); a reading while the server runs nothing (it has not seen
-our requests yet) does not grow it. The server is asked only while the window is full: with fewer requests than
-the window there is nothing to learn, and on a small machine the server's own process renders the page on the
-cores its engine uses. ``endpoint.max_concurrency`` caps it, so evalkit's
-memory stays flat (a fixed pool of that many workers, never one task per request). A server without vLLM's
-``/metrics`` gets the cap, and its 429s are retried with back-off as before (``served/http.py``).
+our requests yet) does not grow it. The server is asked only while a request is held back: otherwise there is
+nothing to learn, and on a small machine the server's own process renders the page on the cores its engine
+uses. ``endpoint.max_concurrency`` caps it, so evalkit's memory stays flat (a fixed pool of at most that many
+workers, never one task per request). A server without vLLM's ``/metrics`` gets the cap, and its 429s are
+retried with back-off as before (``served/http.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-START = 32  # requests in flight before the server has said anything
+START = 32  # prompts in flight before the server has said anything
 POLL = 0.5  # seconds between two reads of /metrics while requests are in flight
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 

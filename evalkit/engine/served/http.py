@@ -2,7 +2,7 @@
 
 A batch of bodies is fed from a queue to a fixed pool of ``max_concurrency`` workers (never one pending task
 per request), each sending one request at a time, while the window of ``served/concurrency.py`` lets them: as
-many in flight as the server batches. A request's ``timeout`` counts from when it is sent, not
+many prompts in flight as the server batches (a request of several prompts weighs as many). A request's ``timeout`` counts from when it is sent, not
 while it waits here. Connection errors, timeouts, HTTP 408, 429 and 5xx are retried with exponential
 back-off (tenacity), ``retries`` more times; any other status is that request's failure. A batch never
 raises for one request: each answer is the response's JSON or a :class:`Failure`, and the caller decides. A
