@@ -13,8 +13,9 @@ Per task it prints the positions recorded, the run's seconds without the record 
 --repeats runs of each, interleaved), the added share, the seconds of the trace calls themselves
 (``timings.engine_calls.trace_*``), the bytes per position of the record on disk (.npz) and in the request store
 (JSON lines), and the largest |Σ trace − score| of the run's log-likelihoods (results.json
-``evalkit.divergence.max_score_gap``: the trace reads raw logits without the prefix cache, scoring takes its fast
-paths). The issue's target is at most +30 %.
+``evalkit.divergence.max_score_gap``: the trace and the scores come from separate reads). Below the table, the
+reads each task's traces sent (results.json ``evalkit.scoring``'s ``trace_*`` counts: evalkit/engine/vllm/trace.py).
+The issue's target is at most +30 %.
 Run: .venv/bin/python benchmarks/divergence_cost.py [--limit 30] [--repeats 2] [--k 20] [--tasks a,b] [key=value ...]
 """
 
@@ -74,7 +75,8 @@ def one_run(base: list[str], engine: Any, task: str, k: int, out: Path) -> dict[
             "positions": record.get("positions", {}).get(task, 0),
             "disk": record.get("bytes_per_position", {}).get(task), "store": store_bytes(out),
             "gap": max(record.get("max_score_gap", {}).values(), default=None),
-            "kinds": ", ".join(record.get("traced_requests", {}))}
+            "kinds": ", ".join(record.get("traced_requests", {})),
+            "reads": {key[len("trace_"):]: v for key, v in section["scoring"].items() if key.startswith("trace_")}}
 
 
 def measure(tasks: list[str], args: argparse.Namespace) -> dict[str, dict[int, list[dict[str, Any]]]]:
@@ -124,6 +126,10 @@ def main(argv: list[str]) -> None:
     found = measure(args.tasks.split(","), args)
     print()
     print(table(found, args.k))
+    print()
+    for task, sides in found.items():
+        reads = min(sides[args.k], key=lambda r: r["seconds"])["reads"]
+        print(f"{task}: trace reads " + (", ".join(f"{key} {v}" for key, v in reads.items()) or "none counted"))
 
 
 if __name__ == "__main__":

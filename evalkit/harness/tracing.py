@@ -6,9 +6,10 @@ positions recorded per kind are :data:`RECORDED`. Each answer is checked against
 kept (STYLE 14): one log-probability and one top list per position, at most k distinct entries, best first,
 the text token's value agreeing with its own entry, and no entry missing that the text token outranks (a
 read of the wrong position or token shows as one). A log-likelihood's traced tokens must also sum to what
-the engine scored: they come from two paths (the trace reads raw logits with no prefix cache; scoring may take
-its fast paths), so they differ by the engine's own noise, which is measured and recorded, and a gap beyond
-:func:`gross_gap` fails the run in one line.
+the engine scored: they come from separate reads (other batches, other requests asked beside them, prefixes
+computed apart: vLLM's trace reads the top-k from the prefix cache under a salt of its own), so they differ by
+the engine's own noise, which is measured and recorded, and a gap beyond :func:`gross_gap` fails the run in one
+line.
 """
 
 from __future__ import annotations

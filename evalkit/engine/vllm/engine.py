@@ -11,6 +11,7 @@ core by spawning a process, so this module must stay importable (no ``__main__``
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import time
 from collections import Counter
@@ -62,6 +63,7 @@ class VLLMEngine(TokenizerSide):
         # what the scoring paths did, as they return it (each path's function names its counts; scoring_counts()
         # hands out a copy), and unscored (empty continuations, never sent)
         self._counts: Counter[str] = Counter()
+        self._trace_calls = itertools.count()  # numbers each trace call's cache salt (trace.py)
         # the VLLM_* variables the engine started under (evalkit.engine.machine.tuning sets some only for the start)
         self.environment = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
         clock = time.perf_counter()
@@ -139,7 +141,15 @@ class VLLMEngine(TokenizerSide):
         return scored  # type: ignore[return-value]
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
-        return token_traces(self.llm, requests, top_k)
+        """Each request's trace, read from the prefix cache as fast scoring reads (trace.py); the prompt-row
+        reads of each call under a cache salt of their own, so that no earlier call's blocks reach their rows.
+        Counted beside the scoring paths (``trace_*``)."""
+        if not requests:
+            return []
+        traces, counts = token_traces(self.llm, requests, top_k, runner=self.runner, block_size=self.block_size,
+                                      salt=f"evalkit-trace-{next(self._trace_calls)}")
+        self._counts.update(counts)
+        return traces
 
     def scoring_counts(self) -> dict[str, int]:
         return dict(self._counts)

@@ -29,7 +29,7 @@ from evalkit.engine.read_plan import MAX_LOGPROB_TOKEN_IDS, PathRead
 from evalkit.engine.vllm.second_read import second_read
 
 
-def _shared_lengths(prompts: Sequence[tuple[int, ...]], others: Iterable[tuple[int, ...]]) -> list[int]:
+def shared_lengths(prompts: Sequence[tuple[int, ...]], others: Iterable[tuple[int, ...]]) -> list[int]:
     """For each of prompts, the longest prefix it shares with another sequence of prompts + others (the blocks
     of which another request may put in vLLM's prefix cache): found between neighbours in sorted order."""
     pool = sorted([*prompts, *others])
@@ -87,7 +87,7 @@ def block_safe(reads: Sequence[PathRead], block: int, others: Iterable[tuple[int
     another read or with others (the prompts of the call's other requests; a read's own context counts as
     shared, as the other choices of its question share it), each cut read asking the token at the cut as its
     next token. Cut reads of one prompt are merged; every step of reads is answered by the result."""
-    shared = _shared_lengths([r.prompt for r in reads], others)
+    shared = shared_lengths([r.prompt for r in reads], others)
     return _merged(piece for read, length in zip(reads, shared) for piece in _cut(read, length, block))
 
 
