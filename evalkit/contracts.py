@@ -30,11 +30,23 @@ class GenRequest:
 
 
 @dataclass(frozen=True)
+class TokenTrace:
+    """Teacher forcing of one ScoreRequest: at each position of ids[start:], the log-probability the engine
+    gives that token, and its top-k (token id, log-probability) pairs, best first."""
+
+    logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
+
+
+@dataclass(frozen=True)
 class Generation:
     text: str
     finish_reason: str  # "stop" (a stop string or end-of-sequence) or "length" (hit max_tokens)
     output_tokens: int
     token_ids: tuple[int, ...] = ()
+    # asked with top_k > 0 of a greedy request: at each output token, its log-probability and the top-k at that
+    # step, read in the same pass that generated it (one entry per token id); None where the engine gave none
+    trace: TokenTrace | None = None
 
 
 @dataclass(frozen=True)
@@ -49,15 +61,9 @@ class ScoreRequest:
 class Scored:
     logprob: float  # sum of the log-probabilities of ids[start:]
     is_greedy: bool  # every scored token was the engine's top-1 choice
-
-
-@dataclass(frozen=True)
-class TokenTrace:
-    """Teacher forcing of one ScoreRequest: at each position of ids[start:], the log-probability the engine
-    gives that token, and its top-k (token id, log-probability) pairs, best first."""
-
-    logprobs: tuple[float, ...]
-    top: tuple[tuple[tuple[int, float], ...], ...]
+    # asked with top_k > 0: the trace of the scored positions (ids[max(start, 1):]), read by the reads that scored
+    # them where the engine can; None where the engine gave none (an empty continuation has no position)
+    trace: TokenTrace | None = None
 
 
 class PartialAnswers(RuntimeError):
@@ -107,16 +113,20 @@ class Engine(Protocol):
     def chat_template(self) -> str | None:
         """The tokenizer's chat template, for the results file (None where it has none)."""
 
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]: ...
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 top_k: int = 0) -> list[Generation]:
+        """Each request's generation; with top_k > 0, each greedy one's ``trace`` of its output tokens too."""
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True) -> list[Scored]:
+              fast: bool = True, top_k: int = 0) -> list[Scored]:
         """Log-probabilities of each request's continuation; fast lets the engine take its cheaper paths (the
-        same numbers, within its own batch-to-batch noise), or not (``fast_scoring=false``)."""
+        same numbers, within its own batch-to-batch noise), or not (``fast_scoring=false``). With top_k > 0,
+        each answer's ``trace`` too (the divergence record), from the same reads where the engine can."""
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         """Per-token log-probabilities and top-k of each request's continuation, from the raw logits (no
-        cache, no sampling): where two engines' outputs diverge (evalkit/compare/locate.py)."""
+        sampling): where two engines' outputs diverge (evalkit/compare/locate.py), and what an engine
+        answers in ``Scored.trace`` where it cannot read both in one pass."""
 
     def scoring_counts(self) -> dict[str, int]:
         """A snapshot of what the engine's scoring paths did so far (vLLM: single_token, cache_hits, ...), for

@@ -248,3 +248,33 @@ def test_a_bad_top_k_on_the_command_line_is_one_line(tmp_path):
     assert done.returncode == 2 and [line for line in lines if line.startswith("evalkit: error: ")] == [lines[-1]]
     assert lines[-1] == "evalkit: error: divergence_top_k=-3 must be 0 (record nothing) to 100"
     assert not (tmp_path / "smollm2-135m-instruct").exists()
+
+
+def test_an_engine_that_traces_in_its_answers_is_not_asked_again(tmp_path, recorded):
+    """An engine whose scores and greedy generations carry their traces (one pass, as vLLM's do): no trace call
+    is made, nothing is traced apart, and the record holds the same positions and values as the second-pass
+    record of the same run."""
+    engine = TracingEngine(traces_in_pass=True)
+    one_pass = run(tmp_path, "one", engine, resume=False)
+    data, found = record(one_pass)
+    before, found_before = record(recorded)
+    assert engine.traced == []
+    assert set(data["divergence"]["traced_apart"].values()) == {0}, data["divergence"]
+    assert set(before["divergence"]["traced_apart"].values()) != {0}
+    for task, p in found.items():
+        q = found_before[task]
+        assert len(p) == len(q) and (p.text_id == q.text_id).all() and np.allclose(p.text_logprob, q.text_logprob)
+        assert (p.top_ids == q.top_ids).all()
+
+
+def test_a_trace_in_an_answer_that_does_not_answer_it_fails_in_one_line(tmp_path):
+    """A one-pass trace is checked as a second-pass one: a trace one position short stops the run."""
+
+    class Short(TracingEngine):
+        def score(self, requests, progress=None, *, fast=True, top_k=0):
+            answers = super().score(requests, progress, fast=fast, top_k=top_k)
+            return [a if a.trace is None else Scored(a.logprob, a.is_greedy, TokenTrace(
+                logprobs=a.trace.logprobs[1:], top=a.trace.top[1:])) for a in answers]
+
+    with pytest.raises(TraceError, match="log-probabilities and"):
+        run(tmp_path, "short", Short(traces_in_pass=True), resume=False)

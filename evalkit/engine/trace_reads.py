@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from evalkit.contracts import ScoreRequest, TokenTrace
+from evalkit.contracts import Scored, ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import TIE, BadRead, scored_positions
 
 Top = tuple[tuple[int, float], ...]
@@ -111,3 +111,27 @@ def next_token_trace(request: ScoreRequest, top: Top, entries: Mapping[int, floa
         raise BadRead(f"token {token} read at {value!r}, above the last of the top entries {top[-1][1]!r} that "
                       "leave it out")
     return TokenTrace(logprobs=(value,), top=(top,))
+
+
+def scored_from_trace(trace: TokenTrace) -> Scored:
+    """The score of a request read by its trace alone (a single pass): the sum of its text tokens'
+    log-probabilities in position order (as lm-eval sums them), greedy where each text token is its row's top-1
+    (a tie with it counting as greedy, as vLLM's scoring paths count it), with the trace beside it."""
+    greedy = all(value >= top[0][1] - TIE for value, top in zip(trace.logprobs, trace.top))
+    return Scored(logprob=sum(trace.logprobs), is_greedy=greedy, trace=trace)
+
+
+def trace_from_steps(token_ids: Sequence[int], flat: Any, top_k: int) -> TokenTrace:
+    """The trace of a generation's output tokens from the log-probabilities of its generated steps
+    (``logprobs=top_k``): one row per output token, each row's target that token."""
+    if flat is None or len(flat.start_indices) != len(token_ids):
+        steps = None if flat is None else len(flat.start_indices)
+        raise BadRead(f"{steps} generated steps of log-probabilities for {len(token_ids)} output tokens")
+    values, tops = [], []
+    for step, token in enumerate(token_ids):
+        target, value, top = row_top(flat, step, top_k, f"generated step {step}")
+        if target != token:
+            raise BadRead(f"generated step {step} holds token {target}, the output has {token}")
+        values.append(value)
+        tops.append(top)
+    return TokenTrace(logprobs=tuple(values), top=tuple(tops))

@@ -11,8 +11,8 @@ ceiling, unfinished reasoning), the README says so ("Differences from lm-eval").
 
 Every request goes through the length budget (``budget.py``) and leaves a :class:`RequestRecord`, which the
 results stage merges into the per-sample output: raw text, finish reason, token counts, clamps, truncations.
-With ``divergence_top_k`` > 0, each kind's answers are followed by one trace of what was scored or generated
-(``tracing.py``), kept on the records for the run's divergence record.
+With ``divergence_top_k`` > 0, each engine call also asks for the traces of what it scores or generates
+(``tracing.py``: in the same pass where the engine can), kept on the records for the divergence record.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalkit.harness.budget import plan_generation, plan_score
-from evalkit.contracts import Engine, GenRequest, RequestProgress, RequestRecord, ScoreRequest
+from evalkit.contracts import Engine, GenRequest, RequestProgress, RequestRecord, ScoreRequest, TokenTrace
 from evalkit.harness.lm_eval_compat import encode_pairs
-from evalkit.harness.tracing import Item, TraceError, TraceLog, keep, outputs, scored_positions
+from evalkit.harness.tracing import Item, TraceError, TraceLog, given_traces, keep, outputs, scored_positions
 
 
 def strip_thinking(text: str, end_marker: str) -> str:
@@ -180,19 +180,22 @@ class EvalkitLM(TemplateLM):
         return result
 
     def _score(self, requests: list[ScoreRequest], progress: RequestProgress | None) -> list:
-        return self.engine.score(requests, progress, fast=self.fast_scoring)
+        return self.engine.score(requests, progress, fast=self.fast_scoring, top_k=self.divergence_top_k)
 
     def _record(self, instance: Any, record: RequestRecord) -> None:
         self.records[(instance.task_name, instance.doc_id)].append(record)
 
-    def _trace(self, kind: str, items: list[Item]) -> None:
-        """With divergence_top_k > 0: one trace of the items' requests (each distinct one once, in _submit's
-        order, so a noise run's traces see other batches too), checked and kept on the records (tracing.keep)."""
+    def _trace(self, kind: str, items: list[Item], given: dict[ScoreRequest, TokenTrace]) -> None:
+        """With divergence_top_k > 0: the items' traces, checked and kept on the records (tracing.keep). given
+        holds those the engine answered in the same pass as the scores or generations; the others are traced in
+        one more call (each distinct request once, in _submit's order, so a noise run's traces see other
+        batches too)."""
         k = self.divergence_top_k
         items = [item for item in items if scored_positions(item[2])]  # an empty continuation has no position
         if not k or not items:
             return
-        distinct = list(dict.fromkeys(request for _, _, request, _ in items))
+        traced = {request: given[request] for _, _, request, _ in items if request in given}
+        distinct = list(dict.fromkeys(request for _, _, request, _ in items if request not in traced))
 
         def call(requests: list[ScoreRequest], progress: RequestProgress | None) -> list:
             answers = self.engine.trace(requests, k)
@@ -202,7 +205,10 @@ class EvalkitLM(TemplateLM):
                 progress.advance(len(requests), sum(len(r.ids) for r in requests))
             return answers
 
-        keep(kind, items, dict(zip(distinct, self._submit(call, distinct, f"trace_{kind}"))), self.traces)
+        if distinct:
+            traced.update(zip(distinct, self._submit(call, distinct, f"trace_{kind}")))
+        self.traces.second_pass[kind] += len(distinct)
+        keep(kind, items, traced, self.traces)
 
     # --- log-likelihood ---
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -228,7 +234,8 @@ class EvalkitLM(TemplateLM):
                 self._record(instances[i], records[-1])
         answers = self._submit(self._score, scores, "loglikelihood")
         if instances is not None and self.divergence_top_k:
-            self._trace("loglikelihood", list(zip(records, [i.idx for i in instances], scores, answers)))
+            self._trace("loglikelihood", list(zip(records, [i.idx for i in instances], scores, answers)),
+                        given_traces(scores, answers))
         return [(s.logprob, s.is_greedy) for s in answers]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -256,7 +263,8 @@ class EvalkitLM(TemplateLM):
         for n, scored in zip(owners, answers):
             totals[n] += scored.logprob
         self._trace("loglikelihood_rolling", [(records[n], w, window, scored) for n, w, window, scored
-                                              in zip(owners, numbers, windows, answers)])
+                                              in zip(owners, numbers, windows, answers)],
+                    given_traces(windows, answers))
         return totals
 
     # --- generation ---
@@ -305,7 +313,8 @@ class EvalkitLM(TemplateLM):
                                          clamped=plan.clamped, truncated_tokens=plan.truncated))
             stops.append(until)
         answers = []
-        generations = self._submit(self.engine.generate, batch, "generate_until")
+        generations = self._submit(functools.partial(self.engine.generate, top_k=self.divergence_top_k), batch,
+                                   "generate_until")
         for instance, record, until, generation in zip(requests, records, stops, generations):
             record.raw_output = generation.text
             record.finish_reason = generation.finish_reason
@@ -315,6 +324,6 @@ class EvalkitLM(TemplateLM):
             text = strip_thinking(generation.text, self.thinking_end) if self.strip_thinking else generation.text
             answers.append(postprocess_generated_text(text, until, None))
         if self.divergence_top_k:
-            self._trace("generate_until", outputs(requests, records, batch, generations,
-                                                  max_model_len=self.engine.max_model_len, log=self.traces))
+            self._trace("generate_until", *outputs(requests, records, batch, generations,
+                                                   max_model_len=self.engine.max_model_len, log=self.traces))
         return answers

@@ -1,15 +1,16 @@
 """Traces of a run's scored positions, for its divergence record (docs/divergence.md, "What a run records").
 
-After each kind of request is answered, the harness asks the engine for one batched ``trace`` of what was
-scored or generated: at each position, the text token's log-probability and the engine's top-k entries. The
-positions recorded per kind are :data:`RECORDED`. Each answer is checked against what was asked before it is
-kept (STYLE 14): one log-probability and one top list per position, at most k distinct entries, best first,
-the text token's value agreeing with its own entry, and no entry missing that the text token outranks (a
-read of the wrong position or token shows as one). A log-likelihood's traced tokens must also sum to what
-the engine scored: they come from separate reads (other batches, other requests asked beside them, prefixes
-computed apart: vLLM's trace reads the top-k from the prefix cache under a salt of its own), so they differ by
-the engine's own noise, which is measured and recorded, and a gap beyond :func:`gross_gap` fails the run in one
-line.
+With ``divergence_top_k`` > 0 the harness asks each engine call for its answers' traces too (``top_k`` of
+``Engine.score`` and ``Engine.generate``): at each position, the text token's log-probability and the engine's
+top-k entries. An engine that reads both in one pass (vLLM: its scores come from the trace reads, its greedy
+generations return the top-k of each step) answers them there; what an engine leaves without a trace is traced
+in one more batched ``trace`` call. The positions recorded per kind are :data:`RECORDED`. Each trace is checked
+against what was asked before it is kept (STYLE 14): one log-probability and one top list per position, at most
+k distinct entries, best first, the text token's value agreeing with its own entry, and no entry missing that
+the text token outranks (a read of the wrong position or token shows as one). A log-likelihood's traced tokens
+must also sum to what the engine scored: from one pass they are the same numbers; from separate reads (other
+batches, prefixes computed apart) they differ by the engine's own noise, which is measured and recorded, and a
+gap beyond :func:`gross_gap` fails the run in one line.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class TraceLog:
         self.positions: Counter[str] = Counter()  # kind -> positions of those
         self.not_recorded: Counter[str] = Counter()  # why -> requests left out
         self.max_gap: dict[str, float] = {}  # kind -> largest |Σ trace − score| over its requests
+        self.second_pass: Counter[str] = Counter()  # kind -> requests the engine traced in a call of their own
 
     def traced(self, kind: str, requests: Sequence[ScoreRequest]) -> None:
         self.requests[kind] += len(requests)
@@ -107,17 +109,27 @@ class TraceLog:
         return {"top_k": self.top_k,
                 "recorded": {kind: RECORDED[kind] for kind in RECORDED if self.requests[kind]},
                 "traced_requests": dict(self.requests), "traced_positions": dict(self.positions),
+                "traced_apart": {kind: n for kind, n in self.second_pass.items() if self.requests[kind]},
                 "not_recorded": {why: n for why, n in self.not_recorded.items() if n},
                 "max_score_gap": {kind: float(f"{gap:.3g}") for kind, gap in self.max_gap.items()}}
 
 
+def given_traces(requests: Sequence[ScoreRequest], answers: Sequence[Scored]) -> dict[ScoreRequest, TokenTrace]:
+    """The traces the engine answered beside its scores (``Scored.trace``: one pass), by request."""
+    return {r: a.trace for r, a in zip(requests, answers) if a is not None and a.trace is not None}
+
+
 def outputs(instances: Sequence[Any], records: Sequence[RequestRecord], batch: Sequence[GenRequest],
-            generations: Sequence[Generation], *, max_model_len: int, log: TraceLog) -> list[Item]:
+            generations: Sequence[Generation], *, max_model_len: int, log: TraceLog
+            ) -> tuple[list[Item], dict[ScoreRequest, TokenTrace]]:
     """Each greedy generation's prompt + its own output ids, scored from the first output token: two runs'
     contexts are then the same up to and including the first token where their outputs part. A greedy
     request lm-eval repeats is traced once; sampled draws are left out (they share one request number and
-    their first context, and part by chance), and so is an output whose ids the engine did not give."""
+    their first context, and part by chance), and so is an output whose ids the engine did not give. Returns
+    the items and, where the engine's generation carried the trace of its steps (one pass), that trace cut to
+    the item's positions."""
     items: list[Item] = []
+    given: dict[ScoreRequest, TokenTrace] = {}
     seen = set()
     for instance, record, request, generation in zip(instances, records, batch, generations):
         if not request.greedy or not generation.token_ids:
@@ -131,7 +143,19 @@ def outputs(instances: Sequence[Any], records: Sequence[RequestRecord], batch: S
         if (instance.task_name, instance.doc_id, instance.idx, traced) not in seen:
             seen.add((instance.task_name, instance.doc_id, instance.idx, traced))
             items.append((record, instance.idx, traced, None))
-    return items
+            if generation.trace is not None:
+                given[traced] = steps_trace(traced, generation.trace)
+    return items, given
+
+
+def steps_trace(traced: ScoreRequest, steps: TokenTrace) -> TokenTrace:
+    """The part of a generation's step trace (one entry per output token) that covers traced's positions."""
+    first = max(traced.start, 1) - traced.start  # an output token at position 0 has no context
+    n = scored_positions(traced)
+    if len(steps.logprobs) < first + n:
+        raise TraceError(f"the engine's trace of a generation has {len(steps.logprobs)} steps for its "
+                         f"{first + n} output tokens")
+    return TokenTrace(logprobs=steps.logprobs[first:first + n], top=steps.top[first:first + n])
 
 
 def keep(kind: str, items: Sequence[Item], traced: dict[ScoreRequest, TokenTrace], log: TraceLog) -> None:

@@ -21,10 +21,12 @@ from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreReq
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.machine.environment import hardware, library_versions
 from evalkit.engine.machine.gpus import engine_gpus_of
-from evalkit.engine.logprob_reads import NOTHING_SCORED, unscored
+from evalkit.engine.logprob_reads import NOTHING_SCORED, BadRead, unscored
+from evalkit.engine.vllm.second_read import ScoringError
 from evalkit.engine.vllm import chained, next_token
 from evalkit.engine.vllm.prompt_logprobs import score_prompts
-from evalkit.engine.vllm.trace import token_traces
+from evalkit.engine.trace_reads import scored_from_trace, trace_from_steps
+from evalkit.engine.vllm.trace import plain_traces, token_traces
 
 
 class VLLMEngine(TokenizerSide):
@@ -83,23 +85,27 @@ class VLLMEngine(TokenizerSide):
         self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)  # KV-cache block, tokens
 
     # --- inference ---
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 top_k: int = 0) -> list[Generation]:
+        """Each request's generation; with top_k > 0, a greedy request's trace comes from the same pass
+        (``logprobs=top_k`` of raw logits, vLLM's default ``logprobs_mode``), each step checked against its
+        output token (``trace_reads.trace_from_steps``); a step that fails it stops the run in one line."""
         from vllm import SamplingParams
 
         if not requests:
             return []
-        params = [SamplingParams(**dict(r.sampling), max_tokens=r.max_tokens, stop=list(r.stop) or None)
-                  for r in requests]
+        traced = [bool(top_k) and r.greedy for r in requests]
+        params = [SamplingParams(**dict(r.sampling), max_tokens=r.max_tokens, stop=list(r.stop) or None,
+                                 **({"logprobs": top_k, "flat_logprobs": True} if t else {}))
+                  for r, t in zip(requests, traced)]
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=progress.engine_bar() if progress else False)
-        return [
-            Generation(text=o.outputs[0].text, finish_reason=str(o.outputs[0].finish_reason),
-                       output_tokens=len(o.outputs[0].token_ids), token_ids=tuple(o.outputs[0].token_ids))
-            for o in outputs
-        ]
+        if any(traced):
+            self._counts.update(trace_generations=sum(traced))
+        return [generation(o.outputs[0], top_k if t else 0) for o, t in zip(outputs, traced)]
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *, fast: bool = True,
-              paths: tuple[str, ...] | None = None) -> list[Scored]:
+              top_k: int = 0, paths: tuple[str, ...] | None = None) -> list[Scored]:
         """Log-probabilities of ids[start:] given ids[:start], from the model's raw logits (no sampling).
 
         Four paths, each giving the same numbers (tests/engine/vllm/test_engine.py), each in its own module:
@@ -114,9 +120,15 @@ class VLLMEngine(TokenizerSide):
 
         is_greedy as lm-eval's vllm backend reads it: each scored token must have the highest log-probability
         at its position, a tie counting as greedy (the token comes first in vLLM's logprob dict there).
+
+        With top_k > 0 (a run that records its divergence), each request is read once, by its trace (trace.py:
+        the top-k beside each text token, from the cache when fast, without it otherwise), and scored from it
+        (``trace_reads.scored_from_trace``): one pass gives both.
         """
         if not requests:
             return []
+        if top_k:
+            return self._traced_scores(requests, progress, top_k=top_k, fast=fast)
         chosen = set(("next_token", "chained", "shared_prefix") if fast else ()) if paths is None else set(paths)
         empty = unscored(requests)  # nothing to score: answered as lm-eval sums it, never sent
         single = [i for i, r in enumerate(requests) if "next_token" in chosen and next_token.takes(r)]
@@ -144,12 +156,29 @@ class VLLMEngine(TokenizerSide):
         """Each request's trace, read from the prefix cache as fast scoring reads (trace.py); the prompt-row
         reads of each call under a cache salt of their own, so that no earlier call's blocks reach their rows.
         Counted beside the scoring paths (``trace_*``)."""
+        return self._traces(requests, top_k, fast=True)
+
+    def _traces(self, requests: Sequence[ScoreRequest], top_k: int, *, fast: bool) -> list[TokenTrace]:
         if not requests:
             return []
+        if not fast:
+            self._counts.update(trace_requests=len(requests), trace_plain=len(requests))
+            return plain_traces(self.llm, requests, top_k)
         traces, counts = token_traces(self.llm, requests, top_k, runner=self.runner, block_size=self.block_size,
                                       salt=f"evalkit-trace-{next(self._trace_calls)}")
         self._counts.update(counts)
         return traces
+
+    def _traced_scores(self, requests: Sequence[ScoreRequest], progress: Progress | None, *, top_k: int,
+                       fast: bool) -> list[Scored]:
+        """Each request scored from its own trace; an empty continuation answered as lm-eval sums it, unsent."""
+        empty = set(unscored(requests))
+        sent = [r for i, r in enumerate(requests) if i not in empty]
+        traces = iter(self._traces(sent, top_k, fast=fast))
+        self._counts.update(unscored=len(empty), traced_scores=len(sent))
+        if progress:
+            progress.advance(len(requests), sum(len(r.ids) for r in requests))
+        return [NOTHING_SCORED if i in empty else scored_from_trace(next(traces)) for i in range(len(requests))]
 
     def scoring_counts(self) -> dict[str, int]:
         return dict(self._counts)
@@ -202,3 +231,17 @@ def lm_eval_tokenizer(llm: Any, args: dict[str, Any], *, trust_remote_code: bool
     clock = time.perf_counter()
     tokenizer = load_tokenizer(args["tokenizer"], trust_remote_code=trust_remote_code, add_bos_token=add_bos_token)
     return tokenizer, round(time.perf_counter() - clock, 3)
+
+
+def generation(completion: Any, top_k: int) -> Generation:
+    """One vLLM ``CompletionOutput`` as a Generation; with top_k > 0, with the trace of its steps (checked: a
+    read that does not answer the output raises ScoringError, as a scoring read that fails twice does)."""
+    ids = tuple(completion.token_ids)
+    trace = None
+    if top_k:
+        try:
+            trace = trace_from_steps(ids, completion.logprobs, top_k)
+        except BadRead as error:
+            raise ScoringError(f"vLLM's log-probabilities of a greedy generation do not answer it: {error}") from None
+    return Generation(text=completion.text, finish_reason=str(completion.finish_reason), output_tokens=len(ids),
+                      token_ids=ids, trace=trace)

@@ -82,3 +82,45 @@ def test_prompts_traced_again_are_read_right(engine):
     assert counts["trace_resent"] == 0 and again["trace_resent"] == 0, (counts, again)
     for a, b in zip(first, second):
         same_trace(a, b)
+
+
+def test_scores_asked_with_their_traces_are_read_once_and_equal_the_plain_scores(engine):
+    """score(top_k=K), a run that records its divergence: each score comes from its own trace (one pass: no
+    scoring path's count moves), equals what the scoring paths give within NOISE, greedy alike, and carries a
+    trace that passes the harness's check and equals the plain one; an empty continuation is answered unsent,
+    with no trace. Without the cache (fast=False) the traces are the plain ones."""
+    from evalkit.contracts import Scored
+
+    requests = few_shot_questions(engine) + long_choices(engine)
+    requests.append(ScoreRequest(ids=requests[0].ids, start=len(requests[0].ids)))
+    expected = engine.score(requests)
+    for fast in (True, False):
+        answers, counts = counted(engine, lambda: engine.score(requests, top_k=K, fast=fast))
+        assert counts["traced_scores"] == len(requests) - 1 and counts["unscored"] == 1, counts
+        assert not counts["single_token"] and not counts["chained"] and not counts["prompt_logprobs"], counts
+        plain = plain_traces(engine.llm, requests[:-1], K)
+        for request, answer, want, reference in zip(requests, answers, expected, plain):
+            assert answer.logprob == pytest.approx(want.logprob, abs=NOISE) and answer.is_greedy == want.is_greedy
+            check(request, answer.trace, K)
+            same_trace(answer.trace, reference)
+        assert answers[-1] == Scored(logprob=0.0, is_greedy=True)
+
+
+def test_greedy_generations_carry_the_trace_of_their_steps(engine):
+    """generate(top_k=K): the same outputs as without it; each greedy output's trace has one step per output
+    token, passes the harness's check as the trace of prompt + output from the first output token, and equals
+    that request's plain (prefill) trace within NOISE; a sampled request gets none."""
+    from evalkit.contracts import GenRequest
+
+    prompts = [tuple(engine.encode(text, True)) for text in ("Question: 12 + 7 =", "The capital of France is")]
+    greedy = [GenRequest(prompt_ids=p, max_tokens=12, sampling=(("temperature", 0.0),)) for p in prompts]
+    sampled = GenRequest(prompt_ids=prompts[0], max_tokens=12, sampling=(("seed", 1), ("temperature", 1.0)))
+    plain_outputs = engine.generate(greedy)
+    traced = engine.generate([*greedy, sampled], top_k=K)
+    assert [g.token_ids for g in traced[:2]] == [g.token_ids for g in plain_outputs]
+    assert traced[2].trace is None
+    for request, generation in zip(greedy, traced):
+        as_scored = ScoreRequest(ids=request.prompt_ids + generation.token_ids, start=len(request.prompt_ids))
+        assert len(generation.trace.logprobs) == len(generation.token_ids) == generation.output_tokens
+        check(as_scored, generation.trace, K)
+        same_trace(generation.trace, plain_traces(engine.llm, [as_scored], K)[0])
