@@ -38,6 +38,26 @@ class TokenTrace:
     top: tuple[tuple[tuple[int, float], ...], ...]
 
 
+def top_list_fault(token: int, value: float, top: Sequence[tuple[int, float]], tolerance: float) -> str | None:
+    """Why one position's read cannot be a row of log-probabilities: its text token (value) and its top entries
+    (token id, log-probability). None where it can: the entries distinct and best first, the token's value that
+    of its own entry where listed, and not above the last entry where not listed (it would have been listed).
+    tolerance: how far apart one value read twice from one row may be. The engine's reads (trace_reads.py) and
+    the harness's check of every trace (tracing.py) share it."""
+    ids = [t for t, _ in top]
+    if len(set(ids)) != len(ids):
+        return f"repeats a token among its top entries {ids}"
+    if any(later > earlier + tolerance for (_, earlier), (_, later) in zip(top, top[1:])):
+        return "lists its top entries out of order (not best first)"
+    own = dict(top).get(token)
+    if own is not None and abs(own - value) > tolerance:
+        return f"gives the text token {value:.6g} but {own:.6g} among its top entries"
+    if own is None and top and value > top[-1][1] + tolerance:
+        return (f"gives the text token {value:.6g}, above its last top entry {top[-1][1]:.6g}, yet leaves it out: "
+                "a read of another position or token")
+    return None
+
+
 @dataclass(frozen=True)
 class Generation:
     text: str

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from evalkit.contracts import Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Scored, ScoreRequest, TokenTrace, top_list_fault
 from evalkit.engine.logprob_reads import TIE, BadRead, scored_positions
 
 Top = tuple[tuple[int, float], ...]
@@ -44,15 +44,9 @@ def row_top(flat: Any, index: int, top_k: int, where: str) -> tuple[int, float, 
     top = tuple((flat.token_ids[i], _value(flat.logprobs[i], where)) for i in range(first + 1, end))
     if list(flat.ranks[first + 1:end]) != list(range(1, len(top) + 1)):
         raise BadRead(f"{where}: top entries ranked {list(flat.ranks[first + 1:end])}, not 1 to {len(top)}")
-    if len({t for t, _ in top}) != len(top):
-        raise BadRead(f"{where}: a token repeats among the top entries")
-    if any(later > earlier + TIE for (_, earlier), (_, later) in zip(top, top[1:])):
-        raise BadRead(f"{where}: top entries not best first")
-    own = dict(top).get(target)
-    if own is not None and abs(own - value) > TIE:
-        raise BadRead(f"{where}: the target {target} has {value!r} and {own!r} among the top entries")
-    if own is None and value > top[-1][1] + TIE:
-        raise BadRead(f"{where}: the target {target} ({value!r}) outranks the last top entry yet is not listed")
+    fault = top_list_fault(target, value, top, TIE)
+    if fault:
+        raise BadRead(f"{where}: the target {target} {fault}")
     return target, value, top
 
 

@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, RequestRecord, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, RequestRecord, Scored, ScoreRequest, TokenTrace, top_list_fault
 
 # what the harness traces: the record it belongs to, its request number in its document (lm-eval's index of a
 # choice or a generation, a rolling window's number), the request, and its score where it was scored
@@ -63,17 +63,9 @@ def check(request: ScoreRequest, trace: TokenTrace, top_k: int) -> None:
             raise TraceError(f"{where} has {len(top)} top entries; divergence_top_k={top_k} asks for 1 to {top_k}")
         if math.isnan(value) or any(math.isnan(v) for _, v in top):
             raise TraceError(f"{where} holds a NaN log-probability")
-        ids = [t for t, _ in top]
-        if len(set(ids)) != len(ids):
-            raise TraceError(f"{where} repeats a token among its top entries {ids}")
-        if any(later > earlier + ENTRY_TOLERANCE for (_, earlier), (_, later) in zip(top, top[1:])):
-            raise TraceError(f"{where} lists its top entries out of order (not best first)")
-        own = dict(top).get(token)
-        if own is not None and abs(own - value) > ENTRY_TOLERANCE:
-            raise TraceError(f"{where} gives the text token {value:.6g} but {own:.6g} among its top entries")
-        if own is None and value > top[-1][1] + ENTRY_TOLERANCE:
-            raise TraceError(f"{where} gives the text token {value:.6g}, above its last top entry "
-                             f"{top[-1][1]:.6g}, yet leaves it out: a read of another position or token")
+        fault = top_list_fault(token, value, top, ENTRY_TOLERANCE)
+        if fault:
+            raise TraceError(f"{where} {fault}")
 
 
 def score_gap(request: ScoreRequest, trace: TokenTrace, scored: Scored) -> float:

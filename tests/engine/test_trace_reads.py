@@ -160,9 +160,9 @@ def test_a_bad_top_list_is_refused(top, why):
 
 
 def test_a_target_that_disagrees_with_its_top_entries_is_refused():
-    with pytest.raises(BadRead, match="among the top entries"):  # listed with another value
+    with pytest.raises(BadRead, match="among its top entries"):  # listed with another value
         next_top(rows([((7, -0.5, 1), [(7, -0.4), (8, -1.5)])]), K)
-    with pytest.raises(BadRead, match="outranks the last top entry"):  # above the last entry, yet not listed
+    with pytest.raises(BadRead, match="yet leaves it out"):  # above the last entry, yet not listed
         next_top(rows([((9, -0.6, 2), [(7, -0.5), (8, -1.5)])]), K)
     with pytest.raises(BadRead, match="below its top-1"):  # a greedy step that did not sample its best
         next_top(rows([((8, -1.5, 2), [(7, -0.5), (8, -1.5)])]), K)
