@@ -34,12 +34,13 @@ class RecordingEngine(Wrapped):
         super().__init__(engine)
         self.calls: list[Call] = []
 
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
-        return self._timed("generate", requests, lambda: self.engine.generate(requests, progress))
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 top_k: int = 0) -> list[Generation]:
+        return self._timed("generate", requests, lambda: self.engine.generate(requests, progress, top_k=top_k))
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True) -> list[Scored]:
-        return self._timed("score", requests, lambda: self.engine.score(requests, progress, fast=fast))
+              fast: bool = True, top_k: int = 0) -> list[Scored]:
+        return self._timed("score", requests, lambda: self.engine.score(requests, progress, fast=fast, top_k=top_k))
 
     def _timed(self, kind: str, requests: Sequence[Any], call: Callable[[], list[Any]]) -> list[Any]:
         started = time.perf_counter()

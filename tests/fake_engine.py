@@ -15,8 +15,12 @@ BOS, EOS = 1, 2
 
 
 class FakeEngine:
-    def __init__(self, max_model_len: int = 4096, reply: str | None = None, adds_bos: bool = False) -> None:
+    def __init__(self, max_model_len: int = 4096, reply: str | None = None, adds_bos: bool = False,
+                 traces_in_pass: bool = False) -> None:
         self.max_model_len = max_model_len
+        # asked with top_k > 0, answer the traces with the scores and greedy generations (one pass), as vLLM does;
+        # off by default: the harness then traces in a call of its own, as for an engine that cannot
+        self.traces_in_pass = traces_in_pass
         self.adds_bos = adds_bos  # with special tokens, encode() puts BOS first, as a Llama tokenizer does
         self.reply = reply  # fixed generation text; None answers the last "What is a op b?" correctly
         self.generated: list[GenRequest] = []
@@ -51,7 +55,7 @@ class FakeEngine:
         a, op, b = asked[-1]
         return f" {int(a) + int(b) if op == '+' else int(a) - int(b)}\nQuestion: more"
 
-    def generate(self, requests: Sequence[GenRequest], progress=None) -> list[Generation]:
+    def generate(self, requests: Sequence[GenRequest], progress=None, *, top_k: int = 0) -> list[Generation]:
         self.generated.extend(requests)
         out = []
         for r in requests:
@@ -63,29 +67,34 @@ class FakeEngine:
                 reason = "stop"
             if len(text) > r.max_tokens:
                 text, reason = text[: r.max_tokens], "length"
-            out.append(Generation(text=text, finish_reason=reason, output_tokens=len(text),
-                                  token_ids=tuple(self.encode(text))))
+            ids = tuple(self.encode(text))
+            steps = self._steps(ids, top_k) if top_k and self.traces_in_pass and r.greedy else None
+            out.append(Generation(text=text, finish_reason=reason, output_tokens=len(text), token_ids=ids,
+                                  trace=steps))
         return out
 
-    def score(self, requests: Sequence[ScoreRequest], progress=None, *, fast: bool = True) -> list[Scored]:
+    def score(self, requests: Sequence[ScoreRequest], progress=None, *, fast: bool = True,
+              top_k: int = 0) -> list[Scored]:
         """Log-probability -0.1 per scored token, -0.05 for vowels: short, vowel-rich answers win."""
         self.scored.extend(requests)
         out = []
         for r in requests:
             tokens = r.ids[r.start:]
             logprob = sum(-0.05 if chr(t) in "aeiou" else -0.1 for t in tokens)
-            out.append(Scored(logprob=logprob, is_greedy=len(tokens) == 1))
+            traced = top_k and self.traces_in_pass and len(r.ids) > max(r.start, 1)  # an empty one has no position
+            out.append(Scored(logprob=logprob, is_greedy=len(tokens) == 1,
+                              trace=self._steps(r.ids[max(r.start, 1):], top_k) if traced else None))
         return out
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         """Each scored token at its own score, ranked first; runner-up: the next code point, 1.0 lower."""
-        traces = []
-        for r in requests:
-            tokens = r.ids[max(r.start, 1):]
-            logprobs = tuple(-0.05 if chr(t) in "aeiou" else -0.1 for t in tokens)
-            top = tuple(((t, lp), (t + 1, lp - 1.0))[:top_k] for t, lp in zip(tokens, logprobs))
-            traces.append(TokenTrace(logprobs=logprobs, top=top))
-        return traces
+        return [self._steps(r.ids[max(r.start, 1):], top_k) for r in requests]
+
+    @staticmethod
+    def _steps(tokens: Sequence[int], top_k: int) -> TokenTrace:
+        logprobs = tuple(-0.05 if chr(t) in "aeiou" else -0.1 for t in tokens)
+        top = tuple(((t, lp), (t + 1, lp - 1.0))[:top_k] for t, lp in zip(tokens, logprobs))
+        return TokenTrace(logprobs=logprobs, top=top)
 
     def scoring_counts(self) -> dict[str, int]:
         return {}

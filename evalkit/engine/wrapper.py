@@ -42,12 +42,13 @@ class Wrapped:
     def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         return self.engine.chat_prompt(messages, add_generation_prompt)
 
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
-        return self.engine.generate(requests, progress)
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 top_k: int = 0) -> list[Generation]:
+        return self.engine.generate(requests, progress, top_k=top_k)
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True) -> list[Scored]:
-        return self.engine.score(requests, progress, fast=fast)
+              fast: bool = True, top_k: int = 0) -> list[Scored]:
+        return self.engine.score(requests, progress, fast=fast, top_k=top_k)
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         return self.engine.trace(requests, top_k)

@@ -7,8 +7,8 @@ share one answer when greedy and keep one each when sampled (:meth:`ResumableEng
 is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
 change outputs, the model runner and kernel-selecting environment, the library versions, the hardware and
 evalkit's own answer code; each line is keyed by a hash of the exact request and the scoring path
-(``fast_scoring``), or of a trace and its k (``divergence_top_k``), and records the settings of the try that
-computed it. Settings that only change scheduling or memory
+(``fast_scoring``; with ``divergence_top_k`` > 0 its k too, the answer then keeping its trace), or of a trace and
+its k, and records the settings of the try that computed it. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
 ``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
 
@@ -130,9 +130,9 @@ class ResumableEngine(Wrapped):
         self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
 
     def _key(self, request: Any, path: dict[str, Any] | None = None) -> str:
-        """The request's hash, with the scoring path that answers it (``fast``); a sampled one also counts how
-        often it was asked this run (a task's ``repeats``, or two tasks with one prompt), so each draw keeps its
-        own answer. Greedy ones share."""
+        """The request's hash, with the path that answers it (``fast``, and ``top_k`` where the answer carries
+        a trace); a sampled one also counts how often it was asked this run (a task's ``repeats``, or two tasks
+        with one prompt), so each draw keeps its own answer. Greedy ones share."""
         key = sha256({"kind": type(request).__name__, **asdict(request), **(path or {})})
         if isinstance(request, GenRequest) and not request.greedy:
             self._draws[key] += 1
@@ -148,11 +148,13 @@ class ResumableEngine(Wrapped):
         return self.counted["computed"]
 
     def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
-             progress: Progress | None, path: dict[str, Any] | None = None, tally: Counter | None = None) -> list:
-        """Each request answered from the store or by call in chunks, each chunk saved; reused and computed
-        counted in tally (the answers' by default, so that they stay the requests a run asked)."""
+             progress: Progress | None, path: Callable[[Any], dict[str, Any] | None] = lambda r: None,
+             tally: Counter | None = None) -> list:
+        """Each request answered from the store or by call in chunks, each chunk saved; path(request) is keyed
+        with it; reused and computed counted in tally (the answers' by default, so that they stay the requests a
+        run asked)."""
         tally = self.counted if tally is None else tally
-        keys = [self._key(r, path) for r in requests]
+        keys = [self._key(r, path(r)) for r in requests]
         first: dict[str, int] = {}  # each missing answer once, however often it is asked
         for i, k in enumerate(keys):
             if k not in self.store.answers:
@@ -191,19 +193,35 @@ class ResumableEngine(Wrapped):
         finally:
             self.engine.close()
 
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
-        return self._run(requests, self.engine.generate,
-                         lambda a: Generation(**{**a, "token_ids": tuple(a.get("token_ids", ()))}), progress)
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 top_k: int = 0) -> list[Generation]:
+        """A greedy request asked with top_k > 0 is keyed by k too (its answer carries the trace of its steps,
+        an answer without one is not reused for it); a sampled one carries none, and keeps its key."""
+        return self._run(requests, functools.partial(self.engine.generate, top_k=top_k), load_generation, progress,
+                         path=lambda r: {"top_k": top_k} if top_k and r.greedy else None)
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True) -> list[Scored]:
-        return self._run(requests, functools.partial(self.engine.score, fast=fast), lambda a: Scored(**a), progress,
-                         path={"fast": fast})
+              fast: bool = True, top_k: int = 0) -> list[Scored]:
+        """Keyed by the scoring path, and by k where top_k > 0 (the answer carries its trace); the keys of answers
+        asked without one are those of every store written before traces were answered with the scores."""
+        return self._run(requests, functools.partial(self.engine.score, fast=fast, top_k=top_k), load_scored,
+                         progress, path=lambda r: {"fast": fast, **({"top_k": top_k} if top_k else {})})
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         """Keyed by the request and k (a trace at another k is another answer), apart from its score's key."""
         return self._run(requests, lambda chunk, progress: self.engine.trace(chunk, top_k), load_trace, None,
-                         path={"trace_top_k": top_k}, tally=self.traces)
+                         path=lambda r: {"trace_top_k": top_k}, tally=self.traces)
+
+
+def load_scored(answer: dict[str, Any]) -> Scored:
+    """A stored score, with its trace where it was answered with one."""
+    return Scored(**{**answer, "trace": load_trace(answer["trace"]) if answer.get("trace") else None})
+
+
+def load_generation(answer: dict[str, Any]) -> Generation:
+    """A stored generation (token ids as a tuple), with the trace of its steps where it was answered with one."""
+    return Generation(**{**answer, "token_ids": tuple(answer.get("token_ids", ())),
+                         "trace": load_trace(answer["trace"]) if answer.get("trace") else None})
 
 
 def load_trace(answer: dict[str, Any]) -> TokenTrace:

@@ -181,3 +181,49 @@ def test_two_runs_that_share_a_store_cannot_both_hold_it(tmp_path):
     assert set(waited.answers) == {"held", "later"}  # nothing the holder appended was cut
     waited.close()
     RequestStore(path).close()  # closed: free again
+
+
+class Refusing(FakeEngine):
+    """Answers nothing: a rerun must take every answer from the store."""
+
+    def score(self, requests, progress=None, *, fast=True, top_k=0):
+        raise AssertionError(f"{len(requests)} scores asked of the engine")
+
+    def generate(self, requests, progress=None, *, top_k=0):
+        raise AssertionError(f"{len(requests)} generations asked of the engine")
+
+
+def test_answers_asked_with_a_trace_keep_it_and_a_rerun_gives_it_back(tmp_path):
+    """divergence_top_k > 0: a score or greedy generation answered without a trace is not reused for one asked
+    with it, the trace is kept in the store (as a trace answer is: load_trace's shape) and a rerun gives it back;
+    answers asked without one keep the keys stores had before (a sampled draw carries no trace: one key)."""
+    from dataclasses import asdict
+
+    from evalkit.hashing import sha256
+    from evalkit.store.requests import load_trace
+
+    path = tmp_path / "store.jsonl"
+    scores = [ScoreRequest(ids=(1, 97, 98), start=1), ScoreRequest(ids=(1, 97, 99, 101), start=2),
+              ScoreRequest(ids=(1, 97), start=2)]  # the last: nothing scored, no position to trace
+    greedy, draws = sampled(2, temperature=0.0)[:1], sampled(2, temperature=0.8)
+    engine = FakeEngine(traces_in_pass=True)
+    first = ResumableEngine(engine, RequestStore(path), chunk_size=2)
+    plain = first.score(scores), first.generate([*greedy, *draws])
+    assert all(a.trace is None for answers in plain for a in answers)
+    traced = first.score(scores, top_k=3), first.generate(greedy, top_k=3)
+    assert (first.computed, first.reused) == (3 + 3 + 3 + 1, 0)  # nothing answered without a trace was reused
+    assert [a.trace for a in traced[0]] == [*engine.trace(scores[:2], 3), None]
+    assert traced[1][0].trace == engine._steps(traced[1][0].token_ids, 3) and traced[1][0].trace is not None
+    assert [(a.logprob, a.is_greedy) for a in traced[0]] == [(a.logprob, a.is_greedy) for a in plain[0]]
+    first.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    # the keys of answers asked without a trace are those a store had before
+    assert {sha256({"kind": "ScoreRequest", **asdict(r), "fast": True}) for r in scores} <= {e["key"] for e in lines}
+    assert load_trace(lines[-4]["answer"]["trace"]) == traced[0][0].trace  # the first traced score
+    again = ResumableEngine(Refusing(), RequestStore(path), chunk_size=2)
+    generated = again.generate([*greedy, *draws], top_k=3)  # the draws of this run: those stored without k
+    assert (again.score(scores, top_k=3), generated) == (traced[0], [*traced[1], *plain[1][1:]])
+    assert (again.score(scores), again.generate(greedy)) == (plain[0], plain[1][:1])
+    assert (again.computed, again.reused) == (0, 3 + 3 + 3 + 1)
+    with pytest.raises(AssertionError, match="scores asked of the engine"):
+        again.score(scores, top_k=4)  # another k is another answer

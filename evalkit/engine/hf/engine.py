@@ -45,14 +45,18 @@ class HFEngine(TokenizerSide):
             "trust_remote_code": trust_remote_code, "attn_implementation": engine_kwargs.get("attn_implementation")}
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True) -> list[Scored]:
-        """Log-probabilities of ids[start:] given ids[:start]. One path: fast changes nothing."""
-        return forward.score(self.loaded, requests, progress, batch_size=self.batch_size)
+              fast: bool = True, top_k: int = 0) -> list[Scored]:
+        """Log-probabilities of ids[start:] given ids[:start]. One path: fast changes nothing. With top_k > 0,
+        each answer's trace from the same forward pass."""
+        return forward.score(self.loaded, requests, progress, batch_size=self.batch_size, top_k=top_k)
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         return forward.trace(self.loaded, requests, top_k, batch_size=self.batch_size)
 
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 top_k: int = 0) -> list[Generation]:
+        """No trace, whatever top_k: the harness traces the greedy outputs in a call of its own (read here, it
+        would mean keeping the logits of every step of model.generate)."""
         return generation.generate(self.loaded, requests, progress, max_model_len=self.max_model_len,
                                    batch_size=self.batch_size)
 

@@ -29,31 +29,41 @@ def score_batches(requests: Sequence[ScoreRequest], batch_size: int, logit_rows:
 
 
 def score(loaded: Loaded, requests: Sequence[ScoreRequest], progress: Progress | None, *,
-          batch_size: int) -> list[Scored]:
+          batch_size: int, top_k: int = 0) -> list[Scored]:
     """Log-probabilities of ids[start:] given ids[:start] (from position 1 when start is 0, as vLLM), and
-    is_greedy as lm-eval's hf backend reads it: each scored token is the argmax."""
-    import torch
+    is_greedy as lm-eval's hf backend reads it: each scored token is the argmax. With top_k > 0, each answer's
+    trace too, read from the same rows (one forward pass: the numbers ``trace`` reads)."""
 
     def read(r: ScoreRequest, rows: Any) -> Scored:
-        target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
-        return Scored(logprob=float(rows.gather(1, target[:, None]).sum()),
-                      is_greedy=bool((rows.argmax(dim=-1) == target).all()))
+        return Scored(**_scored(r, rows), trace=_trace(r, rows, top_k) if top_k else None)
 
     return _each_batch(loaded, requests, read, Scored(logprob=0.0, is_greedy=True), progress, batch_size)
 
 
 def trace(loaded: Loaded, requests: Sequence[ScoreRequest], top_k: int, *, batch_size: int) -> list[TokenTrace]:
     """Each scored position's token log-probability and its top_k (token, log-probability) entries."""
+    return _each_batch(loaded, requests, lambda r, rows: _trace(r, rows, top_k), TokenTrace(logprobs=(), top=()),
+                       None, batch_size)
+
+
+def _scored(r: ScoreRequest, rows: Any) -> dict[str, Any]:
+    """The sum of the scored tokens' log-probabilities in the model's dtype (as lm-eval's hf backend sums them),
+    and whether each is its row's argmax."""
     import torch
 
-    def read(r: ScoreRequest, rows: Any) -> TokenTrace:
-        target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
-        values, tokens = rows.topk(top_k, dim=-1)
-        rows = rows.float()
-        return TokenTrace(logprobs=tuple(rows.gather(1, target[:, None])[:, 0].tolist()),
-                          top=tuple(tuple(zip(t, v)) for t, v in zip(tokens.tolist(), values.tolist())))
+    target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
+    return {"logprob": float(rows.gather(1, target[:, None]).sum()),
+            "is_greedy": bool((rows.argmax(dim=-1) == target).all())}
 
-    return _each_batch(loaded, requests, read, TokenTrace(logprobs=(), top=()), None, batch_size)
+
+def _trace(r: ScoreRequest, rows: Any, top_k: int) -> TokenTrace:
+    import torch
+
+    target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
+    values, tokens = rows.topk(top_k, dim=-1)
+    rows = rows.float()
+    return TokenTrace(logprobs=tuple(rows.gather(1, target[:, None])[:, 0].tolist()),
+                      top=tuple(tuple(zip(t, v)) for t, v in zip(tokens.tolist(), values.tolist())))
 
 
 def _each_batch(loaded: Loaded, requests: Sequence[ScoreRequest], read: Callable[[ScoreRequest, Any], Any],

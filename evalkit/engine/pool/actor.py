@@ -87,15 +87,15 @@ class EngineActor:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         return {**self.engine.describe(), "cores": cores, "threads": torch.get_num_threads()}
 
-    def generate(self, requests: list[GenRequest], queue: Any) -> list[Generation]:
+    def generate(self, requests: list[GenRequest], queue: Any, top_k: int) -> list[Generation]:
         progress = ReportedProgress(queue)
-        answers = call_explained(self.engine.generate, requests, progress)
+        answers = call_explained(self.engine.generate, requests, progress, top_k=top_k)
         progress.flush()
         return answers
 
-    def score(self, requests: list[ScoreRequest], queue: Any, fast: bool) -> list[Scored]:
+    def score(self, requests: list[ScoreRequest], queue: Any, fast: bool, top_k: int) -> list[Scored]:
         progress = ReportedProgress(queue)
-        answers = call_explained(self.engine.score, requests, progress, fast=fast)
+        answers = call_explained(self.engine.score, requests, progress, fast=fast, top_k=top_k)
         progress.flush()
         return answers
 

@@ -46,15 +46,16 @@ class DataParallelEngine(TokenizerSide):
               f"({', '.join(f'{n} on {h}' for h, n in hosts.items())}), requests shared by tokens",
               file=sys.stderr, flush=True)
 
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *, top_k: int = 0,
                  shards: int | None = None) -> list[Generation]:
-        """shards: how many parts to split requests into (default: one per engine)."""
-        return dispatch(self.replicas, "generate", requests, queue=self.queue, progress=progress,
+        """shards: how many parts to split requests into (default: one per engine). With top_k, each actor's
+        engine answers its shard's traces as it would alone; they come back with the answers (pickled)."""
+        return dispatch(self.replicas, "generate", requests, top_k, queue=self.queue, progress=progress,
                         shards=shards or self.shards)
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True, shards: int | None = None) -> list[Scored]:
-        return dispatch(self.replicas, "score", requests, fast, queue=self.queue, progress=progress,
+              fast: bool = True, top_k: int = 0, shards: int | None = None) -> list[Scored]:
+        return dispatch(self.replicas, "score", requests, fast, top_k, queue=self.queue, progress=progress,
                         shards=shards or self.shards)
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:

@@ -18,10 +18,11 @@ from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreReq
 from evalkit.engine.logprob_reads import NOTHING_SCORED, unscored
 from evalkit.engine.machine.environment import library_versions
 from evalkit.engine.served.batch import Sender, ServedError, failed
-from evalkit.engine.served.body import PROMPTS_PER_REQUEST, VLLMApi, salt
+from evalkit.engine.served.body import PROMPTS_PER_REQUEST, salt
 from evalkit.engine.served.http import Client, without_credentials
 from evalkit.engine.served.openai import OpenAIApi
 from evalkit.engine.served.probe import ServerRefused, early_probe, probe, server_defaults
+from evalkit.engine.served.traced import TracedVLLMApi
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 
 __all__ = ["ServedEngine", "ServedError", "ServerRefused"]
@@ -58,13 +59,13 @@ class ServedEngine(TokenizerSide):
             self.deployment["api"] = self.api
         self.reader = self._reader()
 
-    def _reader(self) -> VLLMApi | OpenAIApi:
-        """The probed API's reader: vLLM's fields, else the OpenAI API alone (scoring by echo where the probe
-        found the server's echo readable)."""
+    def _reader(self) -> TracedVLLMApi | OpenAIApi:
+        """The probed API's reader: vLLM's fields (with the divergence record's traces read in the same requests),
+        else the OpenAI API alone (scoring by echo where the probe found the server's echo readable; no trace)."""
         if self.api == "vllm":  # a vLLM server answers each prompt of a request apart (choices numbered by prompt)
             sender = Sender(self.client, fingerprint=self.probed["system_fingerprint"], counts=self._counts,
                             bundle=PROMPTS_PER_REQUEST)
-            return VLLMApi(sender, model=self.model, cache_salt=self.cache_salt, counts=self._counts)
+            return TracedVLLMApi(sender, model=self.model, cache_salt=self.cache_salt, counts=self._counts)
         sender = Sender(self.client, fingerprint=self.probed["system_fingerprint"], counts=self._counts)
         cannot_score = None if self.probed["scoring"] is not None else self.probed["cannot_score"]
         return OpenAIApi(sender, model=self.model, decode=self.token_texts, cannot_score=cannot_score,
@@ -78,27 +79,32 @@ class ServedEngine(TokenizerSide):
         return self.tokenizer.decode([token]), self.tokenizer.convert_ids_to_tokens(token)
 
     # --- inference: each batch read through the probed API (self.reader) ---
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None) -> list[Generation]:
-        return self.reader.generate(requests, progress)
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
+                 top_k: int = 0) -> list[Generation]:
+        """With top_k > 0, through vLLM's fields, each greedy generation with the trace of its steps (the top_k of
+        each, read in the same request: served/traced.py); through the OpenAI API alone, none (trace None)."""
+        return self.reader.generate(requests, progress, top_k)
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
-              fast: bool = True) -> list[Scored]:
+              fast: bool = True, top_k: int = 0) -> list[Scored]:
         """Log-probabilities of ids[start:] given what precedes, read as the API's reader reads them (fast:
-        chained next-token reads where they pay, on vLLM's fields). A request with nothing to score (an empty
-        continuation) is answered (0.0, True), as lm-eval sums it, and never sent."""
+        chained next-token reads where they pay, on vLLM's fields; with top_k > 0 there, whole-prompt reads at
+        top_k that answer each trace too). A request with nothing to score (an empty continuation) is answered
+        (0.0, True), as lm-eval sums it, and never sent."""
         empty = set(unscored(requests))
         if empty:
-            return self._with_unscored(requests, empty, progress, fast)
-        return self.reader.score(requests, progress, fast)
+            return self._with_unscored(requests, empty, progress, fast, top_k)
+        return self.reader.score(requests, progress, fast, top_k)
 
     def _with_unscored(self, requests: Sequence[ScoreRequest], empty: set[int], progress: Progress | None,
-                       fast: bool) -> list[Scored]:
+                       fast: bool, top_k: int) -> list[Scored]:
         self._counts.update(unscored=len(empty))
         if progress:
             progress.advance(len(empty), sum(len(requests[i].ids) for i in empty))
         reason = None
         try:
-            answers = self.score([r for i, r in enumerate(requests) if i not in empty], progress, fast=fast)
+            answers = self.score([r for i, r in enumerate(requests) if i not in empty], progress, fast=fast,
+                                 top_k=top_k)
         except ServedError as error:
             answers, reason = error.answers, error.reason
         sent = iter(answers)

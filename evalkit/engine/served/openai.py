@@ -151,12 +151,15 @@ class OpenAIApi:
         self.cannot_score = cannot_score  # why the probe found the server's echo unreadable; None: it scores
         self.counts = counts
 
-    def generate(self, requests: Sequence[GenRequest], progress: Progress | None) -> list[Generation]:
+    def generate(self, requests: Sequence[GenRequest], progress: Progress | None, top_k: int = 0) -> list[Generation]:
+        """No trace, whatever top_k: the harness traces the greedy outputs by echo in a call of its own."""
         return self.sender.built(requests, lambda r: generate_body(r, self.model), read_generation, progress,
                                  lambda r: len(r.prompt_ids))
 
-    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None, fast: bool) -> list[Scored]:
-        """Every request by echo: one path, fast changes nothing."""
+    def score(self, requests: Sequence[ScoreRequest], progress: Progress | None, fast: bool,
+              top_k: int = 0) -> list[Scored]:
+        """Every request by echo: one path, fast changes nothing; no trace, whatever top_k (the harness traces
+        by echo in a call of its own)."""
         self._fail_unless_scorable(requests)
         self.counts.update(echo=len(requests))
         return self.sender.send(requests, lambda r: echo_body(r.ids, self.model),

@@ -51,13 +51,13 @@ class Recording(Wrapped):
         super().__init__(engine)
         self.scored, self.generated = [], []
 
-    def score(self, requests, progress=None, *, fast=True):
+    def score(self, requests, progress=None, *, fast=True, top_k=0):
         self.scored += requests
-        return self.engine.score(requests, progress, fast=fast)
+        return self.engine.score(requests, progress, fast=fast, top_k=top_k)
 
-    def generate(self, requests, progress=None):
+    def generate(self, requests, progress=None, *, top_k=0):
         self.generated += requests
-        return self.engine.generate(requests, progress)
+        return self.engine.generate(requests, progress, top_k=top_k)
 
 
 def lm_eval_hf(model_dir, batch_size):
@@ -186,6 +186,11 @@ def test_trace_agrees_with_score_and_greedy_generations_score_as_greedy(hf):
         assert all(len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1] for top in t.top)
     assert greedy and all(s.is_greedy for s in scored[-len(greedy) - 1:-1])
     assert not all(s.is_greedy for s in scored)
+    # with top_k, the same forward pass answers each score's trace: the numbers trace reads
+    one_pass = hf.score([*requests, ScoreRequest(ids=greedy[0].ids, start=len(greedy[0].ids))], top_k=3)
+    assert [(s.logprob, s.is_greedy) for s in one_pass[:-1]] == [(s.logprob, s.is_greedy) for s in scored]
+    assert [s.trace for s in one_pass] == [*traces, None] and all(s.trace is None for s in scored)
+    assert all(g.trace is None for g in hf.generate(prompts(hf)[:1], top_k=3))  # traced by the harness apart
 
 
 @pytest.mark.engine

@@ -138,8 +138,8 @@ def test_bad_endpoint_settings_fail_in_one_line():
 
 
 class HalfAnswered(FakeEngine):
-    def score(self, requests, progress=None, *, fast=True):
-        answers = super().score(requests, progress, fast=fast)
+    def score(self, requests, progress=None, *, fast=True, top_k=0):
+        answers = super().score(requests, progress, fast=fast, top_k=top_k)
         raise PartialAnswers("1 of 2 requests failed", [answers[0], None])
 
 
