@@ -3,8 +3,9 @@
 Prompts are built here with the local tokenizer, exactly as for the offline engine, and sent as token ids to
 ``/v1/completions``. A probe checks the server before anything is scored and finds which API it is read
 through (``served/probe.py``); the engine then hands every batch to that API's reader: vLLM's fields
-(``served/body.py``: the bodies, the reads that check each answer, chains or whole prompt reads) or, for a
-server that ignores them, the OpenAI API alone (``served/openai.py``: echo). Both send through
+(``served/body.py``: the bodies, the reads that check each answer, chains or whole prompt reads; with the
+divergence record's traces read in the same requests, ``served/traced.py``) or, for a server that ignores them,
+the OpenAI API alone (``served/openai.py``: echo; its traces in a call of their own). Both send through
 ``served/batch.py`` (each answer checked, a failed request never scored) and its HTTP pool and retries
 (``served/http.py``). A continuation with nothing to score is answered here and never sent.
 """

@@ -315,6 +315,19 @@ def test_two_actors_answer_as_one_engine_whatever_the_shards(pool, engine):
 
 
 @pytest.mark.engine
+def test_the_traces_the_actors_answer_come_back_with_their_answers(pool, engine):
+    """top_k > 0: each actor's engine answers its shard's traces in the same pass, and they cross Ray with the
+    answers, as one engine gives them."""
+    gens, scores = requests_for(engine)
+    for ours, theirs in ((pool.generate(gens, top_k=3, shards=2), engine.generate(gens, top_k=3)),
+                         (pool.score(scores, top_k=3, shards=2), engine.score(scores, top_k=3))):
+        assert all(a.trace is not None for a in ours) and len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            assert [[t for t, _ in top] for top in a.trace.top] == [[t for t, _ in top] for top in b.trace.top]
+            assert max(abs(x - y) for x, y in zip(a.trace.logprobs, b.trace.logprobs)) <= 1e-4  # batch noise
+
+
+@pytest.mark.engine
 def test_a_killed_actor_is_replaced_and_its_shard_sent_again(pool, engine):
     gens, _ = requests_for(engine)
     expected = [g.text for g in engine.generate(gens)]

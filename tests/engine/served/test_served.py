@@ -12,6 +12,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.engine.wrapper import Lent
 from tests.conftest import DEPLOYMENT, PROMPTS, score_requests, through
 
 
@@ -47,6 +48,51 @@ def test_served_answers_are_the_offline_engines(served, engine):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
     counts = served.scoring_counts()  # short prompts: chains would need 21 requests for 12 continuations, so
     assert (counts["prompt_logprobs"], counts["mismatched"]) == (2 * len(scores), 0)  # each is read whole (issue 31)
+
+
+@pytest.mark.engine
+def test_traces_come_in_the_requests_that_answer_and_agree_with_the_offline_engine_and_a_second_pass(served, engine):
+    """top_k > 0 (divergence_top_k): the greedy generations' steps come back with them (logprobs=k, one request
+    for the four prompts), the scores' traces with the scores; equal to the offline engine's one pass and to the
+    server's own second-pass trace of the same tokens."""
+    gens = [GenRequest(prompt_ids=tuple(engine.encode(p, True)), max_tokens=12, stop=("\n",),
+                       sampling=(("temperature", 0.0),)) for p in PROMPTS]
+    sent_before = served.scoring_counts().get("http_requests", 0)
+    ours, theirs = served.generate(gens, top_k=5), engine.generate(gens, top_k=5)
+    assert served.scoring_counts()["http_requests"] - sent_before == 1
+    apart = served.trace([ScoreRequest(ids=r.prompt_ids + g.token_ids, start=len(r.prompt_ids))
+                          for r, g in zip(gens, ours)], 5)
+    for mine, offline, prefill in zip(ours, theirs, apart):
+        assert mine.token_ids == offline.token_ids and len(mine.trace.logprobs) == mine.output_tokens > 0
+        for other in (offline.trace, prefill):
+            assert [[t for t, _ in top] for top in mine.trace.top] == [[t for t, _ in top] for top in other.top]
+            assert max(abs(x - y) for x, y in zip(mine.trace.logprobs, other.logprobs)) <= 1e-4
+    scores = score_requests(engine)
+    scored, traced = served.score(scores, top_k=5), served.trace(scores, 5)
+    assert [s.trace.top for s in scored] == [t.top for t in traced]
+    assert all(abs(sum(s.trace.logprobs) - s.logprob) <= 1e-9 for s in scored)
+    assert all(s.trace is None for s in served.score(scores)) and all(g.trace is None for g in served.generate(gens))
+
+
+class NoTraceCalls(Lent):
+    """The session's server, refusing a second pass: every trace must come with the answers."""
+
+    def trace(self, requests, top_k=5):
+        raise AssertionError(f"{len(requests)} traces asked apart")
+
+
+@pytest.mark.engine
+def test_a_served_run_records_its_divergence_from_the_answers_alone(served, tmp_path):
+    from evalkit.run.evaluate import evaluate
+
+    cfg = compose_config(["tasks=[evalkit_arith,evalkit_facts]", "limit=3", "divergence_top_k=20", "resume=false",
+                          "engine=served", f"endpoint.url={served.client.url}", DEPLOYMENT, f"output_dir={tmp_path}"])
+    run_dir = evaluate(cfg, engine_factory=lambda c, d: NoTraceCalls(served))
+    divergence = json.loads((run_dir / "results.json").read_text())["evalkit"]["divergence"]
+    assert divergence["top_k"] == 20 and divergence["positions"]["evalkit_arith"] > 0
+    assert divergence["positions"]["evalkit_facts"] > 0
+    assert divergence["traced_apart"] == {"generate_until": 0, "loglikelihood": 0}, divergence
+    assert divergence["max_score_gap"]["loglikelihood"] <= 1e-9
 
 
 @pytest.mark.engine
