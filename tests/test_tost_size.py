@@ -21,12 +21,20 @@ ALPHA = 0.05
 
 def critical_score(n, delta, side, alpha=ALPHA):
     """The score between the tables the test rejects (p < alpha) and those it does not."""
+    known = {}  # a score's p-value depends only on the tables in its tail (tost.thresholds): one tail_p per tail
+
+    def p_value(score):
+        tail = tost.thresholds(n, delta, score, side).tobytes()
+        if tail not in known:
+            known[tail] = tost.tail_p(n, delta, score, side)
+        return known[tail]
+
     z = float(norm.isf(alpha))  # about where it lies
     rejected, kept = (-z - 1, -z + 0.5) if side == "below" else (z + 1, z - 0.5)
-    assert tost.tail_p(n, delta, rejected, side) < alpha <= tost.tail_p(n, delta, kept, side)
+    assert p_value(rejected) < alpha <= p_value(kept)
     for _ in range(40):  # to 1e-12: closer than any two tables' scores at these sizes
         middle = (rejected + kept) / 2
-        rejected, kept = (middle, kept) if tost.tail_p(n, delta, middle, side) < alpha else (rejected, middle)
+        rejected, kept = (middle, kept) if p_value(middle) < alpha else (rejected, middle)
     return rejected
 
 
