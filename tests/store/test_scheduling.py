@@ -16,23 +16,24 @@ from evalkit.config import compose_config
 from evalkit.engine.wrapper import Lent
 from evalkit.engine.vllm.start import start_vllm
 from evalkit.run.evaluate import evaluate
-from tests.conftest import samples_by_doc
+from tests.conftest import PAIR_LIMIT, samples_by_doc
 
 pytestmark = pytest.mark.engine
-LIMIT = 20
+LIMIT = PAIR_LIMIT  # 20
 FLOAT_TOL = 1e-4  # nats per choice
 
 
-def test_memory_batching_and_compilation_do_not_change_answers(engine, embedded_model_dir, tmp_path):
-    base = [f"limit={LIMIT}", "resume=false"]
-    cfg = compose_config([*base, f"output_dir={tmp_path / 'a'}"])
-    reference = samples_by_doc(evaluate(cfg, engine_factory=lambda c, d: Lent(engine)), cfg.tasks)
-    other_cfg = compose_config([*base, f"output_dir={tmp_path / 'b'}", "tune=false", "gpu_memory_utilization=0.15", "batch_size=4",
+def test_memory_batching_and_compilation_do_not_change_answers(noise_pair, embedded_model_dir, tmp_path):
+    """The reference: the session's float32 run of the default tasks on PAIR_LIMIT documents, computed (resume
+    off) on the session's engine (tests/conftest.py noise_pair, shared with the comparison tests)."""
+    tasks = compose_config([]).tasks  # the default tasks, as noise_pair runs them
+    reference = samples_by_doc(noise_pair[0], tasks)
+    other_cfg = compose_config([f"limit={LIMIT}", "resume=false", f"output_dir={tmp_path}", "tune=false", "gpu_memory_utilization=0.15", "batch_size=4",
                                 "+engine_kwargs.enforce_eager=false", f"+engine_kwargs.kv_cache_memory_bytes={2**29}"])
     other = start_vllm(other_cfg, embedded_model_dir)
     assert other.describe()["choices"] == []  # tune=false: no setting chosen for this machine
     try:
-        candidate = samples_by_doc(evaluate(other_cfg, engine_factory=lambda c, d: Lent(other)), cfg.tasks)
+        candidate = samples_by_doc(evaluate(other_cfg, engine_factory=lambda c, d: Lent(other)), tasks)
     finally:
         other.close()
     drift, differ = [], []
