@@ -29,7 +29,8 @@ def test_memory_batching_and_compilation_do_not_change_answers(noise_pair, embed
     tasks = compose_config([]).tasks  # the default tasks, as noise_pair runs them
     reference = samples_by_doc(noise_pair[0], tasks)
     other_cfg = compose_config([f"limit={LIMIT}", "resume=false", f"output_dir={tmp_path}", "tune=false",
-                                "gpu_memory_utilization=0.15", "batch_size=4", "+engine_kwargs.enforce_eager=false", f"+engine_kwargs.kv_cache_memory_bytes={2**29}"])
+                                "gpu_memory_utilization=0.15", "batch_size=4", "+engine_kwargs.enforce_eager=false",
+                                f"+engine_kwargs.kv_cache_memory_bytes={2**29}"])
     other = start_vllm(other_cfg, embedded_model_dir)
     assert other.describe()["choices"] == []  # tune=false: no setting chosen for this machine
     try:
