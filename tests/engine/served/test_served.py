@@ -80,6 +80,9 @@ class NoTraceCalls(Lent):
     def trace(self, requests, top_k=5):
         raise AssertionError(f"{len(requests)} traces asked apart")
 
+    def describe(self):
+        return {**self.engine.describe(), "server_log": None}  # the server's log stays for served_runs' run
+
 
 @pytest.mark.engine
 def test_a_served_run_records_its_divergence_from_the_answers_alone(served, tmp_path):
