@@ -60,7 +60,10 @@ BENCH_TASKS = ROOT / "benchmarks" / "tasks"
 TASKS = ["evalkit_facts", "evalkit_bench_mc", "evalkit_arith", "evalkit_bench_num_mc", "evalkit_bench_fewshot_gen"]
 LM_EVAL_SETTINGS = ["8x8", "32x1", "32x8", "64x16"]  # local-completions' num_concurrent x batch_size, tried on each task
 CONCURRENCY = [1, 4, 16, 256]  # endpoint.max_concurrency values timed on the generation task
-SETTINGS = ["+engine_kwargs.enforce_eager=true", f"tasks_dirs=[{BENCH_TASKS}]", "resume=false"]
+# the same work on both sides: lm-eval records no token-level divergence, so neither does evalkit here (a run's
+# default records it: +26 % on vLLM offline, docs/divergence.md "What recording costs"; served, its traced scores
+# read whole prompts with prompt_logprobs=20 instead of chaining, docs/served.md)
+SETTINGS = ["+engine_kwargs.enforce_eager=true", f"tasks_dirs=[{BENCH_TASKS}]", "resume=false", "divergence_top_k=0"]
 SIDES = ("evalkit served", "lm-eval local-completions", "evalkit offline")
 
 

@@ -99,7 +99,9 @@ def test_a_broken_candidate_is_worse_with_its_flips_and_divergences(runs, capsys
     written = sorted(p.name for p in runs["broken"].iterdir() if p.name.startswith("compare-vs-"))
     assert [p.rsplit(".", 1)[1] for p in written] == ["html", "md"]
     page = (runs["broken"] / written[0]).read_text()
-    assert page.count("data:image/png;base64,") == 2  # differences, length shift (3 generations 1 token longer)
+    # differences, length shift (3 generations 1 token longer), and the divergence's two plots (default runs
+    # record it: KLD percentiles, per-document KLD)
+    assert page.count("data:image/png;base64,") == 4
     assert "no log-probability drift above the noise floor" in page  # facts: identical log-likelihoods, no histogram
 
 

@@ -45,7 +45,7 @@ def holm_rejects(p_values, alpha):
     return int(min(p_values) < alpha / len(p_values))
 
 
-def test_bfloat16_changes_are_found_at_sample_level(noise_pair, bfloat16_run):
+def test_bfloat16_changes_are_found_at_sample_level(noise_pair, bfloat16_run, capsys):
     reference, candidate = noise_pair[0], bfloat16_run
     table, details = paired.compare_runs(runs.load_run(reference), runs.load_run(candidate))
     facts = next(d for d in details if d.task == "evalkit_facts")
@@ -58,5 +58,11 @@ def test_bfloat16_changes_are_found_at_sample_level(noise_pair, bfloat16_run):
     assert set(table.method) == {"tango"}  # every row a 0/1 metric: its p-value follows from its counts alone
     p_worse = [exact_p_worse(int(r.mcnemar_b), int(r.mcnemar_c), int(r.n), 0.02) for r in table.itertuples()]
     assert table.p_worse.to_numpy() == pytest.approx(p_worse, abs=1e-3)
-    assert code == holm_rejects(p_worse, 0.05)
+    # both runs recorded their divergence (the default): against the noise pair's floor, bfloat16 moved the
+    # distributions beyond it, whichever answers flipped, and the exit code says so (1)
+    divergence = capsys.readouterr().out.split("Divergence", 1)[-1]
+    assert "against the noise run: **beyond noise**" in divergence
+    assert code == 1
+    # without a noise run no divergence verdict is claimed: the exit code is the accuracy rows' alone
+    assert cli.main([str(reference), str(candidate)]) == holm_rejects(p_worse, 0.05)
     assert (candidate / f"compare-vs-{reference.parent.name}-{reference.name}.html").is_file()

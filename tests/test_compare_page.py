@@ -177,7 +177,8 @@ def test_the_text_is_rendered_and_the_page_needs_no_network(runs):
     report = root.by_id("report")
     assert report is not None and "## Samples" in text  # the .md stays
     rendered = next(n for n in root.walk() if n.attrs.get("class") == "report")
-    assert [h.words() for h in rendered.all("h2")] == ["Samples"] and rendered.all("table") and rendered.all("li")
+    assert [h.words() for h in rendered.all("h2")] == ["Divergence (token level)", "Samples"]  # default: recorded
+    assert rendered.all("table") and rendered.all("li")
     assert not any("## " in pre.text() for pre in root.all("pre"))
     for node in root.walk():
         for name in ("src", "href"):

@@ -93,11 +93,13 @@ def both_sides(engine, model_dir, out, overrides):
     """(evalkit's samples, lm-eval's samples, evalkit's requests, lm-eval's requests, evalkit's run folder,
     lm-eval's aggregated results).
 
-    evalkit scores the plain way here (fast_scoring=false), so that it sends vLLM the very requests lm-eval's
-    backend sends; the default, fast scoring, is compared by outputs and scores ("fast")."""
+    evalkit scores the plain way here (fast_scoring=false) and records no divergence (divergence_top_k=0: its
+    traces ask vLLM for top-k entries), so that it sends vLLM the very requests lm-eval's backend sends; the
+    defaults, fast scoring with the divergence record read in the same pass, are compared by outputs and scores
+    ("fast")."""
     from lm_eval import simple_evaluate
 
-    cfg = config(model_dir, out, [*overrides, "fast_scoring=false"])
+    cfg = config(model_dir, out, [*overrides, "fast_scoring=false", "divergence_top_k=0"])
     recorder = Recorder(engine.llm)
     engine.llm = recorder
     try:
