@@ -147,6 +147,8 @@ def false_alarms(alike: list[Path], alpha: float, draws: int, rng) -> list[str]:
     """Every ordered triple (reference, candidate, noise) of distinct reference-like runs, on all documents and
     on random subsets of them: the share called beyond noise."""
     triples = list(itertools.permutations(alike, 3))
+    if not triples:
+        return [f"{len(alike)} reference-like runs: a false-alarm test needs 3 (--orders 1 or more)"]
     floors = [divergence(a, b).overall.mean_kld.value for a, b in itertools.permutations(alike, 2)]
     lines = [f"{len(alike)} reference-like runs, {len(triples)} ordered triples; the noise floor, Mean KLD between "
              f"two of them: min {min(floors):.3g}, median {np.median(floors):.3g}, max {max(floors):.3g}", "",
