@@ -7,9 +7,7 @@ Run: pytest tests/engine/served/test_served_bundles.py
 """
 
 import json
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -17,6 +15,7 @@ from evalkit.contracts import ScoreRequest
 from evalkit.engine.served import body
 from evalkit.engine.served.batch import MAX_LOGPROB_TOKEN_IDS, Sender, bundles, joined, split
 from evalkit.engine.served.http import Client
+from tests.engine.served.local_http import QuietHandler, answer_json, running
 
 
 def test_next_token_reads_of_several_contexts_go_in_one_request_asking_their_ids_together(embedded_model_dir):
@@ -73,7 +72,7 @@ def test_each_member_of_a_bundle_reads_its_own_ids_and_the_greedy_token_alone():
         body.read_next_token((1, 2, 4), (7,), second)
 
 
-class Completions(BaseHTTPRequestHandler):
+class Completions(QuietHandler):
     """/completions as vLLM answers next-token reads, every asked id at -2.0 and token 5 sampled at -0.1; a
     prompt ending in 66 gets its asked ids left out while it comes in a bundle."""
 
@@ -85,30 +84,19 @@ class Completions(BaseHTTPRequestHandler):
         prompts = sent["prompt"] if isinstance(sent["prompt"][0], list) else [sent["prompt"]]
         tops = [{5: -0.1, **({} if len(prompts) > 1 and p[-1] == 66 else dict.fromkeys(sent["logprob_token_ids"],
                                                                                         -2.0))} for p in prompts]
-        answer = {**bundle_response(prompts, tops), "system_fingerprint": "f"}
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(json.dumps(answer).encode())
+        answer_json(self, 200, json.dumps({**bundle_response(prompts, tops), "system_fingerprint": "f"}).encode())
 
-    def log_message(self, *args):
-        pass
 
 
 def test_a_member_whose_read_fails_is_sent_again_alone_and_the_others_are_kept():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Completions)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = Client(f"http://127.0.0.1:{server.server_port}", api_key=None, max_concurrency=8, timeout=5,
-                        retries=0, backoff=0.01)
+    with running(Completions) as url:
+        client = Client(url, api_key=None, max_concurrency=8, timeout=5, retries=0, backoff=0.01)
         counts: Counter = Counter()
         api = body.VLLMApi(Sender(client, fingerprint="f", counts=counts, bundle=16), model="m", cache_salt="s",
                            counts=counts)
         requests = [ScoreRequest(ids=(1, 2, last, token), start=3) for last, token in
                     ((33, 7), (33, 8), (44, 8), (44, 9), (66, 7))]
         scored = api.score(requests, None, fast=True)
-    finally:
-        server.shutdown()
     assert [(s.logprob, s.is_greedy) for s in scored] == [(-2.0, False)] * 5
     assert (counts["context_requests"], counts["http_requests"], counts["mismatched"]) == (3, 2, 1)
     first, again = Completions.bodies

@@ -12,12 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import DEPLOYMENT
+from tests.engine.served.local_http import QuietHandler, answer_json, running
 
 # Texts with the embedded model's special tokens in them, spaces, newlines and non-ASCII text: every one must get
 # the same ids from both loaders, with and without the special tokens a tokenizer adds.
@@ -123,7 +123,7 @@ def test_served_runs_without_vllm_and_torch(served, tmp_path):
     assert set(written["results"]) >= {"evalkit_arith", "evalkit_facts"}
 
 
-class Batching(BaseHTTPRequestHandler):
+class Batching(QuietHandler):
     """A server that runs BATCH requests at once (0.1 s each) and queues the rest, and says so on /metrics as vLLM
     does; /nometrics-* paths answer the same with no /metrics. Each arrival records how many were waiting."""
 
@@ -157,13 +157,7 @@ class Batching(BaseHTTPRequestHandler):
         with self.lock:
             self.running[0] -= 1
             self.lock.notify_all()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b'{"ok": true}')
-
-    def log_message(self, *args):
-        pass
+        answer_json(self, 200, b'{"ok": true}')
 
 
 @pytest.mark.parametrize("metrics", [True, False])
@@ -174,14 +168,9 @@ def test_requests_in_flight_follow_what_the_server_batches(metrics):
     from evalkit.engine.served.http import Client
 
     Batching.metrics, Batching.arrivals[:] = metrics, []
-    server = type("Listening", (ThreadingHTTPServer,), {"request_queue_size": 256})(("127.0.0.1", 0), Batching)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = Client(f"http://127.0.0.1:{server.server_port}/v1", api_key=None, max_concurrency=48, timeout=60,
-                        retries=0)
+    with running(Batching, queue=256) as url:
+        client = Client(f"{url}/v1", api_key=None, max_concurrency=48, timeout=60, retries=0)
         assert client.post_many("/completions", [{"n": i} for i in range(96)]) == [{"ok": True}] * 96
-    finally:
-        server.shutdown()
     queued_late = max(Batching.arrivals[48:])
     if metrics:
         assert queued_late <= 2 * Batching.BATCH, Batching.arrivals

@@ -7,7 +7,6 @@ Run: pytest tests/engine/served/test_served_units.py
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -17,6 +16,7 @@ from evalkit.engine.served import body
 from evalkit.store.fingerprint import fingerprint
 from evalkit.store.requests import RequestStore, ResumableEngine
 from evalkit.engine.served.http import Client, Failure
+from tests.engine.served.local_http import QuietHandler, answer_json, running, serve
 from tests.fake_engine import FakeEngine
 
 
@@ -81,7 +81,7 @@ def test_reads_check_themselves_on_responses_shaped_as_vllms_server_writes_them(
         body.read_next_token((1, 2), [9], vllm_response((1, 2), top={" a": -0.1}))
 
 
-class Flaky(BaseHTTPRequestHandler):
+class Flaky(QuietHandler):
     """/flaky: 503 on every first try of a body, then 200; /bad: 400; /hang: answers after 5 s; /slow: counts
     the requests in flight at once."""
 
@@ -100,29 +100,18 @@ class Flaky(BaseHTTPRequestHandler):
             time.sleep(0.05)
             self.in_flight[0] -= 1
         status = {"/bad": 400, "/flaky": 503 if self.seen[key] == 1 else 200}.get(self.path, 200)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b'{"ok": true}' if status == 200 else b'{"error": "no"}')
-
-    def log_message(self, *args):
-        pass
+        answer_json(self, status, b'{"ok": true}' if status == 200 else b'{"error": "no"}')
 
 
 def test_retries_only_what_is_transient_and_bounds_the_requests_in_flight():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = Client(f"http://127.0.0.1:{server.server_port}", api_key=None, max_concurrency=3, timeout=0.5,
-                        retries=2, backoff=0.01)
+    with running(Flaky) as url:
+        client = Client(url, api_key=None, max_concurrency=3, timeout=0.5, retries=2, backoff=0.01)
         flaky, bad, hang = [client.post_many(p, [{"n": 1}])[0] for p in ("/flaky", "/bad", "/hang")]
         assert flaky == {"ok": True} and Flaky.seen[("/flaky", b'{"n":1}')] == 2
         assert bad == Failure('HTTP 400: {"error": "no"}') and Flaky.seen[("/bad", b'{"n":1}')] == 1
         assert hang == Failure("timed out after 3 tries")
         assert client.post_many("/slow", [{"n": i} for i in range(12)]) == [{"ok": True}] * 12
         assert Flaky.in_flight[1] == 3
-    finally:
-        server.shutdown()
 
 
 def test_bad_endpoint_settings_fail_in_one_line():
@@ -170,7 +159,7 @@ def test_a_served_store_is_keyed_on_the_deployment_and_the_tokenizer_not_the_url
     assert fingerprint(str(tmp_path), served) != first
 
 
-class Stalls(BaseHTTPRequestHandler):
+class Stalls(QuietHandler):
     """A POST whose body asks to stall is held open without an answer until the test lets it go, as vLLM's server
     leaves a request in flight on a keep-alive connection while it shuts down; others are answered at once."""
 
@@ -185,20 +174,7 @@ class Stalls(BaseHTTPRequestHandler):
         self._answer(200)
 
     def _answer(self, status):
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b'{"ok": true}')
-
-    def log_message(self, *args):
-        pass
-
-
-def serve(handler, port=0):
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+        answer_json(self, status, b'{"ok": true}')
 
 
 def shut_down_gracefully(server, after: float) -> None:
