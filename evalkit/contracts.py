@@ -36,6 +36,17 @@ class TokenTrace:
 
     logprobs: tuple[float, ...]
     top: tuple[tuple[tuple[int, float], ...], ...]
+    # per position, the (token id, log-probability) of ids read apart because another run's top list named them
+    # and this one's did not (``Engine.read_ids``: a reference's top ids, docs/divergence.md); () where none were
+    given: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class IdsRead:
+    """The log-probabilities of ``ids`` as the next token after ``context`` (vLLM's ``logprob_token_ids``)."""
+
+    context: tuple[int, ...]
+    ids: tuple[int, ...]
 
 
 def top_list_fault(token: int, value: float, top: Sequence[tuple[int, float]], tolerance: float) -> str | None:
@@ -147,6 +158,11 @@ class Engine(Protocol):
         """Per-token log-probabilities and top-k of each request's continuation, from the raw logits (no
         sampling): where two engines' outputs diverge (evalkit/compare/locate.py), and what an engine
         answers in ``Scored.trace`` where it cannot read both in one pass."""
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """Each read's log-probability of every asked id after its context, in the order asked, from the raw
+        logits: a candidate's record reads the reference's top ids its own top-k left out (divergence_reference,
+        docs/divergence.md), so the bound covers the reference's whole top-k."""
 
     def scoring_counts(self) -> dict[str, int]:
         """A snapshot of what the engine's scoring paths did so far (vLLM: single_token, cache_hits, ...), for

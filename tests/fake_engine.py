@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, IdsRead, Scored, ScoreRequest, TokenTrace
 
 BOS, EOS = 1, 2
 
@@ -25,6 +25,7 @@ class FakeEngine:
         self.reply = reply  # fixed generation text; None answers the last "What is a op b?" correctly
         self.generated: list[GenRequest] = []
         self.scored: list[ScoreRequest] = []
+        self.id_reads: list[IdsRead] = []
         self.closed = False
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -89,6 +90,12 @@ class FakeEngine:
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         """Each scored token at its own score, ranked first; runner-up: the next code point, 1.0 lower."""
         return [self._steps(r.ids[max(r.start, 1):], top_k) for r in requests]
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """An id read apart is one no top list holds first, so it reads below every runner-up (-1.1 and lower):
+        -5 less a hundredth per id modulo 50, whatever the context."""
+        self.id_reads.extend(reads)
+        return [tuple(-5.0 - 0.01 * (t % 50) for t in r.ids) for r in reads]
 
     @staticmethod
     def _steps(tokens: Sequence[int], top_k: int) -> TokenTrace:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Engine, Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace
 
 
 class Wrapped:
@@ -52,6 +52,9 @@ class Wrapped:
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         return self.engine.trace(requests, top_k)
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        return self.engine.read_ids(reads)
 
     def scoring_counts(self) -> dict[str, int]:
         return self.engine.scoring_counts()
