@@ -146,6 +146,10 @@ class EvalConfig:
     # the scores and generations (+26 % on the benchmark tasks without the engine's start), a position stays
     # under 130 bytes compressed, and the bound captures 0.71-0.80 of the exact mean KLD (k=100: 0.93-0.95)
     divergence_top_k: int = 20
+    # a reference run folder: each scored position whose context the reference recorded also reads the
+    # reference's top ids that this run's own top-k left out (Engine.read_ids), so compare's bound against that
+    # reference covers its whole top-k (docs/divergence.md, "Reading the reference's ids"); null: none
+    divergence_reference: str | None = None
     oom_retry: OomRetry = field(default_factory=OomRetry)
 
 
@@ -279,6 +283,9 @@ def check_divergence_top_k(cfg: EvalConfig) -> None:
     k = cfg.divergence_top_k
     if not 0 <= k <= MAX_TOP_K:
         raise ConfigError(f"divergence_top_k={k} must be 0 (record nothing) to {MAX_TOP_K}")
+    if cfg.divergence_reference is not None and not k:
+        raise ConfigError(f"divergence_reference={cfg.divergence_reference} reads the reference's top ids beside "
+                          "this run's record, and divergence_top_k=0 records nothing: pass divergence_top_k=20")
     ceiling = int(cfg.engine_kwargs.get("max_logprobs", VLLM_MAX_LOGPROBS))
     starts_vllm = cfg.engine == "vllm" or (cfg.engine == "served" and cfg.endpoint.serve)
     if starts_vllm and ceiling != -1 and k > ceiling:

@@ -30,9 +30,10 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from evalkit.harness.budget import plan_generation, plan_score
-from evalkit.contracts import Engine, GenRequest, RequestProgress, RequestRecord, ScoreRequest, TokenTrace
+from evalkit.contracts import Engine, GenRequest, IdsRead, RequestProgress, RequestRecord, ScoreRequest, TokenTrace
 from evalkit.harness.lm_eval_compat import encode_pairs
-from evalkit.harness.tracing import Item, TraceError, TraceLog, given_traces, keep, outputs, scored_positions
+from evalkit.harness.tracing import (Item, ReferenceIds, TraceError, TraceLog, given_traces, keep, outputs,
+                                     reference_reads, scored_positions, with_given)
 
 
 def strip_thinking(text: str, end_marker: str) -> str:
@@ -104,6 +105,7 @@ class EvalkitLM(TemplateLM):
         seed: int = 0,
         progress: Callable[[str, int], RequestProgress] | None = None,
         divergence_top_k: int = 0,
+        reference: ReferenceIds | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -127,6 +129,7 @@ class EvalkitLM(TemplateLM):
         self.engine_seconds: dict[str, float] = {}  # wall time of the engine calls, per request kind
         self.divergence_top_k = divergence_top_k  # top entries traced at each scored position; 0: no traces
         self.traces = TraceLog(divergence_top_k)
+        self.reference = reference  # a reference run's top ids per position, read where the trace left them out
 
     @functools.cached_property
     def _bos_text(self) -> str:
@@ -208,7 +211,32 @@ class EvalkitLM(TemplateLM):
         if distinct:
             traced.update(zip(distinct, self._submit(call, distinct, f"trace_{kind}")))
         self.traces.second_pass[kind] += len(distinct)
+        if self.reference is not None and not self.traces.reference_not_read:
+            traced = self._read_reference(kind, traced)
         keep(kind, items, traced, self.traces)
+
+    def _read_reference(self, kind: str, traced: dict[ScoreRequest, TokenTrace]) -> dict[ScoreRequest, TokenTrace]:
+        """The traces with the reference's top ids they left out read apart (Engine.read_ids), each distinct
+        read once, in _submit's order; unchanged where the engine cannot read given ids (said in the summary)."""
+        asks = reference_reads(traced, self.reference, self.traces)
+        reads = list(dict.fromkeys(read for per in asks.values() for read in per if read is not None))
+
+        def call(batch: list[IdsRead], progress: RequestProgress | None) -> list:
+            answers = self.engine.read_ids(batch)
+            if len(answers) != len(batch):
+                raise TraceError(f"the engine answered {len(answers)} id reads for {len(batch)} asked")
+            if progress:
+                progress.advance(len(batch), sum(len(r.context) for r in batch))
+            return answers
+
+        try:
+            answers = dict(zip(reads, self._submit(call, reads, f"reference_{kind}"))) if reads else {}
+        except NotImplementedError as error:
+            self.traces.reference_not_read = str(error)
+            return traced
+        self.traces.reference["reads"] += len(reads)
+        self.traces.reference["ids_read"] += sum(len(r.ids) for r in reads)
+        return with_given(traced, asks, answers)
 
     # --- log-likelihood ---
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:

@@ -17,9 +17,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
-from evalkit.contracts import Generation, GenRequest, RequestRecord, Scored, ScoreRequest, TokenTrace, top_list_fault
+from evalkit.contracts import (Generation, GenRequest, IdsRead, RequestRecord, Scored, ScoreRequest, TokenTrace,
+                               top_list_fault)
+
+# a reference run's top ids at each scored position of a request (ids[max(start, 1):]), None where the reference
+# recorded no such context (evalkit/run/reference.py)
+ReferenceIds = Callable[[ScoreRequest], Sequence[tuple[int, ...] | None]]
 
 # what the harness traces: the record it belongs to, its request number in its document (lm-eval's index of a
 # choice or a generation, a rolling window's number), the request, and its score where it was scored
@@ -89,6 +95,10 @@ class TraceLog:
         self.not_recorded: Counter[str] = Counter()  # why -> requests left out
         self.max_gap: dict[str, float] = {}  # kind -> largest |Σ trace − score| over its requests
         self.second_pass: Counter[str] = Counter()  # kind -> requests the engine traced in a call of their own
+        # with a reference: positions whose context it recorded, positions among them that read ids apart, the
+        # ids read (Engine.read_ids), and why none were read where the engine cannot
+        self.reference: Counter[str] = Counter()
+        self.reference_not_read = ""
 
     def traced(self, kind: str, requests: Sequence[ScoreRequest]) -> None:
         self.requests[kind] += len(requests)
@@ -103,7 +113,10 @@ class TraceLog:
                 "traced_requests": dict(self.requests), "traced_positions": dict(self.positions),
                 "traced_apart": {kind: n for kind, n in self.second_pass.items() if self.requests[kind]},
                 "not_recorded": {why: n for why, n in self.not_recorded.items() if n},
-                "max_score_gap": {kind: float(f"{gap:.3g}") for kind, gap in self.max_gap.items()}}
+                "max_score_gap": {kind: float(f"{gap:.3g}") for kind, gap in self.max_gap.items()},
+                **({"reference": {**self.reference, **({"not_read": self.reference_not_read}
+                                                       if self.reference_not_read else {})}}
+                   if self.reference or self.reference_not_read else {})}
 
 
 def given_traces(requests: Sequence[ScoreRequest], answers: Sequence[Scored]) -> dict[ScoreRequest, TokenTrace]:
@@ -160,3 +173,47 @@ def keep(kind: str, items: Sequence[Item], traced: dict[ScoreRequest, TokenTrace
         if scored is not None:
             log.gap(kind, score_gap(request, traced[request], scored))
         record.traced.append((number, request, traced[request]))
+
+
+def reference_reads(traced: dict[ScoreRequest, TokenTrace], reference: ReferenceIds, log: TraceLog
+                    ) -> dict[ScoreRequest, list[IdsRead | None]]:
+    """Per traced request and scored position, the read of the reference's top ids that the trace's own top
+    list and text token leave out (None where it names them all, or the reference has no such context)."""
+    asks: dict[ScoreRequest, list[IdsRead | None]] = {}
+    for request, trace in traced.items():
+        wanted = list(reference(request))
+        if len(wanted) != len(trace.top):
+            raise TraceError(f"the reference gave {len(wanted)} positions for a request of {len(trace.top)}")
+        start, reads = max(request.start, 1), []
+        for p, (ids, top) in enumerate(zip(wanted, trace.top), start=start):
+            known = {t for t, _ in top} | {request.ids[p]}
+            missing = tuple(t for t in ids or () if t not in known)
+            log.reference["positions_in_reference"] += ids is not None
+            log.reference["positions_read"] += bool(missing)
+            reads.append(IdsRead(context=request.ids[:p], ids=missing) if missing else None)
+        asks[request] = reads
+    return asks
+
+
+def with_given(traced: dict[ScoreRequest, TokenTrace], asks: dict[ScoreRequest, list[IdsRead | None]],
+               answers: dict[IdsRead, tuple[float, ...]]) -> dict[ScoreRequest, TokenTrace]:
+    """Each trace with its ids read apart (``TokenTrace.given``), each value checked against the position's own
+    top list: one value per asked id, a log-probability, and not above the last entry listed (an id left out
+    of a top list cannot outrank it: a read of another context shows as one). TraceError in one line."""
+    out = {}
+    for request, trace in traced.items():
+        given = []
+        for read, top, p in zip(asks[request], trace.top, range(max(request.start, 1), len(request.ids))):
+            values = answers[read] if read is not None else ()
+            if read is not None and len(values) != len(read.ids):
+                raise TraceError(f"the engine read {len(values)} log-probabilities for {len(read.ids)} asked ids "
+                                 f"at position {p}")
+            last = top[-1][1] if top else 0.0
+            for t, v in zip(read.ids if read else (), values):
+                if math.isnan(v) or v > ENTRY_TOLERANCE or v > last + ENTRY_TOLERANCE:
+                    raise TraceError(f"the engine reads the reference's id {t} at position {p} as {v:.6g}: not a "
+                                     f"log-probability, or above the last top entry {last:.6g} there that "
+                                     "left it out (a read of another context)")
+            given.append(tuple(zip(read.ids, values)) if read else ())
+        out[request] = replace(trace, given=tuple(given)) if any(given) else trace
+    return out

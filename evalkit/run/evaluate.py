@@ -18,7 +18,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from evalkit.engine.machine import preflight
-from evalkit.run import results
+from evalkit.run import reference, results
 from evalkit.run.progress import Progress
 from evalkit.run.sources import task_sources
 from evalkit.store.fingerprint import fingerprint as model_fingerprint
@@ -146,6 +146,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     model_dir, manager, tasks = prepare(cfg, check_devices=check_devices, watch=watch)
     sources = task_sources(names=list(cfg.tasks), tasks_dirs=list(cfg.tasks_dirs), task_data=dict(cfg.task_data))
     run_id = results.new_run_id()
+    against = reference.load(cfg.divergence_reference) if cfg.divergence_reference else None
     try:
         engine = engine_factory(cfg, model_dir)
     except ConfigError:
@@ -167,7 +168,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
                        sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
                        strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
                        order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
-                       progress=Progress, divergence_top_k=top_k)
+                       progress=Progress, divergence_top_k=top_k,
+                       reference=against.ids if against is not None and top_k else None)
         scoring_before = engine.scoring_counts()  # a lent engine counts earlier runs too
         outcome = score_with_lm_eval(cfg, lm, manager, tasks)
         scoring = Counter(engine.scoring_counts())
@@ -195,6 +197,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         "resume": engine.record() if cfg.resume else None,
     }
     divergence = lm.traces.summary() if top_k else {"top_k": 0, "recorded": f"nothing: {unrecorded}"}
+    if against is not None and top_k:
+        divergence["reference"] = {**against.describe(), **divergence.get("reference", {})}
     run_dir = results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
                                 results=outcome, records=lm.records,
                                 config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)), evalkit=section,

@@ -122,7 +122,8 @@ def provenance(results: dict[str, Any], *, config: dict[str, Any], model_fingerp
         prompts = sorted({(s["doc_id"], s.get("prompt_hash")) for s in samples})
         tasks[task] = {"documents": len(docs), "docs_sha256": sha256(docs), "prompts_sha256": sha256(prompts)}
     settings = {k: v for k, v in config.items()
-                if k not in ("output_dir", "resume", "chunk_size", "log_samples", "divergence_top_k")}
+                if k not in ("output_dir", "resume", "chunk_size", "log_samples", "divergence_top_k",
+                             "divergence_reference")}
     return {"config_sha256": sha256(settings), "model_fingerprint": model_fingerprint, "tasks": tasks}
 
 
