@@ -21,12 +21,17 @@ from evalkit.store.lock import result_lock
 
 
 def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
-    """Run cfg twice on the engine engine_factory gives, the second time in a shuffled order."""
+    """Run cfg twice on the engine engine_factory gives, the second time in a shuffled order. With a divergence
+    record, the second run reads the first's top ids its own top-k left out (divergence_reference), as a
+    candidate run given the reference does: the noise pair's bound is then as tight as the candidate's, so
+    the verdict compares like with like (docs/divergence.md, "Reading the reference's ids")."""
     from evalkit.run.evaluate import evaluate
 
     cfg = dataclasses.replace(cfg, resume=False)  # the second run must compute, not reuse the first's answers
     first = evaluate(cfg, engine_factory=engine_factory)
-    second = evaluate(dataclasses.replace(cfg, order_seed=cfg.seed + 1), engine_factory=engine_factory)
+    against = str(first) if cfg.divergence_top_k else None
+    second = evaluate(dataclasses.replace(cfg, order_seed=cfg.seed + 1, divergence_reference=against),
+                      engine_factory=engine_factory)
     return first, second
 
 
