@@ -115,7 +115,7 @@ def test_the_table_is_the_hand_computation(make, capsys):
     assert "## Divergence (token level)" in out
     row = next(line for line in out.splitlines() if line.startswith("| evalkit_facts | 12 | 36 |"))
     assert f"| {KL_FIRST / 3:.4g} ± " in row and f"| {KL_FIRST:.3g} |" in row and "| 66.667 ± " in row
-    assert "top-2 captures 0.933 of the reference mass" in out
+    assert "- a lower bound: top-2 of both; it captures 0.933 of the reference mass" in out
     assert "36 in 12 documents (log-likelihood continuations 36)" in out
     assert "no noise run: the figures only, no verdict claimed" in out
 
@@ -177,7 +177,7 @@ def test_unequal_top_k_is_said_in_one_line_and_compared_at_the_smaller(make, cap
     said = [line for line in out.splitlines() if "the runs recorded top-" in line]
     assert said == ["- the runs recorded top-3 (m/ref) and top-2 (m/cand): compared at top-2, the larger records "
                     "cut to their best"]
-    assert "top-2 captures 0.933" in out and f"| {KL_FIRST / 3:.4g} ± " in out  # as if both were top-2
+    assert "top-2 of both; it captures 0.933" in out and f"| {KL_FIRST / 3:.4g} ± " in out  # as if both were top-2
 
 
 def noise_case(make, noise_shift):
@@ -359,4 +359,4 @@ def test_runs_that_record_their_divergence_are_compared_as_written(tmp_path, cap
     assert shared > parted  # some outputs parted
     assert cli.main([str(ref), str(cand)]) == 1  # arith is worse
     out = capsys.readouterr().out
-    assert f"generated up to the first parting {shared}" in out and "top-20 captures" in out
+    assert f"generated up to the first parting {shared}" in out and "top-20 of both; it captures" in out

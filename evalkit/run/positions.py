@@ -14,9 +14,15 @@ Columns (NumPy arrays of equal length n; k is the run's ``divergence_top_k``):
 * ``context`` (uint64);
 * ``text_id`` (int32), ``text_logprob`` (float32: the engine's log-probability of the text token there);
 * ``top_ids`` (int32, n x k), ``top_logprobs`` (float32, n x k): the engine's k most likely next tokens after
-  the context, best first; -1 and NaN pad a row where the engine gave fewer (a server's cap).
+  the context, best first; -1 and NaN pad a row where the engine gave fewer (a server's cap);
+* ``given_ids`` (int32, n x g), ``given_logprobs`` (float32, n x g): ids read apart there because a reference
+  run's top list named them and this run's own did not (``TokenTrace.given``, docs/divergence.md "Reading the
+  reference's ids"), -1 and NaN padded; g is the most any row holds, 0 (n x 0) in a run given no reference.
 
-About 20 + 8k bytes a position: 180 at k = 20 (docs/divergence.md).
+About 20 + 8k bytes a position: 180 at k = 20 (docs/divergence.md); the ids read apart add up to 8g before
+compression, and their padding compresses to almost nothing. The given columns came later within version 1: a
+file without them reads as n x 0, and an evalkit that predates them reads a new file without them (its bound is
+then each run's own top-k, as before).
 """
 
 from __future__ import annotations
@@ -57,28 +63,40 @@ class Positions:
     text_logprob: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
+    given_ids: np.ndarray
+    given_logprobs: np.ndarray
 
     def __post_init__(self) -> None:
         n = len(self.doc_id)
-        columns = {name: getattr(self, name) for name in COLUMNS}
+        columns = {name: getattr(self, name) for name in COLUMNS + GIVEN}
         if any(len(v) != n for v in columns.values()):
             raise ValueError(f"divergence record: columns of unequal length "
                              f"({', '.join(f'{k} {len(v)}' for k, v in columns.items())})")
         if self.top_ids.ndim != 2 or self.top_ids.shape != self.top_logprobs.shape:
             raise ValueError(f"divergence record: top_ids {self.top_ids.shape} and top_logprobs "
                              f"{self.top_logprobs.shape} are not one n x k shape")
+        if self.given_ids.ndim != 2 or self.given_ids.shape != self.given_logprobs.shape:
+            raise ValueError(f"divergence record: given_ids {self.given_ids.shape} and given_logprobs "
+                             f"{self.given_logprobs.shape} are not one n x g shape")
 
     @property
     def k(self) -> int:
         return self.top_ids.shape[1]
+
+    @property
+    def g(self) -> int:
+        """The most ids read apart at any position (0: none)."""
+        return self.given_ids.shape[1]
 
     def __len__(self) -> int:
         return len(self.doc_id)
 
 
 COLUMNS = ("doc_id", "request", "kind", "position", "context", "text_id", "text_logprob", "top_ids", "top_logprobs")
+GIVEN = ("given_ids", "given_logprobs")  # within version 1, absent from a file written before them
 DTYPES = {"doc_id": np.int64, "request": np.int32, "kind": np.int8, "position": np.int32, "context": np.uint64,
-          "text_id": np.int32, "text_logprob": np.float32, "top_ids": np.int32, "top_logprobs": np.float32}
+          "text_id": np.int32, "text_logprob": np.float32, "top_ids": np.int32, "top_logprobs": np.float32,
+          "given_ids": np.int32, "given_logprobs": np.float32}
 
 
 @dataclass(frozen=True)
@@ -92,17 +110,47 @@ class Row:
     ids: tuple[int, ...]
     text_logprobs: tuple[float, ...]  # one per position
     top: tuple[tuple[tuple[int, float], ...], ...]  # one per position: (id, log-probability), best first
+    # () or one per position: (id, log-probability) read apart, ids a reference's top list named and top did not
+    given: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+
+def _given(row: Row, n: int) -> tuple[tuple[tuple[int, float], ...], ...]:
+    """The row's ids read apart, one list per position, each checked: distinct ids, none of them among that
+    position's own top ids, log-probabilities (at most 0, not NaN)."""
+    if not row.given:
+        return ((),) * n
+    where = f"divergence record of document {row.doc_id}, request {row.request}"
+    if len(row.given) != n:
+        raise ValueError(f"{where}: {n} positions but {len(row.given)} lists of ids read apart")
+    for p, (given, top) in enumerate(zip(row.given, row.top), row.start):
+        ids = [t for t, _ in given]
+        if len(set(ids)) != len(ids) or any(t < 0 for t in ids):
+            raise ValueError(f"{where}, position {p}: ids read apart {ids} repeat one or hold a negative id")
+        if set(ids) & {t for t, _ in top}:
+            raise ValueError(f"{where}, position {p}: ids read apart {sorted(set(ids) & {t for t, _ in top})} "
+                             "are among its own top entries")
+        if any(not v <= 0 for _, v in given):  # NaN fails this too
+            raise ValueError(f"{where}, position {p}: an id read apart has the value "
+                             f"{next(v for _, v in given if not v <= 0)}, not a log-probability")
+    return row.given
+
+
+def _padded(entries: Sequence[tuple[int, float]], width: int) -> tuple[list[int], list[float]]:
+    return ([t for t, _ in entries] + [PAD] * (width - len(entries)),
+            [v for _, v in entries] + [np.nan] * (width - len(entries)))
 
 
 def build(rows: Sequence[Row], k: int) -> Positions:
     """The columns of rows; each row's counts are checked against its request (one value and one top list per
-    position, at most k entries each)."""
-    cols: dict[str, list] = {name: [] for name in COLUMNS}
+    position, at most k entries each, and where any were read apart, one checked list of them per position)."""
+    cols: dict[str, list] = {name: [] for name in COLUMNS + GIVEN}
+    given = []
     for row in rows:
         n = len(row.ids) - row.start
         if len(row.text_logprobs) != n or len(row.top) != n:
             raise ValueError(f"divergence record of document {row.doc_id}, request {row.request}: {n} positions "
                              f"but {len(row.text_logprobs)} log-probabilities and {len(row.top)} top lists")
+        given.extend(_given(row, n))
         for p, key, value, top in zip(range(row.start, len(row.ids)), context_keys(row.ids, row.start),
                                       row.text_logprobs, row.top):
             if len(top) > k:
@@ -115,26 +163,39 @@ def build(rows: Sequence[Row], k: int) -> Positions:
             cols["context"].append(key)
             cols["text_id"].append(row.ids[p])
             cols["text_logprob"].append(value)
-            cols["top_ids"].append([t for t, _ in top] + [PAD] * (k - len(top)))
-            cols["top_logprobs"].append([v for _, v in top] + [np.nan] * (k - len(top)))
+            ids, values = _padded(top, k)
+            cols["top_ids"].append(ids)
+            cols["top_logprobs"].append(values)
+    g = max(map(len, given), default=0)
+    for entries in given:
+        ids, values = _padded(entries, g)
+        cols["given_ids"].append(ids)
+        cols["given_logprobs"].append(values)
     arrays = {name: np.asarray(values, dtype=DTYPES[name]) for name, values in cols.items()}
-    for name in ("top_ids", "top_logprobs"):
-        arrays[name] = arrays[name].reshape(-1, k)
+    for name, width in (("top_ids", k), ("top_logprobs", k), ("given_ids", g), ("given_logprobs", g)):
+        arrays[name] = arrays[name].reshape(len(arrays["doc_id"]), width)
     return Positions(**arrays)
 
 
 def write(path: Path, positions: Positions) -> None:
     """One task's record, compressed (only run/results.py calls this, inside the run's temporary folder)."""
+    columns = COLUMNS + GIVEN
     with open(path, "wb") as f:
-        np.savez_compressed(f, version=np.asarray(VERSION), **{name: getattr(positions, name) for name in COLUMNS})
+        np.savez_compressed(f, version=np.asarray(VERSION), **{name: getattr(positions, name) for name in columns})
 
 
 def read(path: Path) -> Positions:
-    """A record written by :func:`write`; one line naming the file where it is not one."""
+    """A record written by :func:`write`, or by an evalkit before the given columns (n x 0 then); one line
+    naming the file where it is not one."""
     try:
         with np.load(path, allow_pickle=False) as data:
             if int(data["version"]) != VERSION:
                 raise ValueError(f"version {int(data['version'])}, this evalkit reads {VERSION}")
-            return Positions(**{name: data[name].astype(DTYPES[name], copy=False) for name in COLUMNS})
+            columns = {name: data[name].astype(DTYPES[name], copy=False) for name in COLUMNS}
+            n = len(columns["doc_id"])
+            for name in GIVEN:
+                columns[name] = (data[name].astype(DTYPES[name], copy=False) if name in data.files
+                                 else np.zeros((n, 0), dtype=DTYPES[name]))
+            return Positions(**columns)
     except (OSError, KeyError, ValueError) as error:
         raise ValueError(f"{path} is not a readable divergence record: {error}") from None

@@ -1,8 +1,9 @@
 """The divergence record of a run, task by task, from the harness's request records (pure: results.py writes it).
 
 Each record's traces (evalkit/harness/tracing.py) become :class:`~evalkit.run.positions.Row`s, one per traced
-request: lm-eval's document and request number, the kind, and the positions scored. ``positions.build`` then
-checks every row against its request as it makes the columns.
+request: lm-eval's document and request number, the kind, the positions scored, and the ids read apart at them
+where the run was given a reference (``TokenTrace.given``). ``positions.build`` then checks every row against its
+request as it makes the columns.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def task_rows(records: dict[tuple[str, int], list[RequestRecord]]) -> dict[str, 
             for number, request, trace in record.traced:
                 rows[task].append(positions.Row(
                     doc_id=doc_id, request=number, kind=record.kind, start=max(request.start, 1),
-                    ids=request.ids, text_logprobs=trace.logprobs, top=trace.top))
+                    ids=request.ids, text_logprobs=trace.logprobs, top=trace.top, given=trace.given))
     return dict(rows)
 
 

@@ -2,6 +2,9 @@
 (records.py), measured (sides.py, positions.py) and summarised per task and over all tasks (stats.py), with
 the verdict against a noise run (verdict.py) where one is given.
 
+A run's known entries at a position are its top-k and, where it read them at this reference's top ids and the
+comparison is fair (records.given_policy), the ids it read apart there.
+
 Every shared context is one position for KLD and top-1 agreement; Δp and the PPL ratio come from the shared
 (context, text token) triples (records.py says why). Both are summarised by the same ``summarize`` and put
 together in one ``Summary``: its KLD, percentiles and top-1 figures from the contexts, its Δp and PPL figures
@@ -43,8 +46,10 @@ class Task:
 
 
 def _entries(rows: Rows, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The known entries of rows: the top-k and, where it is not among them, the text token (n, k + 1)."""
-    ids, values = rows.top_ids[index].astype(np.int64), rows.top_logprobs[index].astype(np.float64)
+    """The known entries of rows: the top-k, the ids read apart and, where it is not among them, the text token
+    (n, k + g + 1)."""
+    ids = np.concatenate([rows.top_ids[index], rows.given_ids[index]], axis=1).astype(np.int64)
+    values = np.concatenate([rows.top_logprobs[index], rows.given_logprobs[index]], axis=1).astype(np.float64)
     text, text_lp = rows.text_id[index].astype(np.int64), rows.text_logprob[index].astype(np.float64)
     listed = (ids == text[:, None]).any(axis=1)
     return (np.concatenate([ids, np.where(listed, PAD, text)[:, None]], axis=1),
@@ -62,7 +67,7 @@ def _shared_token(ref_ids, ref_lp, cand_ids, cand_lp):
 
 
 def measure_rows(ref: Rows, ref_rows: np.ndarray, cand: Rows, cand_rows: np.ndarray) -> tuple[Positions, int]:
-    """The measures at paired rows (Side: the top-k, own_top), and how many positions no token is known on
+    """The measures at paired rows (Side: the top-k and any ids read apart, own_top), and how many positions no token is known on
     both sides of. Where the two text tokens differ the position is measured on a token both know, and its Δp
     and log-likelihood ratio are NaN; where none is, its KLD bound is 0 and its top tokens differ."""
     ref_ids, ref_lp = _entries(ref, ref_rows)
@@ -134,6 +139,7 @@ class Divergence:
     candidate: str
     missing: str = ""
     k: int = 0  # the top-k both records were compared at
+    given: bool = False  # the candidate's ids read at the reference's top ids took part in the bound
     notes: tuple[str, ...] = ()  # what the reader must know about how they were compared (one line each)
     tasks: dict[str, Task] = field(default_factory=dict)
     per_task: dict[str, stats.Summary] = field(default_factory=dict)
@@ -141,6 +147,11 @@ class Divergence:
     verdict: NoiseVerdict | None = None  # None: no noise run, no verdict claimed
     documents: dict[Hashable, float] = field(default_factory=dict)  # (task, doc) -> the candidate's mean KLD
     noise: dict[Hashable, float] = field(default_factory=dict)  # (task, doc) -> the noise run's, at the same k
+
+    @property
+    def bound(self) -> str:
+        """Which entries the bound saw, in a few words."""
+        return f"the reference's top-{self.k}, read on the candidate" if self.given else f"top-{self.k} of both"
 
 
 def _joined(contexts: stats.Summary, texts: stats.Summary) -> stats.Summary:
@@ -165,11 +176,15 @@ def _lacking(runs: list[records.Recorded], how: str) -> str:
     return f"{who} no divergence; {how}"
 
 
-def divergence(ref: records.Recorded, cand: records.Recorded) -> Divergence:
-    """The figures of the candidate against the reference over every task both recorded."""
+def divergence(ref: records.Recorded, cand: records.Recorded,
+               noise: tuple[records.Recorded, ...] = ()) -> Divergence:
+    """The figures of the candidate against the reference over every task both recorded; with the noise runs
+    the verdict will use, the ids read apart take part only where theirs do too (records.given_policy)."""
     lacking = _lacking([ref, cand], records.HOW)
     if lacking:
         return Divergence(ref.run, cand.run, missing=lacking)
+    use, given_note = records.given_policy(ref, cand, noise)
+    ref, cand = records.keep_given(ref, ref, use), records.keep_given(cand, ref, use)
     k, note = records.comparable(ref, cand)
     tasks = compare_records(ref, cand, k)
     if not tasks:
@@ -179,9 +194,9 @@ def divergence(ref: records.Recorded, cand: records.Recorded) -> Divergence:
         return Divergence(ref.run, cand.run, missing="no position of the candidate shares its context with the "
                                                      "reference's, token for token (another tokenizer or prompt)")
     per_task, overall = summaries(tasks)
-    notes = tuple(filter(None, [note, records.overfull(ref), records.overfull(cand)]))
-    return Divergence(ref.run, cand.run, k=k, notes=notes, tasks=tasks, per_task=per_task, overall=overall,
-                      documents=per_document(tasks))
+    notes = tuple(filter(None, [note, given_note, records.overfull(ref), records.overfull(cand)]))
+    return Divergence(ref.run, cand.run, k=k, given=use and not records.same_run(cand, ref), notes=notes,
+                      tasks=tasks, per_task=per_task, overall=overall, documents=per_document(tasks))
 
 
 def _unusable(reason: str, alpha: float) -> NoiseVerdict:
@@ -192,12 +207,18 @@ def against_noise(found: Divergence, ref: records.Recorded, cand: records.Record
                   noise: tuple[records.Recorded, records.Recorded], *, alpha: float) -> Divergence:
     """found with the verdict against the noise pair's own divergence (the second noise run against the
     first), all of it at the smallest top-k any of the runs recorded; unusable, in one line, where the noise
-    runs recorded none."""
+    runs recorded none. Where the noise runs did not read the reference's ids as the candidate did, found is
+    measured again without the candidate's (records.given_policy), the table too."""
     if found.missing:
         return found
     lacking = _lacking(list(noise), "make the noise run with the same divergence_top_k as the reference")
     if lacking:
         return replace(found, verdict=_unusable(lacking, alpha))
+    use, _ = records.given_policy(ref, cand, noise)
+    if use != records.given_policy(ref, cand)[0]:
+        found = divergence(ref, cand, noise)
+    kept = [records.keep_given(run, ref, use) for run in (ref, cand, *noise)]
+    ref, cand, noise = kept[0], kept[1], (kept[2], kept[3])
     k, note = records.comparable(*{r.run: r for r in (ref, cand, *noise)}.values())
     documents = found.documents if k == found.k else per_document(compare_records(ref, cand, k))
     noise_documents = per_document(compare_records(noise[0], noise[1], k))

@@ -8,11 +8,17 @@ position for KLD and top-1 agreement, counted once. Δp and the log-likelihood r
 on both sides, so they use the (document, context, text token) triples both runs recorded, each once. A
 generation's positions after the two outputs part have other contexts and drop out by themselves; the
 parting position itself shares its context and counts for KLD and top-1, not for Δp.
+
+A run made with a reference (``divergence_reference``) also holds, per position, the ids the reference's top
+list named and its own did not, read apart (the given columns). They take part in the bound only where they
+are fair to the verdict (:func:`given_policy`): read at this very reference's ids (its ``evalkit.run_id``), by
+the candidate and by every noise run alike; otherwise every run's are left out, and one line says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -31,17 +37,38 @@ class Recorded:
     run: str
     tasks: dict[str, Positions]
     missing: str = ""
+    run_id: str = ""  # its evalkit.run_id
+    read_at: str = ""  # the evalkit.run_id of the reference whose top ids it read apart; "" where it read none
+    reference: str = ""  # that reference as evalkit.divergence.reference names it ("<parent>/<name>"), else ""
+    not_read: str = ""  # the one line why its engine read no ids, where it was given a reference and could not
 
     @property
     def k(self) -> int:
         """The top-k the run recorded (the smallest of its tasks', should they differ)."""
         return min((p.k for p in self.tasks.values()), default=0)
 
+    @property
+    def given(self) -> int:
+        """The most ids read apart at any position of any task (0: none)."""
+        return max((p.g for p in self.tasks.values()), default=0)
+
+
+def _reference(section: dict[str, Any]) -> dict[str, str]:
+    """What evalkit.divergence.reference says of the ids the run read (Recorded's fields), {} where none."""
+    divergence = section.get("divergence")
+    said = divergence.get("reference") if isinstance(divergence, dict) else None
+    if not isinstance(said, dict):
+        return {}
+    text = {key: str(said.get(key) or "") for key in ("run", "run_id", "not_read")}
+    return {"read_at": "" if text["not_read"] else text["run_id"], "reference": text["run"] or text["run_id"],
+            "not_read": text["not_read"]}
+
 
 def read_run(run: Run) -> Recorded:
     """The records results.json names in ``evalkit.files.divergence``; a run that names none is missing them
     (one line saying so), a named file that cannot be read is a CompareError (a damaged run: exit 2)."""
-    names = ((run.results.get("evalkit") or {}).get("files") or {}).get("divergence")
+    section = run.results.get("evalkit") or {}
+    names = (section.get("files") or {}).get("divergence")
     if not names:
         return Recorded(run.name, {}, f"run {run.name} recorded no divergence; {HOW}")
     if not isinstance(names, dict):
@@ -52,7 +79,7 @@ def read_run(run: Run) -> Recorded:
             tasks[task] = positions.read(run.path / str(name))
         except ValueError as error:
             raise CompareError(f"{error}; a damaged run: copy it again or rerun") from None
-    return Recorded(run.name, tasks)
+    return Recorded(run.name, tasks, run_id=str(section.get("run_id") or ""), **_reference(section))
 
 
 def cut(rows: Positions, k: int) -> Positions:
@@ -70,6 +97,46 @@ def comparable(*runs: Recorded) -> tuple[int, str]:
     return min(ks), f"the runs recorded {told}: compared at top-{min(ks)}, the larger records cut to their best"
 
 
+def same_run(run: Recorded, ref: Recorded) -> bool:
+    """run is the reference itself (its folder, or a copy of it: the same run id)."""
+    return run.run == ref.run or bool(ref.run_id) and run.run_id == ref.run_id
+
+
+def _unread(run: Recorded, ref: Recorded) -> str:
+    """Why run did not read ref's top ids apart, in a few words; "" where it did."""
+    if ref.run_id and run.read_at == ref.run_id:
+        return ""
+    if run.not_read:
+        return f"run {run.run}'s engine read none ({run.not_read})"
+    if run.read_at:
+        return f"run {run.run} read those of {run.reference or run.read_at}, not {ref.run}'s"
+    return f"run {run.run} read none"
+
+
+def given_policy(ref: Recorded, cand: Recorded, noise: Sequence[Recorded] = ()) -> tuple[bool, str]:
+    """Whether the ids read apart take part in the bound, and one line where some run's are left out. They do
+    only where the candidate and every noise run (the reference itself aside) read them at this reference's
+    top ids: the verdict sets the candidate's divergence beside the noise run's, and a bound tighter on one
+    side only would lean it toward "beyond noise". The reference's own (read at another run) never do."""
+    readers = [run for run in {r.run: r for r in (cand, *noise)}.values() if not same_run(run, ref)]
+    why = [reason for reason in (_unread(run, ref) for run in readers) if reason]
+    if not why:
+        return True, ""
+    if not any(run.given for run in readers):
+        return False, ""
+    return False, (f"the ids read apart at {ref.run}'s top ids are left out on every side, so that the bound is "
+                   f"the same on each: {'; '.join(why)}")
+
+
+def keep_given(run: Recorded, ref: Recorded, use: bool) -> Recorded:
+    """run with its ids read apart where they take part (use, and read at ref's ids), else without them."""
+    if run.given == 0 or (use and not same_run(run, ref) and not _unread(run, ref)):
+        return run
+    return replace(run, tasks={task: replace(rows, given_ids=rows.given_ids[:, :0],
+                                             given_logprobs=rows.given_logprobs[:, :0])
+                               for task, rows in run.tasks.items()})
+
+
 MASS_SLACK = 1e-3  # float32 rounding of k probabilities stays far below this
 
 
@@ -78,12 +145,14 @@ def overfull(run: Recorded) -> str:
     a record that gives no log-probabilities of one distribution, so the bound means nothing there), else ""."""
     counts, worst = 0, 0.0
     for rows in run.tasks.values():
-        mass = np.nansum(np.exp(rows.top_logprobs.astype(np.float64)), axis=1) if len(rows) else np.zeros(0)
+        known = np.concatenate([rows.top_logprobs, rows.given_logprobs], axis=1).astype(np.float64)
+        mass = np.nansum(np.exp(known), axis=1) if len(rows) else np.zeros(0)
         counts += int((mass > 1 + MASS_SLACK).sum())
         worst = max(worst, float(mass.max(initial=0.0)))
     if not counts:
         return ""
-    return (f"run {run.run}: the top-{run.k} probabilities sum above 1 at {counts} positions (up to {worst:.3g}): "
+    known = f"top-{run.k} and ids read apart" if run.given else f"top-{run.k}"
+    return (f"run {run.run}: the {known} probabilities sum above 1 at {counts} positions (up to {worst:.3g}): "
             "not the log-probabilities of one distribution, so the bound there means nothing")
 
 

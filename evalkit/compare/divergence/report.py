@@ -1,6 +1,7 @@
 """The divergence in compare's text report: one table under llama.cpp's names (per task and over all tasks),
-the lines that say what it counted and how far the top-k bound sees, the verdict against a noise run (or that
-none is claimed), and with ``--locate`` each changed document's highest-KLD position."""
+the lines that say what it counted and how far the bound sees (the top-k of both runs, or the reference's
+top-k read on the candidate), the verdict against a noise run (or that none is claimed), and with ``--locate``
+each changed document's highest-KLD position."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def lines(d: Divergence) -> list[str]:
            f"- positions where both runs saw the same context token for token: {s.positions} in {s.documents} "
            f"documents ({kinds(d.tasks)}); a context several requests of a document share counts once; Δp and "
            f"the PPL ratio over the {text} positions whose text token is the same in both runs",
-           f"- a lower bound: top-{d.k} captures {_g(s.captured, 3)} of the reference mass (the KLD of the mass "
-           "outside it is not seen)"]
+           f"- a lower bound: {d.bound}; it captures {_g(s.captured, 3)} of the reference mass (the KLD of "
+           "the mass outside it is not seen)"]
     unshared = sum(t.unshared for t in d.tasks.values())
     if unshared:
         out.append(f"- {unshared} shared contexts have no token in both runs' top-{d.k}: KLD bound 0, top-1 differs")
