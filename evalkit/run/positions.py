@@ -19,10 +19,11 @@ Columns (NumPy arrays of equal length n; k is the run's ``divergence_top_k``):
   run's top list named them and this run's own did not (``TokenTrace.given``, docs/divergence.md "Reading the
   reference's ids"), -1 and NaN padded; g is the most any row holds, 0 (n x 0) in a run given no reference.
 
-About 20 + 8k bytes a position: 180 at k = 20 (docs/divergence.md); the ids read apart add up to 8g before
-compression, and their padding compresses to almost nothing. The given columns came later within version 1: a
-file without them reads as n x 0, and an evalkit that predates them reads a new file without them (its bound is
-then each run's own top-k, as before).
+About 20 + 8k bytes a position: 180 at k = 20 (docs/divergence.md); the given columns add 8g before compression,
+about 8 bytes per id read after it (synthetic k = 20 rows: 1.1 ids read a position on average, padded to g = 4,
++8.5 bytes; 4.8 ids, g = 10, +33 bytes). The given columns came later within version 1: a file without them
+reads as n x 0, and an evalkit that predates them reads a new file without them (its bound is then each run's
+own top-k, as before), so the version stays 1.
 """
 
 from __future__ import annotations

@@ -67,9 +67,10 @@ def _shared_token(ref_ids, ref_lp, cand_ids, cand_lp):
 
 
 def measure_rows(ref: Rows, ref_rows: np.ndarray, cand: Rows, cand_rows: np.ndarray) -> tuple[Positions, int]:
-    """The measures at paired rows (Side: the top-k and any ids read apart, own_top), and how many positions no token is known on
-    both sides of. Where the two text tokens differ the position is measured on a token both know, and its Δp
-    and log-likelihood ratio are NaN; where none is, its KLD bound is 0 and its top tokens differ."""
+    """The measures at paired rows (Side: the top-k and any ids read apart, own_top), and how many positions no
+    token is known on both sides of. Where the two text tokens differ the position is measured on a token both
+    know, and its Δp and log-likelihood ratio are NaN; where none is, its KLD bound is 0 and its top tokens
+    differ."""
     ref_ids, ref_lp = _entries(ref, ref_rows)
     cand_ids, cand_lp = _entries(cand, cand_rows)
     text = ref.text_id[ref_rows].astype(np.int64)
@@ -183,8 +184,8 @@ def divergence(ref: records.Recorded, cand: records.Recorded,
     lacking = _lacking([ref, cand], records.HOW)
     if lacking:
         return Divergence(ref.run, cand.run, missing=lacking)
-    use, given_note = records.given_policy(ref, cand, noise)
-    ref, cand = records.keep_given(ref, ref, use), records.keep_given(cand, ref, use)
+    kept, given_note = records.given_policy(ref, cand, noise)
+    ref, cand = records.keep_given(ref, kept), records.keep_given(cand, kept)
     k, note = records.comparable(ref, cand)
     tasks = compare_records(ref, cand, k)
     if not tasks:
@@ -195,7 +196,7 @@ def divergence(ref: records.Recorded, cand: records.Recorded,
                                                      "reference's, token for token (another tokenizer or prompt)")
     per_task, overall = summaries(tasks)
     notes = tuple(filter(None, [note, given_note, records.overfull(ref), records.overfull(cand)]))
-    return Divergence(ref.run, cand.run, k=k, given=use and not records.same_run(cand, ref), notes=notes,
+    return Divergence(ref.run, cand.run, k=k, given=cand.run in kept, notes=notes,
                       tasks=tasks, per_task=per_task, overall=overall, documents=per_document(tasks))
 
 
@@ -214,11 +215,10 @@ def against_noise(found: Divergence, ref: records.Recorded, cand: records.Record
     lacking = _lacking(list(noise), "make the noise run with the same divergence_top_k as the reference")
     if lacking:
         return replace(found, verdict=_unusable(lacking, alpha))
-    use, _ = records.given_policy(ref, cand, noise)
-    if use != records.given_policy(ref, cand)[0]:
+    kept, _ = records.given_policy(ref, cand, noise)
+    if (cand.run in kept) != found.given:  # the noise runs did not read theirs alike: none take part
         found = divergence(ref, cand, noise)
-    kept = [records.keep_given(run, ref, use) for run in (ref, cand, *noise)]
-    ref, cand, noise = kept[0], kept[1], (kept[2], kept[3])
+    ref, cand, *noise = (records.keep_given(run, kept) for run in (ref, cand, *noise))
     k, note = records.comparable(*{r.run: r for r in (ref, cand, *noise)}.values())
     documents = found.documents if k == found.k else per_document(compare_records(ref, cand, k))
     noise_documents = per_document(compare_records(noise[0], noise[1], k))

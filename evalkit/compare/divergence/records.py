@@ -11,8 +11,8 @@ parting position itself shares its context and counts for KLD and top-1, not for
 
 A run made with a reference (``divergence_reference``) also holds, per position, the ids the reference's top
 list named and its own did not, read apart (the given columns). They take part in the bound only where they
-are fair to the verdict (:func:`given_policy`): read at this very reference's ids (its ``evalkit.run_id``), by
-the candidate and by every noise run alike; otherwise every run's are left out, and one line says so.
+are fair to the verdict (:func:`given_policy`): the candidate's read at this very reference's ids (its
+``evalkit.run_id``), and the noise runs' read alike; otherwise every run's are left out, and one line says so.
 """
 
 from __future__ import annotations
@@ -113,24 +113,41 @@ def _unread(run: Recorded, ref: Recorded) -> str:
     return f"run {run.run} read none"
 
 
-def given_policy(ref: Recorded, cand: Recorded, noise: Sequence[Recorded] = ()) -> tuple[bool, str]:
-    """Whether the ids read apart take part in the bound, and one line where some run's are left out. They do
-    only where the candidate and every noise run (the reference itself aside) read them at this reference's
-    top ids: the verdict sets the candidate's divergence beside the noise run's, and a bound tighter on one
-    side only would lean it toward "beyond noise". The reference's own (read at another run) never do."""
-    readers = [run for run in {r.run: r for r in (cand, *noise)}.values() if not same_run(run, ref)]
-    why = [reason for reason in (_unread(run, ref) for run in readers) if reason]
+def _noise_kept(ref: Recorded, noise: Sequence[Recorded]) -> tuple[frozenset[str], str]:
+    """The noise runs whose ids read apart take part, and why none do ("" where some do). The noise divergence
+    is the second run's from the first: fair beside the candidate's where the second read the first's top ids
+    (the one-run form, where the first is the reference, and the pair evalkit.compare.noise makes), or where
+    both read the reference's (each then knows its top-k, so the noise bound is at least as tight)."""
+    first, second = noise
+    if not _unread(second, first):
+        return frozenset({second.run}), ""
+    if not same_run(first, ref) and not _unread(first, ref) and not _unread(second, ref):
+        return frozenset({first.run, second.run}), ""
+    return frozenset(), _unread(second, first) + ("" if same_run(first, ref) else f", nor did both read {ref.run}'s")
+
+
+def given_policy(ref: Recorded, cand: Recorded, noise: Sequence[Recorded] = ()) -> tuple[frozenset[str], str]:
+    """The runs whose ids read apart take part in the bound, and one line where some are left out. The
+    candidate's do where it read them at this reference's top ids (its run id), and with a noise pair only
+    where the noise runs read theirs alike (_noise_kept): the verdict sets the candidate's divergence beside
+    the noise run's, and a bound tighter on the candidate's side only would lean it toward "beyond noise".
+    Otherwise no run's do. The reference's own (read at another run) never do."""
+    why = [] if same_run(cand, ref) else [reason for reason in [_unread(cand, ref)] if reason]
+    kept = set() if why or same_run(cand, ref) else {cand.run}
+    if noise:
+        noise_kept, reason = _noise_kept(ref, noise)
+        why, kept = (why + [reason], kept) if reason else (why, kept | noise_kept)
     if not why:
-        return True, ""
-    if not any(run.given for run in readers):
-        return False, ""
-    return False, (f"the ids read apart at {ref.run}'s top ids are left out on every side, so that the bound is "
-                   f"the same on each: {'; '.join(why)}")
+        return frozenset(kept - {ref.run}), ""
+    if not any(run.given for run in (cand, *noise) if not same_run(run, ref)):
+        return frozenset(), ""
+    return frozenset(), (f"the ids read apart at a reference's top ids are left out on every side, so that the "
+                         f"bound is the same on each: {'; '.join(why)}")
 
 
-def keep_given(run: Recorded, ref: Recorded, use: bool) -> Recorded:
-    """run with its ids read apart where they take part (use, and read at ref's ids), else without them."""
-    if run.given == 0 or (use and not same_run(run, ref) and not _unread(run, ref)):
+def keep_given(run: Recorded, kept: frozenset[str]) -> Recorded:
+    """run with its ids read apart where they take part (its name among kept), else without them."""
+    if run.given == 0 or run.run in kept:
         return run
     return replace(run, tasks={task: replace(rows, given_ids=rows.given_ids[:, :0],
                                              given_logprobs=rows.given_logprobs[:, :0])
