@@ -88,9 +88,11 @@ def noise_pair(engine, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def bfloat16_run(tmp_path_factory):
-    """`python -m evalkit dtype=bfloat16` on the noise pair's documents: its run folder."""
-    return cli_run(tmp_path_factory.mktemp("bf16"), "dtype=bfloat16", *PAIR_SETTINGS, limit=PAIR_LIMIT)[1]
+def bfloat16_run(noise_pair, tmp_path_factory):
+    """`python -m evalkit dtype=bfloat16` on the noise pair's documents, reading the reference's (the noise pair's
+    first run) top ids its own top-k leaves out (divergence_reference): its run folder."""
+    return cli_run(tmp_path_factory.mktemp("bf16"), "dtype=bfloat16", *PAIR_SETTINGS,
+                   f"divergence_reference={noise_pair[0]}", limit=PAIR_LIMIT)[1]
 
 
 @pytest.fixture(scope="session")

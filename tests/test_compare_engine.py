@@ -6,6 +6,8 @@ The runs are the session's (tests/conftest.py: noise_pair, bfloat16_run), shared
 Run: pytest -m engine -s tests/test_compare_engine.py
 """
 
+import json
+
 import pytest
 
 from evalkit.compare import cli, paired, runs
@@ -63,6 +65,14 @@ def test_bfloat16_changes_are_found_at_sample_level(noise_pair, bfloat16_run, ca
     divergence = capsys.readouterr().out.split("Divergence", 1)[-1]
     assert "against the noise run: **beyond noise**" in divergence
     assert code == 1
+    # the candidate read the reference's top ids its own top-20 left out, on the real engine, and the noise
+    # pair's second run the first's (evalkit.compare.noise): both bounds cover their reference's whole top-20
+    said = [json.loads((run / "results.json").read_text())["evalkit"] for run in (*noise_pair, candidate)]
+    read, noise_read = said[2]["divergence"]["reference"], said[1]["divergence"]["reference"]
+    assert read["run_id"] == said[0]["run_id"] and noise_read["run_id"] == said[0]["run_id"]
+    assert read["reads"] > 0 and read["ids_read"] >= read["reads"] and "not_read" not in read
+    print(f"bfloat16 read at the reference's ids: {read}; the noise run: {noise_read}")
+    assert "the reference's top-20, read on the candidate" in divergence
     # without a noise run no divergence verdict is claimed: the exit code is the accuracy rows' alone
     assert cli.main([str(reference), str(candidate)]) == holm_rejects(p_worse, 0.05)
     assert (candidate / f"compare-vs-{reference.parent.name}-{reference.name}.html").is_file()
