@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from evalkit.contracts import Scored, ScoreRequest
+from evalkit.contracts import IdsRead, Scored, ScoreRequest
 from evalkit.engine.read_plan import PathRead
 
 TIE = 1e-6  # a target within this of the row's top-1 is the top-1 (floats read back from one tensor row)
@@ -146,6 +146,27 @@ def next_token_scores(requests: Sequence[ScoreRequest], entries: dict[tuple[int,
 def chunked(items: Sequence[int], size: int) -> list[list[int]]:
     """items in lists of at most size (vLLM takes at most 128 ``logprob_token_ids`` per request)."""
     return [list(items[i:i + size]) for i in range(0, len(items), size)] or [[]]
+
+
+def id_asks(reads: Sequence[IdsRead], most: int) -> list[tuple[int, list[int]]]:
+    """(read number, ids) to send for ``Engine.read_ids``: each read's distinct ids in chunks of at most most
+    (vLLM's ``logprob_token_ids`` a request), none for a read that asks no id. A read that asks ids after an
+    empty context raises ValueError (one line): there is no next-token row before the first token."""
+    asks = []
+    for n, read in enumerate(reads):
+        if read.ids and not read.context:
+            raise ValueError(f"read_ids: read {n} asks for {len(read.ids)} ids after an empty context, where no "
+                             "engine has a next-token row; start its context with the prefix token "
+                             "(Engine.prefix_token_id())")
+        if read.ids:
+            asks += [(n, chunk) for chunk in chunked(list(dict.fromkeys(read.ids)), most)]
+    return asks
+
+
+def id_values(reads: Sequence[IdsRead], entries: Sequence[dict[int, float]]) -> list[tuple[float, ...]]:
+    """Each read's log-probabilities in the order its ids were asked (a repeated id repeated), from entries[n]:
+    read n's {token id: log-probability}, its chunks' answers merged; () for a read that asks no id."""
+    return [tuple(entries[n][t] for t in read.ids) for n, read in enumerate(reads)]
 
 
 def token_steps(requests: Sequence[ScoreRequest]) -> tuple[dict[ScoreRequest, list[ScoreRequest]], list[ScoreRequest]]:

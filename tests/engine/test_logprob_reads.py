@@ -211,6 +211,24 @@ def test_more_than_128_ids_go_in_several_requests():
     assert [len(p) for p in parts] == [128, 128, 44] and sum(parts, []) == list(range(300))
 
 
+def test_ids_reads_are_split_per_read_and_answered_in_the_order_asked():
+    """Engine.read_ids' plan: each read's distinct ids in chunks of at most 128, none for a read that asks none;
+    the answer in the order asked, a repeated id repeated; an empty context refused in one line."""
+    from evalkit.contracts import IdsRead
+    from evalkit.engine.logprob_reads import id_asks, id_values
+
+    reads = [IdsRead(context=(1, 2), ids=tuple(range(299, -1, -1))), IdsRead(context=(1,), ids=()),
+             IdsRead(context=(3,), ids=(9, 4, 9))]
+    asks = id_asks(reads, 128)
+    assert [(n, len(ids)) for n, ids in asks] == [(0, 128), (0, 128), (0, 44), (2, 2)] and asks[-1] == (2, [9, 4])
+    entries = [{t: -t / 100 for t in range(300)}, {}, {4: -0.4, 9: -0.9, 7: -0.05}]  # 7: the greedy token
+    assert id_values(reads, entries) == [tuple(-t / 100 for t in range(299, -1, -1)), (), (-0.9, -0.4, -0.9)]
+    assert id_asks([IdsRead(context=(), ids=())], 128) == []
+    with pytest.raises(ValueError, match=r"^read_ids: read 1 asks for 2 ids after an empty context") as error:
+        id_asks([reads[0], IdsRead(context=(), ids=(5, 6))], 128)
+    assert "\n" not in str(error.value)
+
+
 def test_a_continuation_is_chained_from_one_step_per_token_shared_between_choices():
     from evalkit.contracts import Scored
     from evalkit.engine.logprob_reads import chained_score, token_steps

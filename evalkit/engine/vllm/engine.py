@@ -17,13 +17,13 @@ import time
 from collections import Counter
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 from evalkit.engine.machine.environment import hardware, library_versions
 from evalkit.engine.machine.gpus import engine_gpus_of
 from evalkit.engine.logprob_reads import NOTHING_SCORED, BadRead, unscored
 from evalkit.engine.vllm.second_read import ScoringError
-from evalkit.engine.vllm import chained, next_token
+from evalkit.engine.vllm import chained, id_reads, next_token
 from evalkit.engine.vllm.prompt_logprobs import score_prompts
 from evalkit.engine.trace_reads import scored_from_trace, trace_from_steps
 from evalkit.engine.vllm.trace import plain_traces, token_traces
@@ -157,6 +157,14 @@ class VLLMEngine(TokenizerSide):
         reads of each call under a cache salt of their own, so that no earlier call's blocks reach their rows.
         Counted beside the scoring paths (``trace_*``)."""
         return self._traces(requests, top_k, fast=True)
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """Each read's log-probability of every asked id after its context, in the order asked: one-token reads
+        with ``logprob_token_ids`` from the prefix cache, each checked, one that fails sent again alone
+        (id_reads.py). Counted beside the scoring paths (``id_read*``)."""
+        values, counts = id_reads.read_ids(self.llm, reads)
+        self._counts.update(counts)
+        return values
 
     def _traces(self, requests: Sequence[ScoreRequest], top_k: int, *, fast: bool) -> list[TokenTrace]:
         if not requests:
