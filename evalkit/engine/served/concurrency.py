@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 START = 32  # prompts in flight before the server has said anything
 POLL = 0.5  # seconds between two reads of /metrics while requests are in flight
@@ -95,12 +95,12 @@ class Gate:
                 self.in_flight -= weight
                 self._changed.notify_all()
 
-    async def tune(self, metrics_url: str, headers: dict[str, str], poll: float = POLL) -> None:
+    async def tune(self, metrics_url: str, headers: dict[str, str], poll: float = POLL, verify: Any = True) -> None:
         """Read the server's load every poll seconds and move the window, until cancelled; a server without the
-        gauges leaves the window at the cap and is not asked again."""
+        gauges leaves the window at the cap and is not asked again. verify: httpx's (the caller's TLS context)."""
         import httpx
 
-        async with httpx.AsyncClient(headers=headers, timeout=max(poll * 4, 2.0)) as fresh:
+        async with httpx.AsyncClient(headers=headers, timeout=max(poll * 4, 2.0), verify=verify) as fresh:
             while True:
                 await asyncio.sleep(poll)
                 if not self.wanting:  # the window is not full: nothing to learn

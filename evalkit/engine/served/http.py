@@ -21,6 +21,7 @@ behind it gives), the server is gone: the requests in flight are cancelled and e
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
@@ -54,6 +55,17 @@ def transient(error: BaseException) -> bool:
     if isinstance(error, HTTPStatusFailure):
         return error.status in RETRIED_STATUS or error.status >= 500
     return isinstance(error, (httpx.TransportError, asyncio.TimeoutError, TimeoutError))
+
+
+@functools.lru_cache(maxsize=1)
+def tls() -> Any:
+    """The TLS context every client of this process shares: httpx's default (certifi's CAs, SSL_CERT_FILE and
+    SSL_CERT_DIR honoured), built once. httpx builds a new one for each AsyncClient, loading the CA file (about
+    20 ms of CPU here), even for http:// URLs; evalkit opens two clients for each batch and one for each /health
+    check, on the cores a local server computes on."""
+    import httpx
+
+    return httpx.create_ssl_context()
 
 
 def without_credentials(url: str) -> str:
@@ -159,7 +171,7 @@ class Client:
         # as many prompts in flight as the server batches (served/concurrency.py), at most max_concurrency
         gate = Gate(Window(cap=self.max_concurrency))
         # httpx's own timeouts are per read; the request's whole time is bounded by asyncio.wait_for below
-        async with httpx.AsyncClient(headers=self.headers, limits=limits, timeout=None) as client:
+        async with httpx.AsyncClient(headers=self.headers, limits=limits, timeout=None, verify=tls()) as client:
             async def worker() -> None:
                 while not queue.empty():
                     i = queue.get_nowait()
@@ -170,7 +182,7 @@ class Client:
 
             pool = asyncio.ensure_future(asyncio.gather(*(worker() for _ in range(workers))))
             watcher = asyncio.ensure_future(self._watch())
-            tuner = asyncio.ensure_future(gate.tune(f"{self.root()}/metrics", self.headers))
+            tuner = asyncio.ensure_future(gate.tune(f"{self.root()}/metrics", self.headers, verify=tls()))
             await asyncio.wait({pool, watcher}, return_when=asyncio.FIRST_COMPLETED)
             tuner.cancel()
             self.peak_in_flight = max(self.peak_in_flight, gate.peak)
@@ -191,7 +203,7 @@ class Client:
         import httpx
 
         try:
-            async with httpx.AsyncClient(headers=self.headers, timeout=self.health_poll) as fresh:
+            async with httpx.AsyncClient(headers=self.headers, timeout=self.health_poll, verify=tls()) as fresh:
                 return (await fresh.get(f"{self.root()}/health")).status_code not in GONE_STATUS
         except (httpx.HTTPError, OSError):
             return False

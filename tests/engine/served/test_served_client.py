@@ -178,6 +178,24 @@ def test_requests_in_flight_follow_what_the_server_batches(metrics):
         assert client.peak_in_flight == 48 and max(Batching.arrivals) == 48 - Batching.BATCH, Batching.arrivals
 
 
+def test_batches_share_one_tls_context(monkeypatch):
+    """httpx builds a TLS context (the CA file loaded: about 20 ms of CPU, taken from a local server's cores) for
+    each client it opens, http:// or not; the served client's batches, their /metrics reads and their /health
+    checks (every 0.05 s here) share one, built at most once in the process."""
+    import ssl
+
+    from evalkit.engine.served.http import Client
+
+    built, real = [], ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(1) or real(*a, **k))
+    Batching.metrics, Batching.arrivals[:] = True, []
+    with running(Batching, queue=64) as url:
+        client = Client(f"{url}/v1", api_key=None, max_concurrency=8, timeout=60, retries=0, health_poll=0.05)
+        for _ in range(2):  # 24 requests, 4 at a time for 0.1 s each: the window is full when the tuner looks
+            assert client.post_many("/completions", [{"n": i} for i in range(24)]) == [{"ok": True}] * 24
+    assert len(built) <= 1
+
+
 def test_the_window_doubles_while_full_and_falls_to_what_the_server_runs():
     from evalkit.engine.served.concurrency import START, Window, server_load
 
