@@ -123,6 +123,79 @@ def test_report_files_are_written_into_the_sweep_folder(report, sweep):
     assert "# evalkit compare" in (folder / "compare-1-vs-0.md").read_text()
 
 
+def compare_divergence_rows(ref, cand, folder):
+    """The divergence table's rows (task -> cells by column) of `python -m evalkit.compare REF CAND`'s report."""
+    assert cli_main([str(ref), str(cand), "--output", str(folder)]) in (0, 1)
+    (text,) = [f.read_text() for f in folder.glob("compare-*.md")]
+    return markdown_rows(text.split("## Divergence (token level)")[1])
+
+
+def markdown_rows(text):
+    """The first Markdown table in text: first cell -> {column: cell}."""
+    lines = [line for line in text.split("\n\n|", 1)[1].split("\n\n")[0].splitlines()]
+    head = [c.strip() for c in ("|" + lines[0]).strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    return {(r[0], r[2]) if head[0] == "point" else r[0]: dict(zip(head, r)) for r in rows}
+
+
+def test_the_sweep_shows_each_points_divergence_as_compare_gives_it(report, sweep, tmp_path):
+    """report.csv's Mean KLD and Same top p per task, report.md's divergence table and the point's own comparison
+    report all hold what `python -m evalkit.compare REF P` gives for the same pair (no noise run: no verdict)."""
+    from evalkit.compare.divergence.report import estimate
+    from evalkit.compare.divergence.stats import Estimate
+
+    runs, folder = sweep["runs"], sweep["dir"]
+    compared = compare_divergence_rows(runs[0], runs[1], tmp_path)
+    arith = compared["evalkit_arith"]
+    assert arith["Mean KLD ± SE [95 %]"].split()[0] not in ("0", "–")  # the broken engine's generations moved
+    table = report["table"]
+    for task in ("evalkit_arith", "evalkit_facts"):
+        row = table[(table.point == 1) & (table.task == task)].iloc[0]
+        kld = Estimate(row.mean_kld, row.mean_kld_se, row.mean_kld_low, row.mean_kld_high)
+        assert estimate(kld) == compared[task]["Mean KLD ± SE [95 %]"]
+        assert compared[task]["Same top p ± SE [95 %]"].startswith(f"{row.same_top_p * 100:.5g} ± ")
+    ref_rows = table[table.point == 0]
+    assert ref_rows.mean_kld.isna().all() and table[table.point == 4].same_top_p.isna().all()  # not comparable
+    itself = table[table.point == 3]  # point 0's own run: nothing moved
+    assert (itself.mean_kld == 0).all() and (itself.same_top_p == 1).all()
+    md = (folder / "report.md").read_text()
+    shown = markdown_rows(md.split("## Divergence from the reference (token level)")[1])
+    for task in ("evalkit_arith", "evalkit_facts", "all tasks"):
+        for column in ("positions", "Mean KLD ± SE [95 %]", "Same top p ± SE [95 %]"):
+            assert shown[("1", task)][column] == compared[task][column]
+    assert "no verdict" in md and "| mean_kld" not in md  # the main table leaves them to their own
+    own = (folder / "compare-1-vs-0.md").read_text()
+    assert markdown_rows(own.split("## Divergence (token level)")[1]) == compared
+    assert "- no noise run: the figures only, no verdict claimed" in own
+    page = (folder / "report.html").read_text().replace("\u00a0", " ")  # its figures break before the interval
+    assert "<h2 id=divergence>" in page and compared["all tasks"]["Mean KLD ± SE [95 %]"] in page
+    assert "<h2 id=divergence>" in (folder / "compare-1-vs-0.html").read_text()
+
+
+def test_a_point_or_a_reference_without_a_record_is_blank_with_a_note(sweep, tmp_path):
+    """A point run with divergence_top_k=0: blank, and one line why; as the reference, every point blank, one line."""
+    unrecorded = replace(sweep["configs"][0], divergence_top_k=0)
+    run = evaluate(unrecorded, engine_factory=lambda c, d: FakeEngine(), check_devices=False)
+    folder = tmp_path / "sweep"
+    for num, run_dir in ((0, sweep["runs"][0]), (1, sweep["runs"][1]), (2, run)):
+        write_point(folder / str(num), replace(record(num, "ok", run_dir), overrides=[f"seed={num}"]))
+    name = f"{run.parent.name}/{run.name}"
+    for reference, blank, note in ((0, [2], f"- point 2: no divergence: run {name} (point 2) recorded no divergence; "
+                                               "run it with divergence_top_k=20 to record one"),
+                                   (2, [0, 1], f"- points 0, 1: no divergence: run {name} (point 2) recorded no "
+                                               "divergence")):
+        write_report(folder, reference=reference)
+        table = pd.read_csv(folder / "report.csv")
+        assert table[table.point.isin(blank)][["mean_kld", "same_top_p"]].isna().all().all()
+        md = (folder / "report.md").read_text()
+        assert note in md and "nan" not in md
+        rows = markdown_rows(md.split("## Divergence from the reference (token level)")[1])
+        assert all(rows[(str(n), "none (see below)")]["Mean KLD ± SE [95 %]"] == "" for n in blank)
+        own = (folder / f"compare-{blank[-1]}-vs-{reference}.md").read_text()
+        assert f"Divergence: none: run {name} recorded no divergence" in own
+    assert table[table.point == 1].mean_kld.isna().all()
+
+
 def test_another_reference_point(sweep, tmp_path, capsys):
     assert report_main([str(sweep["dir"]), "--reference", "1"]) == 0
     table = pd.read_csv(sweep["dir"] / "report.csv")

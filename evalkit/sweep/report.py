@@ -6,12 +6,14 @@ skipped with the earlier run that has its config), compares every completed poin
 ``report.csv``, ``report.md``, ``scores.png`` (each score per point with its stderr as error bars, one panel
 per task, metric and filter), ``throughput.png`` (tokens/s per point), ``report.html`` (the verdict in
 words, a compact table, both images: report_page.py) and, per compared point,
-``compare-<point>-vs-<reference>.md`` / ``.html`` (evalkit.compare's report).
+``compare-<point>-vs-<reference>.md`` / ``.html`` (evalkit.compare's report, with its divergence section).
 
 Columns (:data:`COLUMNS`): ``point``, ``overrides``, ``status``, then per task, metric and filter the run's
 ``value`` and ``stderr`` (lm-eval's), ``verdict`` and ``diff`` against the reference (evalkit.compare's, every
 compared point's rows one family as ``python -m evalkit.compare REF P1 ... Pk`` makes them;
 "reference" on the reference's rows, "not comparable: ..." where the runs saw different documents), the
+token-level divergence of the row's task from the reference's (``mean_kld`` with its ``_se``, ``_low`` and
+``_high``, ``same_top_p`` as a fraction: evalkit/sweep/divergence.py, as evalkit.compare computes it), the
 point's ``wall_seconds``, ``tokens_per_s`` and, for a failed point (one row, no metrics), its ``error``.
 
 tokens/s is the run's engine throughput: prompt plus generated tokens of all its tasks (``evalkit.counts``)
@@ -33,13 +35,14 @@ from typing import Any
 
 import pandas as pd
 
+from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.plots import png, pyplot
-from evalkit.sweep import report_page
+from evalkit.sweep import divergence, report_page
 from evalkit.sweep.points import (COMPLETED, PointRecord, SweepError, distinct_overrides, read_points,
                                    write_atomic)
 
 COLUMNS = ["point", "overrides", "status", "task", "metric", "filter", "value", "stderr", "verdict", "diff",
-           "wall_seconds", "tokens_per_s", "error"]
+           *divergence.COLUMNS, "wall_seconds", "tokens_per_s", "error"]
 
 
 def tokens_per_second(results: dict[str, Any]) -> float | None:
@@ -52,10 +55,11 @@ def tokens_per_second(results: dict[str, Any]) -> float | None:
 
 
 def point_rows(point: PointRecord, overrides: str, results: dict[str, Any] | None,
-               verdicts: pd.DataFrame | str | None) -> list[dict[str, Any]]:
+               verdicts: pd.DataFrame | str | None, found: Divergence | None = None) -> list[dict[str, Any]]:
     """The rows of one point: one per task, metric and filter of its run, or one row with its status and error.
 
-    verdicts: the comparison with the reference (evalkit.compare's table), or one word for every row."""
+    verdicts: the comparison with the reference (evalkit.compare's table), or one word for every row; found: its
+    divergence from the reference (each row gets its task's figures)."""
     from evalkit.run.results import summary_frame
 
     base = {"point": point.num, "overrides": overrides, "status": point.status,
@@ -67,7 +71,7 @@ def point_rows(point: PointRecord, overrides: str, results: dict[str, Any] | Non
     rows = []
     for r in frame.itertuples():
         row = {**base, "task": r.task, "metric": r.metric, "filter": r.filter, "value": r.value,
-               "stderr": r.stderr, "tokens_per_s": speed}
+               "stderr": r.stderr, "tokens_per_s": speed, **divergence.task_columns(found, r.task)}
         if isinstance(verdicts, pd.DataFrame):
             same = (verdicts.task == r.task) & (verdicts.metric == r.metric) & (verdicts["filter"] == r.filter)
             match = verdicts[same]
@@ -80,12 +84,14 @@ def point_rows(point: PointRecord, overrides: str, results: dict[str, Any] | Non
 
 
 def sweep_table(points: list[PointRecord], runs: dict[int, dict[str, Any]],
-                verdicts: dict[int, pd.DataFrame | str]) -> pd.DataFrame:
+                verdicts: dict[int, pd.DataFrame | str], found: dict[int, Divergence] | None = None) -> pd.DataFrame:
     """Every point x task x metric (see COLUMNS). runs: point -> its results.json; verdicts: point -> its
-    comparison with the reference, or a word ("reference", "not comparable: ..."). overrides: only those that
-    differ between the points (all of them in a sweep of one point)."""
-    apart = distinct_overrides(points)
-    rows = [row for p in points for row in point_rows(p, apart[p.num], runs.get(p.num), verdicts.get(p.num))]
+    comparison with the reference, or a word ("reference", "not comparable: ..."); found: point -> its divergence
+    from the reference. overrides: only those that differ between the points (all of them in a sweep of one
+    point)."""
+    apart, found = distinct_overrides(points), found or {}
+    rows = [row for p in points
+            for row in point_rows(p, apart[p.num], runs.get(p.num), verdicts.get(p.num), found.get(p.num))]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -104,23 +110,24 @@ def choose_reference(points: list[PointRecord], runs: dict[int, dict[str, Any]],
 
 
 def compare_points(points: list[PointRecord], reference: int | None, *, tolerance: float
-                   ) -> tuple[dict[int, pd.DataFrame | str], dict[str, str]]:
+                   ) -> tuple[dict[int, pd.DataFrame | str], dict[str, str], dict[int, Divergence]]:
     """Every completed point against the reference with evalkit.compare, all of them one family (as
     ``python -m evalkit.compare REF P1 ... Pk`` compares them: the same rows, resamples and verdicts): point -> its
-    table (or a word), and the comparison reports by file name."""
+    table (or a word), the comparison reports by file name, and point -> its divergence from the reference
+    (evalkit/sweep/divergence.py; shown in its report as compare shows it without --noise)."""
     from evalkit.compare import paired, runs
     from evalkit.compare import report as compare_report
 
     verdicts: dict[int, pd.DataFrame | str] = {}
     files: dict[str, str] = {}
     if reference is None:
-        return verdicts, files
+        return verdicts, files, {}
     by_num = {p.num: p for p in points}
     verdicts[reference] = "reference"
     try:
         ref = runs.load_run(by_num[reference].run_dir)
     except runs.CompareError as error:  # no samples (log_samples=false): nothing can be compared with it
-        return {**{p.num: f"not comparable: reference {error}" for p in points}, reference: "reference"}, files
+        return {**{p.num: f"not comparable: reference {error}" for p in points}, reference: "reference"}, files, {}
     comparable: dict[int, runs.Run] = {}
     for point in points:
         if point.num == reference or point.status not in COMPLETED or not point.run_dir:
@@ -132,19 +139,20 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
         except runs.CompareError as error:
             verdicts[point.num] = f"not comparable: {error}"
     compared = paired.compare_family(ref, list(comparable.values()), tolerance=tolerance) if comparable else []
+    found = divergence.point_divergences(ref, comparable)
     family = sum(len(table) for table, _ in compared)
     for num, (table, details) in zip(comparable, compared):
         verdicts[num] = table
         text = compare_report.markdown(f"point {reference}: {ref.name}", f"point {num}: {by_num[num].run_dir}",
                                        table, details, tolerance=tolerance, confidence=0.95, family=family,
-                                       comparisons=len(compared))
+                                       comparisons=len(compared), divergence=found[num])
         stem = f"compare-{num}-vs-{reference}"
         files[f"{stem}.md"] = text
         files[f"{stem}.html"] = compare_report.html_page(  # no exit code: the sweep exits on failed points only
             text, table, compare_report.plots(table, details, tolerance), exit_code=None, tolerance=tolerance,
             confidence=0.95, reference=ref, candidate=comparable[num], details=details, family=family,
-            title=f"evalkit compare: point {num} against point {reference}")
-    return verdicts, files
+            title=f"evalkit compare: point {num} against point {reference}", divergence=found[num])
+    return verdicts, files, found
 
 
 def label(point: int, overrides: str) -> str:
@@ -193,8 +201,10 @@ def throughput_png(table: pd.DataFrame) -> bytes:
 
 
 def markdown(table: pd.DataFrame, points: list[PointRecord], *, sweep_dir: str, reference: int | None,
-             tolerance: float, compare_files: list[str], notes: dict[int, str]) -> str:
-    """report.md: what the numbers are, the table, each point's full overrides, run folder, error and notes."""
+             tolerance: float, compare_files: list[str], notes: dict[int, str],
+             found: dict[int, Divergence] | None = None) -> str:
+    """report.md: what the numbers are, the table (its divergence columns as their own table below it, compare's
+    cells), each point's full overrides, run folder, error and notes."""
     statuses = pd.Series([p.status for p in points]).value_counts().to_dict()
     lines = ["# evalkit sweep report", "", f"- sweep: `{sweep_dir}`",
              "- points: " + ", ".join(f"{v} {k}" for k, v in statuses.items()),
@@ -202,8 +212,10 @@ def markdown(table: pd.DataFrame, points: list[PointRecord], *, sweep_dir: str, 
              f"- verdicts: evalkit.compare against the reference, tolerance ±{tolerance}, the rows of every compared "
              "point one family (Holm), as `python -m evalkit.compare REF P1 ... Pk` gives them",
              "- tokens/s: prompt + generated tokens per second in the engine", ""]
-    shown = table.astype(object).where(table.notna(), None)  # empty cells, not "nan"
-    lines += [shown.to_markdown(index=False, floatfmt=".4g", missingval=""), "", "## Points", ""]
+    shown = table.drop(columns=divergence.COLUMNS).astype(object)
+    shown = shown.where(shown.notna(), None)  # empty cells, not "nan"
+    lines += [shown.to_markdown(index=False, floatfmt=".4g", missingval=""), ""]
+    lines += divergence.markdown(found or {}, distinct_overrides(points), reference) + ["## Points", ""]
     for p in points:
         lines.append(f"- point {p.num} (`{' '.join(p.overrides)}`): {p.status}"
                      + (f", run `{p.run_dir}`" if p.run_dir else "") + (f", error: {p.error}" if p.error else "")
@@ -214,11 +226,12 @@ def markdown(table: pd.DataFrame, points: list[PointRecord], *, sweep_dir: str, 
 
 
 def html_page(text: str, table: pd.DataFrame, images: dict[str, bytes], links: list[str], *,
-              points: list[PointRecord], reference: int | None, tolerance: float) -> str:
-    """report.html: the sweep's verdict in words first, then the compact table (report_page.py, through
-    evalkit.compare's one page template)."""
-    return report_page.html_page(text, table, images, links, points=points, reference=reference,
-                                 tolerance=tolerance)
+              points: list[PointRecord], reference: int | None, tolerance: float,
+              found: dict[int, Divergence] | None = None) -> str:
+    """report.html: the sweep's verdict in words first, then the compact table and the divergence's
+    (report_page.py, through evalkit.compare's one page template)."""
+    return report_page.html_page(text, table, images, links, points=points, reference=reference, tolerance=tolerance,
+                                 divergence=divergence.html(found or {}, distinct_overrides(points), reference))
 
 
 def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
@@ -244,10 +257,10 @@ def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: fl
     points = [replace(p, error=f"its run folder {p.run_dir} has no results.json (moved or deleted?)")
               if p.status in COMPLETED and p.num not in runs and not p.error else p for p in points]
     ref = choose_reference(points, runs, reference)
-    verdicts, compare_files = compare_points([p for p in points if p.num in runs], ref, tolerance=tolerance)
-    table = sweep_table(points, runs, verdicts)
+    verdicts, compare_files, found = compare_points([p for p in points if p.num in runs], ref, tolerance=tolerance)
+    table = sweep_table(points, runs, verdicts, found)
     text = markdown(table, points, sweep_dir=str(sweep_dir), reference=ref, tolerance=tolerance,
-                    compare_files=sorted(n for n in compare_files if n.endswith(".md")),
+                    compare_files=sorted(n for n in compare_files if n.endswith(".md")), found=found,
                     notes={n: v for n, v in verdicts.items() if isinstance(v, str) and v.startswith("not comparable")})
     images = {"Scores per point": scores_png(table), "Throughput per point": throughput_png(table)}
     written = [write_atomic(sweep_dir / name, data) for name, data in compare_files.items()]
@@ -257,5 +270,5 @@ def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: fl
                 write_atomic(sweep_dir / "throughput.png", images["Throughput per point"])]
     links = sorted(n for n in compare_files if n.endswith(".html"))
     written.append(write_atomic(sweep_dir / "report.html", html_page(text, table, images, links, points=points,
-                                                                     reference=ref, tolerance=tolerance)))
+                                                                     reference=ref, tolerance=tolerance, found=found)))
     return written

@@ -1,8 +1,9 @@
 """The sweep report's HTML page, through compare's one template (evalkit/compare/page.py): the verdict over the
 points in words, a compact table (point, overrides, task, metric, score ± stderr, difference, verdict linked to the
-point's comparison page, tokens/s), every column folded below it, the plots with their captions, and report.md
-rendered. Pure: the table (evalkit/sweep/report.py's) in, HTML out. The verdicts are compare's, as the table holds
-them; nothing here decides one."""
+point's comparison page, tokens/s), every column folded below it, each point's divergence from the reference
+(evalkit/sweep/divergence.py's section), the plots with their captions, and report.md rendered. Pure: the table
+(evalkit/sweep/report.py's) in, HTML out. The verdicts are compare's, as the table holds them; nothing here decides
+one."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def full_table(table: pd.DataFrame) -> str:
 
 
 def html_page(text: str, table: pd.DataFrame, images: dict[str, bytes], links: list[str], *,
-              points: list[PointRecord], reference: int | None, tolerance: float) -> str:
+              points: list[PointRecord], reference: int | None, tolerance: float, divergence: str = "") -> str:
     words, kind = headline(table, points, reference)
     plotted = table["point"][table["value"].notna()].nunique()  # a plot of one point compares nothing
     captions = {"Scores per point": SCORES, "Throughput per point": THROUGHPUT}
@@ -105,9 +106,9 @@ def html_page(text: str, table: pd.DataFrame, images: dict[str, bytes], links: l
     listed = "".join(f'<li><a href="{page.escape(n)}">{page.escape(n)}</a></li>' for n in links)
     facts = (f"{len(points)} points · reference: point {reference} · verdicts: evalkit.compare against the reference "
              f"at ±{tolerance:g}, every compared point's rows one family (Holm) · "
-             "<a href=#report>text report</a>")
+             + ("<a href=#divergence>divergence</a> · " if divergence else "") + "<a href=#report>text report</a>")
     return page.document(title="evalkit sweep report", headline=words, kind=kind, facts=facts, sections=[
-        f"<div class=scroll>{compact_table(table, reference)}</div>", full_table(table),
+        f"<div class=scroll>{compact_table(table, reference)}</div>", full_table(table), divergence,
         "<h2>Comparison reports</h2>" + (f"<ul>{listed}</ul>" if listed else "<p class=none>none</p>"),
         "<h2>Plots</h2>", *figures,
         f"<h2 id=report>The text report</h2>\n<div class=report>{page.markdown_html(text)}</div>"])
