@@ -15,7 +15,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import NOTHING_SCORED, unscored
 from evalkit.engine.machine.environment import library_versions
 from evalkit.engine.served.batch import Sender, ServedError, failed
@@ -116,6 +116,11 @@ class ServedEngine(TokenizerSide):
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         return self.reader.trace(requests, top_k)
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """Through vLLM's fields, next-token reads of the asked ids (served/id_reads.py); through the OpenAI API
+        alone, NotImplementedError: it has no way to ask for given ids."""
+        return self.reader.read_ids(reads)
 
     def scoring_counts(self) -> dict[str, int]:
         return dict(self._counts)

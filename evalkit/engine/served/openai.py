@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Collection, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import scored_positions
 from evalkit.engine.served.batch import Sender, failed
 from evalkit.engine.served.body import SAMPLING_DEFAULTS, ServedReadError, checked_value
@@ -170,6 +170,15 @@ class OpenAIApi:
         self._fail_unless_scorable(requests)
         return self.sender.send(requests, lambda r: echo_body(r.ids, self.model, top_k),
                                 lambda r, response: read_echo_trace(r, response, self.decode, top_k), None, len)
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """NotImplementedError where a read asks any id: the OpenAI API has no field that asks for given ids'
+        log-probabilities (its logprobs are the top entries, an echo the prompt's own tokens). Reads that ask
+        none are answered ()."""
+        if any(r.ids for r in reads):
+            raise NotImplementedError("the server is read through the OpenAI API alone (api: openai), which cannot "
+                                      "ask for given token ids' log-probabilities (vLLM's logprob_token_ids)")
+        return [() for _ in reads]
 
     def _fail_unless_scorable(self, requests: Sequence[ScoreRequest]) -> None:
         """Every request of the batch failed, where the probe found the server's echo unreadable."""

@@ -13,7 +13,8 @@ answers (``Engine.score`` / ``Engine.generate`` asked with ``top_k`` > 0): :clas
   harness made for the traces is not sent. Chained next-token reads (``fast``) give no top list, so a traced
   score never chains.
 
-The server refuses k above its ``--max-logprobs`` (20 by default), as it refuses such a ``trace``.
+The server refuses k above its ``--max-logprobs`` (20 by default), as it refuses such a ``trace``. The record's
+reads of another run's top ids (``Engine.read_ids``) are next-token reads of given ids: ``served/id_reads.py``.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace, top_list_fault
+from evalkit.contracts import (Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace,
+                               top_list_fault)
 from evalkit.engine.logprob_reads import TIE
 from evalkit.engine.served.body import (ServedReadError, VLLMApi, checked_value, choice_of, generate_body,
                                         prompt_logprobs_body, read_generation, read_prompt_logprobs, read_trace,
                                         salt)
+from evalkit.engine.served.id_reads import read_ids
 
 
 def traced_generate_body(request: GenRequest, model: str, top_k: int) -> dict[str, Any]:
@@ -94,7 +97,8 @@ def read_traced_score(request: ScoreRequest, response: dict[str, Any], top_k: in
 
 
 class TracedVLLMApi(VLLMApi):
-    """:class:`VLLMApi`, its answers asked with top_k > 0 carrying their traces, read from the same requests."""
+    """:class:`VLLMApi`, its answers asked with top_k > 0 carrying their traces, read from the same requests; and
+    the record's ids reads (served/id_reads.py)."""
 
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None, top_k: int = 0) -> list[Generation]:
         if not top_k:
@@ -111,3 +115,6 @@ class TracedVLLMApi(VLLMApi):
         return self.sender.send(requests, lambda r: prompt_logprobs_body(r.ids, self.model, salt(), top_k),
                                 lambda r, response: read_traced_score(r, response, top_k), progress,
                                 lambda r: len(r.ids))
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        return read_ids(self.sender, reads, model=self.model, cache_salt=self.cache_salt, counts=self.counts)

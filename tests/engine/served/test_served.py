@@ -74,6 +74,80 @@ def test_traces_come_in_the_requests_that_answer_and_agree_with_the_offline_engi
     assert all(s.trace is None for s in served.score(scores)) and all(g.trace is None for g in served.generate(gens))
 
 
+def id_reads_of_traces(engine, traces_of, k: int = 20, seed: int = 0):
+    """At each position of PROMPTS' traces (traces_of(requests, k)): a read of 8 of its top ids in shuffled order
+    and 12 ids outside them; with the values those 8 have in the trace, and the trace's last top value."""
+    import random
+
+    from evalkit.contracts import IdsRead
+
+    rng = random.Random(seed)
+    requests = [ScoreRequest(ids=tuple(engine.encode(p, True)), start=1) for p in PROMPTS]
+    reads, expected, lowest = [], [], []
+    for r, trace in zip(requests, traces_of(requests, k)):
+        for p, top in zip(range(1, len(r.ids)), trace.top):
+            chosen = rng.sample(top, 8)
+            others = rng.sample([t for t in range(1000, 5000) if t not in dict(top)], 12)
+            reads.append(IdsRead(context=r.ids[:p], ids=(*(t for t, _ in chosen), *others)))
+            expected.append([v for _, v in chosen])
+            lowest.append(top[-1][1])
+    return reads, expected, lowest
+
+
+@pytest.mark.engine
+def test_read_ids_through_vllms_api_gives_the_traces_values_in_the_order_asked(served, engine):
+    """Engine.read_ids on the server: a trace's top ids read in another order give its values in that order, ids
+    outside it read below its 20th; the reads' bodies bundled (16 a request, 128 ids at most); 300 ids in one
+    read split into three bodies and merged, equal to the offline engine's read; none asked: () unsent."""
+    from evalkit.contracts import IdsRead
+
+    reads, expected, lowest = id_reads_of_traces(engine, served.trace)
+    big = IdsRead(context=reads[3].context, ids=tuple(range(299, -1, -1)))
+    before = served.scoring_counts()
+    values = served.read_ids([*reads, big, IdsRead(context=(1, 2), ids=())])
+    counts = {k: v - before.get(k, 0) for k, v in served.scoring_counts().items()}
+    assert counts["id_reads"] == len(reads) + 2 and counts["id_read_bodies"] == len(reads) + 3
+    assert len(reads) // 6 <= counts["http_requests"] < counts["id_read_bodies"] and counts["mismatched"] == 0
+    for got, want, last in zip(values, expected, lowest):
+        assert len(got) == 20 and list(got[:8]) == pytest.approx(want, abs=1e-4)
+        assert max(got[8:]) <= last + 1e-4
+    assert values[-1] == () and values[-2] == pytest.approx(engine.read_ids([big])[0], abs=1e-4)
+    with pytest.raises(ValueError, match="after an empty context"):
+        served.read_ids([IdsRead(context=(), ids=(5,))])
+
+
+@pytest.mark.engine
+def test_an_id_read_wrong_once_is_sent_again_and_wrong_twice_fails_alone(served, proxy, embedded_model_dir):
+    from evalkit.engine.served.engine import ServedError
+
+    engine = through(proxy, embedded_model_dir)
+    reads = id_reads_of_traces(engine, served.trace, seed=1)[0][:5]
+    direct = served.read_ids(reads)
+    proxy.faults = ["wrong_ids"]  # the first prompt of the first request, once
+    flat = lambda answers: [v for values in answers for v in values]  # noqa: E731
+    assert flat(engine.read_ids(reads)) == pytest.approx(flat(direct), abs=1e-4)
+    assert proxy.spoiled == ["wrong_ids"] and engine.scoring_counts()["mismatched"] == 1
+    proxy.wrong_ids_for = {reads[2].context}
+    with pytest.raises(ServedError, match=r"^1 of 5 requests failed: the answer failed its check twice") as error:
+        engine.read_ids(reads)
+    assert "\n" not in str(error.value) and error.value.answers[2] is None
+    assert flat(a for i, a in enumerate(error.value.answers) if i != 2) == pytest.approx(flat(direct[:2] + direct[3:]),
+                                                                                      abs=1e-4)
+
+
+@pytest.mark.engine
+def test_a_server_read_through_the_openai_api_alone_cannot_read_given_ids(proxy, embedded_model_dir):
+    from evalkit.contracts import IdsRead
+    from tests.fault_proxy import openai_only
+
+    openai_only(proxy)
+    engine = through(proxy, embedded_model_dir)
+    assert engine.describe()["probe"]["api"] == "openai"
+    with pytest.raises(NotImplementedError, match=r"^the server is read through the OpenAI API alone") as error:
+        engine.read_ids([IdsRead(context=(1, 2), ids=()), IdsRead(context=(1, 2), ids=(5,))])
+    assert "\n" not in str(error.value) and engine.read_ids([IdsRead(context=(1, 2), ids=())]) == [()]
+
+
 class NoTraceCalls(Lent):
     """The session's server, refusing a second pass: every trace must come with the answers."""
 
