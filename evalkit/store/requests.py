@@ -7,8 +7,8 @@ share one answer when greedy and keep one each when sampled (:meth:`ResumableEng
 is a hash of everything that decides an answer (:func:`fingerprint`): the model's files, the settings that
 change outputs, the model runner and kernel-selecting environment, the library versions, the hardware and
 evalkit's own answer code; each line is keyed by a hash of the exact request and the scoring path
-(``fast_scoring``; with ``divergence_top_k`` > 0 its k too, the answer then keeping its trace), or of a trace and
-its k, and records the settings of the try that computed it. Settings that only change scheduling or memory
+(``fast_scoring``; with ``divergence_top_k`` > 0 its k too, the answer then keeping its trace), of a trace and
+its k, or of an ids read (its context and ids: ``Engine.read_ids``), and records the settings of the try that computed it. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
 ``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evalkit.config import ConfigError
-from evalkit.contracts import (Engine, Generation, GenRequest, PartialAnswers, Progress, Scored, ScoreRequest,
-                               TokenTrace)
+from evalkit.contracts import (Engine, Generation, GenRequest, IdsRead, PartialAnswers, Progress, Scored,
+                               ScoreRequest, TokenTrace)
 from evalkit.hashing import sha256
 from evalkit.engine.wrapper import Wrapped
 
@@ -115,7 +115,7 @@ class RequestStore:
 
 class ResumableEngine(Wrapped):
     """An Engine that answers from the store where it can and sends the rest in chunks, saving each. generate,
-    score and trace (a run's divergence record) go through the store; every other member, close() included, goes
+    score, trace and read_ids (a run's divergence record) go through the store; every other member, close() included, goes
     to the engine unchanged (Wrapped). scoring_counts() are the engine's: answers read from the store took no
     scoring path. close() frees the store, then closes the engine."""
 
@@ -126,6 +126,7 @@ class ResumableEngine(Wrapped):
         self.settings = settings  # this try's memory settings, recorded with each answer it computes
         self.counted: Counter = Counter()  # answers reused and computed: the requests a run asked
         self.traces: Counter = Counter()  # traces reused and computed, apart, for the divergence record
+        self.id_reads: Counter = Counter()  # ids reads reused and computed, apart, for the divergence record
         self._reused_from: Counter = Counter()  # settings (as JSON) of the tries whose answers were reused
         self._draws: Counter = Counter()  # sampled requests seen so far in this run, by request hash
 
@@ -149,10 +150,10 @@ class ResumableEngine(Wrapped):
 
     def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
              progress: Progress | None, path: Callable[[Any], dict[str, Any] | None] = lambda r: None,
-             tally: Counter | None = None) -> list:
-        """Each request answered from the store or by call in chunks, each chunk saved; path(request) is keyed
-        with it; reused and computed counted in tally (the answers' by default, so that they stay the requests a
-        run asked)."""
+             tally: Counter | None = None, dump: Callable[[Any], Any] = asdict) -> list:
+        """Each request answered from the store or by call in chunks, each chunk saved as dump(answer) (load
+        reads it back); path(request) is keyed with it; reused and computed counted in tally (the answers' by
+        default, so that they stay the requests a run asked)."""
         tally = self.counted if tally is None else tally
         keys = [self._key(r, path(r)) for r in requests]
         first: dict[str, int] = {}  # each missing answer once, however often it is asked
@@ -170,20 +171,21 @@ class ResumableEngine(Wrapped):
             try:
                 answers = call([requests[i] for i in chunk], progress)
             except PartialAnswers as partial:  # keep what was answered, then fail: a rerun sends only the rest
-                kept = [(keys[i], asdict(a)) for i, a in zip(chunk, partial.answers) if a is not None]
+                kept = [(keys[i], dump(a)) for i, a in zip(chunk, partial.answers) if a is not None]
                 self.store.add(kept, by=self.settings)
                 tally["computed"] += len(kept)
                 raise
-            self.store.add([(keys[i], asdict(a)) for i, a in zip(chunk, answers)], by=self.settings)
+            self.store.add([(keys[i], dump(a)) for i, a in zip(chunk, answers)], by=self.settings)
             tally["computed"] += len(chunk)
         return [load(self.store.answers[k]) for k in keys]
 
     def record(self) -> dict[str, Any]:
-        """For results.json: the store, answers reused and computed (traces for the divergence record counted
-        apart), and the settings the reused answers and traces came from."""
+        """For results.json: the store, answers reused and computed (the divergence record's traces and ids reads
+        counted apart), and the settings the reused answers and traces came from."""
         origins = [{"settings": json.loads(s), "answers": n} for s, n in sorted(self._reused_from.items())]
         return {"store": str(self.store.path), "reused": self.reused, "computed": self.computed,
                 "traces": {"reused": self.traces["reused"], "computed": self.traces["computed"]},
+                "id_reads": {"reused": self.id_reads["reused"], "computed": self.id_reads["computed"]},
                 "reused_from": origins,
                 "other_settings": any(o["settings"] != self.settings for o in origins)}
 
@@ -212,6 +214,11 @@ class ResumableEngine(Wrapped):
         return self._run(requests, lambda chunk, progress: self.engine.trace(chunk, top_k), load_trace, None,
                          path=lambda r: {"trace_top_k": top_k}, tally=self.traces)
 
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """Keyed by the read (its context and ids, in the order asked); kept as its list of log-probabilities."""
+        return self._run(reads, lambda chunk, progress: self.engine.read_ids(chunk), load_ids, None,
+                         tally=self.id_reads, dump=lambda values: {"logprobs": list(values)})
+
 
 def load_scored(answer: dict[str, Any]) -> Scored:
     """A stored score, with its trace where it was answered with one."""
@@ -228,3 +235,8 @@ def load_trace(answer: dict[str, Any]) -> TokenTrace:
     """A stored trace (JSON lists) as the engine gave it: tuples of (token id, log-probability) per position."""
     return TokenTrace(logprobs=tuple(answer["logprobs"]),
                       top=tuple(tuple((int(t), float(v)) for t, v in row) for row in answer["top"]))
+
+
+def load_ids(answer: dict[str, Any]) -> tuple[float, ...]:
+    """A stored ids read: its log-probabilities in the order asked (-inf kept as JSON writes it, -Infinity)."""
+    return tuple(float(v) for v in answer["logprobs"])

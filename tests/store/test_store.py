@@ -227,3 +227,32 @@ def test_answers_asked_with_a_trace_keep_it_and_a_rerun_gives_it_back(tmp_path):
     assert (again.computed, again.reused) == (0, 3 + 3 + 3 + 1)
     with pytest.raises(AssertionError, match="scores asked of the engine"):
         again.score(scores, top_k=4)  # another k is another answer
+
+
+def test_ids_reads_are_kept_and_a_rerun_replays_them_without_the_engine(tmp_path):
+    """Engine.read_ids through the store: each read keyed by its context and ids (in the order asked), its
+    answer kept as the engine gave it (-inf included), counted apart from the answers; a second store over the
+    same file replays every read without asking its engine."""
+    from evalkit.contracts import IdsRead
+
+    class WithMinusInf(FakeEngine):
+        def read_ids(self, reads):
+            return [tuple(-float("inf") if t == 0 else v for t, v in zip(r.ids, values))
+                    for r, values in zip(reads, super().read_ids(reads))]
+
+    path = tmp_path / "store.jsonl"
+    reads = [IdsRead(context=(1, 97), ids=(98, 0, 99)), IdsRead(context=(1, 97), ids=(99, 98)),
+             IdsRead(context=(1,), ids=()), IdsRead(context=(1, 97), ids=(98, 0, 99))]  # the last: the first again
+    engine = WithMinusInf()
+    first = ResumableEngine(engine, RequestStore(path), chunk_size=2)
+    answers = first.read_ids(reads)
+    assert answers == engine.read_ids(reads) and answers[0][1] == -float("inf") and answers[2] == ()
+    assert len(engine.id_reads) == 3 + 4 and +first.id_reads == {"computed": 3, "reused": 1}
+    assert (first.computed, first.reused) == (0, 0) and first.record()["id_reads"] == {"reused": 1, "computed": 3}
+    first.close()
+    fresh = FakeEngine()
+    again = ResumableEngine(fresh, RequestStore(path), chunk_size=2)
+    assert again.read_ids(reads) == answers and fresh.id_reads == []
+    assert again.record()["id_reads"] == {"reused": 4, "computed": 0}
+    assert again.read_ids([IdsRead(context=(1, 97), ids=(99, 98, 0))]) == fresh.read_ids(
+        [IdsRead(context=(1, 97), ids=(99, 98, 0))]) and len(fresh.id_reads) == 2  # another order: another read

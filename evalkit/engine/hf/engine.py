@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.backoff import DEFAULT_BATCH_SIZE
 from evalkit.engine.hf import forward, generation
 from evalkit.engine.hf.model import load
@@ -52,6 +52,10 @@ class HFEngine(TokenizerSide):
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         return forward.trace(self.loaded, requests, top_k, batch_size=self.batch_size)
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """From one forward pass over each context, its last row log_softmax'ed in float32 (hf/forward.py)."""
+        return forward.read_ids(self.loaded, reads, batch_size=self.batch_size)
 
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
                  top_k: int = 0) -> list[Generation]:

@@ -1,15 +1,18 @@
 """engine=hf, log-likelihoods and token traces: the scored positions of each request read from one forward pass,
 as lm-eval's own ``hf`` backend computes them (``HFLM._loglikelihood_tokens``): the whole sequence but its last
 token, right-padded, no attention mask, log_softmax in the model's dtype; is_greedy when every scored token is
-the argmax. tests/engine/hf/test_hf_engine.py holds the numbers equal to lm-eval's.
+the argmax. tests/engine/hf/test_hf_engine.py holds the numbers equal to lm-eval's. ``read_ids``: the next-token
+row after each context, in float32.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Sequence
 
-from evalkit.contracts import Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import IdsRead, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.hf.model import Loaded
+from evalkit.engine.logprob_reads import id_asks, id_values
 
 LOGIT_ROWS = 4096  # rows of logits (batch x longest input) one scoring pass may hold; 49152 x 4 bytes each here
 
@@ -44,6 +47,43 @@ def trace(loaded: Loaded, requests: Sequence[ScoreRequest], top_k: int, *, batch
     """Each scored position's token log-probability and its top_k (token, log-probability) entries."""
     return _each_batch(loaded, requests, lambda r, rows: _trace(r, rows, top_k), TokenTrace(logprobs=(), top=()),
                        None, batch_size)
+
+
+def read_ids(loaded: Loaded, reads: Sequence[IdsRead], *, batch_size: int) -> list[tuple[float, ...]]:
+    """Each read's log-probability of every asked id after its context, in the order asked: one forward pass
+    over each distinct context, batched as scoring batches them (a context is the input of a one-token
+    continuation), the last position's logits log_softmax'ed in float32 and the ids gathered. A read that asks
+    no id is answered (); one that asks ids after an empty context, or an id outside the vocabulary, raises
+    ValueError."""
+    import torch
+
+    by_context: dict[tuple[int, ...], list[int]] = {}
+    for n, _ in id_asks(reads, sys.maxsize):  # checked; one ask a read (no limit on the ids it asks here)
+        by_context.setdefault(reads[n].context, []).append(n)
+    contexts = list(by_context)
+    entries: list[dict[int, float]] = [{} for _ in reads]
+    for batch in score_batches([ScoreRequest(ids=(*c, 0), start=len(c)) for c in contexts], batch_size):
+        chosen = [contexts[b] for b in batch]
+        ids, _ = loaded.padded(chosen, left=False)
+        with torch.inference_mode():
+            logits = loaded.model(input_ids=ids).logits
+            ends = torch.tensor([len(c) - 1 for c in chosen], device=logits.device)
+            rows = torch.log_softmax(logits[torch.arange(len(chosen), device=logits.device), ends].float(), dim=-1)
+        for context, row in zip(chosen, rows):
+            for n in by_context[context]:
+                entries[n] = _gathered(row, reads[n].ids)
+    return id_values(reads, entries)
+
+
+def _gathered(row: Any, ids: Sequence[int]) -> dict[int, float]:
+    """{id: row[id]} for each distinct id, each checked to be a row's index (a negative one would read another)."""
+    import torch
+
+    wanted = list(dict.fromkeys(ids))
+    outside = [t for t in wanted if not 0 <= t < row.shape[0]]
+    if outside:
+        raise ValueError(f"read_ids: ids {outside[:5]} are outside the model's {row.shape[0]} logits")
+    return dict(zip(wanted, row[torch.tensor(wanted, device=row.device)].tolist()))
 
 
 def _scored(r: ScoreRequest, rows: Any) -> dict[str, Any]:

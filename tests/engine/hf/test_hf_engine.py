@@ -194,6 +194,36 @@ def test_trace_agrees_with_score_and_greedy_generations_score_as_greedy(hf):
 
 
 @pytest.mark.engine
+def test_read_ids_gives_the_traces_values_in_the_order_asked(hf):
+    """read_ids of a trace's top-20 ids in another order give its values in that order; ids outside it read below
+    its 20th entry; 300 ids in one read; none asked: (); an empty context or an id outside the logits refused."""
+    import random
+
+    from evalkit.contracts import IdsRead
+
+    rng = random.Random(0)
+    requests = [ScoreRequest(ids=tuple(hf.encode(text, True)), start=1) for text in
+                ("The capital of France is Paris.", "Question: What is 3 + 4?\nAnswer: 7")]
+    reads, expected, tops = [], [], []
+    for r, trace in zip(requests, hf.trace(requests, top_k=20)):
+        for p, top in zip(range(1, len(r.ids)), trace.top):
+            chosen = rng.sample(top, 8)
+            others = rng.sample([t for t in range(len(hf.tokenizer)) if t not in dict(top)], 292)
+            reads.append(IdsRead(context=r.ids[:p], ids=(*(t for t, _ in chosen), *others)))
+            expected.append([v for _, v in chosen])
+            tops.append(top)
+    values = hf.read_ids([*reads, IdsRead(context=(1,), ids=())])
+    assert values[-1] == () and len(values) == len(reads) + 1
+    for got, want, top in zip(values, expected, tops):
+        assert len(got) == 300 and list(got[:8]) == pytest.approx(want, abs=1e-5)
+        assert max(got[8:]) <= top[-1][1] + 1e-5
+    with pytest.raises(ValueError, match="after an empty context"):
+        hf.read_ids([IdsRead(context=(), ids=(5,))])
+    with pytest.raises(ValueError, match=r"ids \[-1\] are outside the model's"):  # not the last logit
+        hf.read_ids([IdsRead(context=(1,), ids=(5, -1))])
+
+
+@pytest.mark.engine
 def test_sampled_draws_differ_and_a_request_with_its_own_seed_repeats_its_draw(hf):
     prompt = tuple(hf.encode("Once upon a time", False))
     sampled = GenRequest(prompt_ids=prompt, max_tokens=8, sampling=(*OUTPUT, ("temperature", 1.0)))
