@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable
 
 from evalkit.config import EvalConfig, devices_per_engine
-from evalkit.contracts import Generation, GenRequest, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, IdsRead, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.machine.process_group import guard_own_group
 from evalkit.engine.pool.output import call_explained
 from evalkit.engine.pool.plan import core_share
@@ -101,6 +101,9 @@ class EngineActor:
 
     def trace(self, requests: list[ScoreRequest], top_k: int) -> list[TokenTrace]:
         return call_explained(self.engine.trace, requests, top_k)
+
+    def read_ids(self, reads: list[IdsRead]) -> list[tuple[float, ...]]:
+        return call_explained(self.engine.read_ids, reads)
 
     def close(self) -> None:
         self.engine.close()

@@ -21,7 +21,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from evalkit.config import EvalConfig
-from evalkit.contracts import Generation, GenRequest, Progress, Scored, ScoreRequest, TokenTrace
+from evalkit.contracts import Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.pool.dispatch import dispatch
 from evalkit.engine.pool.replicas import Replicas
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
@@ -63,6 +63,12 @@ class DataParallelEngine(TokenizerSide):
         import ray
 
         return ray.get(self.replicas.actors[0].trace.remote(list(requests), top_k)) if requests else []
+
+    def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
+        """From the first actor alone, as trace: an ids read samples nothing, so any engine gives it."""
+        import ray
+
+        return ray.get(self.replicas.actors[0].read_ids.remote(list(reads))) if reads else []
 
     def scoring_counts(self) -> dict[str, int]:
         return {}  # the actors' engines keep their own counts; the pool records none (as before the contract)

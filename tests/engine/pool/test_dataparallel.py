@@ -328,6 +328,20 @@ def test_the_traces_the_actors_answer_come_back_with_their_answers(pool, engine)
 
 
 @pytest.mark.engine
+def test_ids_reads_come_from_the_first_actor_as_one_engine_reads_them(pool, engine):
+    """read_ids on the pool: each question's context read at its choices' first tokens and 200 ids more (two
+    requests on the first actor's engine), the values one engine reads, in the order asked; none asked: ()."""
+    from evalkit.contracts import IdsRead
+
+    _, scores = requests_for(engine)
+    reads = [IdsRead(context=r.ids[:r.start], ids=(r.ids[r.start], *range(1200, 1000, -1))) for r in scores]
+    ours = pool.read_ids([*reads, IdsRead(context=reads[0].context, ids=())])
+    assert ours[-1] == () and len(ours) == len(reads) + 1 and pool.read_ids([]) == []
+    for a, b in zip(ours, engine.read_ids(reads)):
+        assert len(a) == 201 and max(abs(x - y) for x, y in zip(a, b)) <= 1e-4  # batch noise
+
+
+@pytest.mark.engine
 def test_a_killed_actor_is_replaced_and_its_shard_sent_again(pool, engine):
     gens, _ = requests_for(engine)
     expected = [g.text for g in engine.generate(gens)]
