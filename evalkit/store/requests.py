@@ -8,7 +8,8 @@ is a hash of everything that decides an answer (:func:`fingerprint`): the model'
 change outputs, the model runner and kernel-selecting environment, the library versions, the hardware and
 evalkit's own answer code; each line is keyed by a hash of the exact request and the scoring path
 (``fast_scoring``; with ``divergence_top_k`` > 0 its k too, the answer then keeping its trace), of a trace and
-its k, or of an ids read (its context and ids: ``Engine.read_ids``), and records the settings of the try that computed it. Settings that only change scheduling or memory
+its k, or of an ids read (its context and ids: ``Engine.read_ids``), and records the settings of the try that
+computed it. Settings that only change scheduling or memory
 (``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``batch_size``/``max_num_seqs``,
 ``max_num_batched_tokens``, ``enforce_eager``, ``swap_space``) are left out of the key, so the OOM back-off can resume a run under smaller settings.
 
