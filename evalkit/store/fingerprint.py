@@ -59,7 +59,7 @@ CPU_KEYS = ("machine", "cpu_model", "cpu_bf16")
 # these modules. An upgrade that changes any of them may change answers, so their content is part of the
 # fingerprint (tests/store/test_fingerprint.py fails when a module the run uses to build requests or read answers is not).
 ANSWER_PACKAGES = ("engine", "harness")
-ANSWER_MODULES = ("contracts.py", "hashing.py", "store/fingerprint.py", "store/requests.py")
+ANSWER_MODULES = ("contracts.py", "hashing.py", "store/fingerprint.py", "store/requests.py", "run/reference.py")
 
 
 def answer_code() -> list[str]:
