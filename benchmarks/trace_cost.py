@@ -6,8 +6,8 @@ The requests come from one run of the task at k=0 (its score calls, recorded). T
 side in turn, the score call alone is timed, and every ``llm.generate`` call inside it is recorded: its
 requests, the prompt tokens sent, the tokens vLLM computed (prompt length less ``num_cached_tokens``), the
 prompt rows asked (the tokens computed by the requests that ask ``prompt_logprobs``: V1 writes a row at each),
-and its seconds. ``--profile FILE`` writes a cProfile of the last traced call (vLLM runs in this process) and
-prints its top functions by cumulative time.
+and its seconds; then the largest difference between the two sides' scores. ``--profile FILE`` writes a
+cProfile of the last traced call (vLLM runs in this process) and prints its top functions by cumulative time.
 Run: flock /tmp/engine-tests.lock .venv/bin/python benchmarks/trace_cost.py [--task evalkit_bench_mc]
      [--limit 30] [--repeats 3] [--k 20] [--profile /tmp/trace.prof]
 """
@@ -69,7 +69,8 @@ def kind(params: Any) -> str:
     return f"logprobs={params.logprobs}" if params.logprobs is not None else "no rows"
 
 
-def timed(engine: Any, requests: list[Any], k: int, profile: str | None = None) -> tuple[float, list[dict]]:
+def timed(engine: Any, requests: list[Any], k: int, profile: str | None = None) -> tuple[float, list[dict], list]:
+    """The seconds of engine.score(requests, top_k=k) from a cold prefix cache, its generate calls, its answers."""
     engine.llm.reset_prefix_cache()
     counted = Counted(engine.llm)
     engine.llm.generate = counted
@@ -78,7 +79,7 @@ def timed(engine: Any, requests: list[Any], k: int, profile: str | None = None) 
         started = time.perf_counter()
         if profiler:
             profiler.enable()
-        engine.score(requests, top_k=k)
+        answers = engine.score(requests, top_k=k)
         if profiler:
             profiler.disable()
         seconds = time.perf_counter() - started
@@ -86,7 +87,7 @@ def timed(engine: Any, requests: list[Any], k: int, profile: str | None = None) 
         del engine.llm.generate
     if profiler:
         profiler.dump_stats(profile)
-    return seconds, counted.calls
+    return seconds, counted.calls, answers
 
 
 def main(argv: list[str]) -> None:
@@ -112,17 +113,21 @@ def main(argv: list[str]) -> None:
             print(f"{args.task}: {len(requests)} requests, continuations of {min(lengths)} to {max(lengths)} "
                   f"tokens ({sum(lengths)} positions), contexts of {min(r.start for r in requests)} to "
                   f"{max(r.start for r in requests)} tokens, block {engine.block_size}, runner {engine.runner}")
-            best: dict[int, tuple[float, list[dict]]] = {}
+            best: dict[int, tuple[float, list[dict], list]] = {}
             for repeat in range(args.repeats):
                 for k in (0, args.k):
                     last = repeat == args.repeats - 1 and k == args.k
-                    seconds, calls = timed(engine, requests, k, args.profile if last else None)
+                    seconds, calls, answers = timed(engine, requests, k, args.profile if last else None)
                     print(f"k={k}: {seconds:.2f} s", flush=True)
                     if k not in best or seconds < best[k][0]:
-                        best[k] = (seconds, calls)
+                        best[k] = (seconds, calls, answers)
         finally:
             engine.close()
-    for k, (seconds, calls) in best.items():
+    plain, traced = best[0][2], best[args.k][2]
+    print(f"\nscores of k={args.k} against k=0: max abs difference "
+          f"{max(abs(a.logprob - b.logprob) for a, b in zip(plain, traced)):.2e}, is_greedy differs in "
+          f"{sum(a.is_greedy != b.is_greedy for a, b in zip(plain, traced))} of {len(plain)}")
+    for k, (seconds, calls, _) in best.items():
         print(f"\nk={k}, fastest {seconds:.2f} s: generate calls")
         print("| requests | kinds | tokens sent | computed | prompt rows | s |\n|---|---|---|---|---|---|")
         for c in calls:

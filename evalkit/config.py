@@ -143,7 +143,7 @@ class EvalConfig:
     chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
     # top log-probabilities recorded at every scored position, beside the samples, for the divergence between two
     # runs (docs/divergence.md, "What a run records"); 0: record nothing. 20: vLLM reads them in the same pass as
-    # the scores and generations (+26 % on the benchmark tasks without the engine's start), a position stays
+    # the scores and generations (+11 % on the benchmark tasks without the engine's start), a position stays
     # under 130 bytes compressed, and the bound captures 0.71-0.80 of the exact mean KLD (k=100: 0.93-0.95)
     divergence_top_k: int = 20
     # a reference run folder: each scored position whose context the reference recorded also reads the

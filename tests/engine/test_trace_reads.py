@@ -187,17 +187,17 @@ def test_a_one_token_trace_takes_its_value_from_the_top_or_from_its_own_read():
 
 def test_row_reads_read_the_cache_unsalted_where_no_hit_can_reach_their_rows_else_share_a_salt():
     """Block 4, choices behind a 6-token context. A prompt whose last whole block before its last token starts
-    before its first row (d: 8 tokens, blocks up to 4) reads the cache unsalted. The others warm the context's
-    first block (4 tokens) under the call's salt; a choice that shares 8 tokens (two whole blocks, past the
-    position before its first row at 6) with another is sent under a salt of its own; one that shares the
-    context only cannot be hit past its rows."""
+    before its first row (d: 8 tokens, blocks up to 4) reads the cache unsalted, after its context's first
+    block warmed unsalted. The others warm that block under the call's salt; a choice that shares 8 tokens
+    (two whole blocks, past the position before its first row at 6) with another is sent under a salt of its
+    own; one that shares the context only cannot be hit past its rows."""
     context = (1, 2, 3, 4, 5, 6)
     a = ScoreRequest(ids=context + (7, 8, 9, 10), start=6)
     b = ScoreRequest(ids=context + (7, 8, 9, 11), start=6)  # shares 9 tokens with a: both alone
     c = ScoreRequest(ids=context + (12, 13, 14), start=6)  # shares the context only
     d = ScoreRequest(ids=context + (12, 15), start=6)  # 8 tokens: a hit stops at 4
     reads = plan_rows([a, b, c, d], block=4, salt="s")
-    assert [(r.salt, r.warm) for r in reads] == [("s.0", 4), ("s.1", 4), ("s", 4), (None, 0)]
+    assert [(r.salt, r.warm) for r in reads] == [("s.0", 4), ("s.1", 4), ("s", 4), (None, 4)]
     whole = ScoreRequest(ids=(1, 2, 3, 4, 5, 6), start=0)  # rows from position 1: salted, nothing to warm
     assert [(r.salt, r.warm) for r in plan_rows([whole], block=4, salt="s")] == [("s", 0)]
     assert plan_rows([ScoreRequest(ids=(1, 2, 3), start=0)], block=4, salt="s")[0].salt is None
