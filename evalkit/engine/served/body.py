@@ -166,21 +166,29 @@ def read_trace(request: ScoreRequest, response: dict[str, Any], top_k: int) -> T
     return TokenTrace(logprobs=logprobs, top=top)
 
 
-def read_next_token(context: Sequence[int], asked: Sequence[int], response: dict[str, Any]) -> dict[int, float]:
-    """{token id: log-probability} of the next token after context: the greedy token and every asked id. Ids the
-    response holds beyond these (asked for the other prompts of a bundle, ``batch.joined``) are left out."""
+def step_entries(context: Sequence[int], asked: Sequence[int], response: dict[str, Any]) -> dict[int, Any]:
+    """{token id: the server's entry} of the one generated step after context, keyed by token id
+    (``return_tokens_as_token_ids``), holding every asked id; ServedReadError in one line where it does not."""
     logprobs = choice_of(response, context).get("logprobs") or {}
     steps = logprobs.get("top_logprobs") or []
     if len(steps) != 1 or not isinstance(steps[0], dict):
         raise ServedReadError(f"{len(steps)} generated steps of log-probabilities, one was asked for")
     entries = {}
     for key, value in steps[0].items():
-        if not key.startswith("token_id:"):
+        if not (isinstance(key, str) and key.startswith("token_id:") and key[9:].isdigit()):
             raise ServedReadError(f"log-probability keyed {key!r}: the server ignored return_tokens_as_token_ids")
-        entries[int(key.split(":", 1)[1])] = checked_value(value, len(context), "next-token")
+        entries[int(key[9:])] = value
     missing = sorted(set(asked) - set(entries))
     if missing:
         raise ServedReadError(f"next-token log-probabilities lack the asked ids {missing[:5]}")
+    return entries
+
+
+def read_next_token(context: Sequence[int], asked: Sequence[int], response: dict[str, Any]) -> dict[int, float]:
+    """{token id: log-probability} of the next token after context: the greedy token and every asked id. Ids the
+    response holds beyond these (asked for the other prompts of a bundle, ``batch.joined``) are left out."""
+    entries = {t: checked_value(v, len(context), "next-token")
+               for t, v in step_entries(context, asked, response).items()}
     kept = set(asked) | {max(entries, key=entries.__getitem__)}  # the greedy token: vLLM returns it first
     return {t: v for t, v in entries.items() if t in kept}
 

@@ -19,25 +19,14 @@ from typing import Any, Sequence
 from evalkit.contracts import IdsRead
 from evalkit.engine.logprob_reads import id_asks, id_values
 from evalkit.engine.served.batch import MAX_LOGPROB_TOKEN_IDS, Sender, ServedError, failed
-from evalkit.engine.served.body import CLAMPED, ServedReadError, checked_value, choice_of, next_token_body
+from evalkit.engine.served.body import CLAMPED, checked_value, next_token_body, step_entries
 
 
 def read_asked(context: Sequence[int], asked: Sequence[int], response: dict[str, Any]) -> dict[int, float]:
     """{asked id: log-probability} of the next token after context, from a next-token response: one generated
     step, keyed by token id, holding every asked id, each finite and <= 0 or -inf (the server writes it as -9999);
     the ids the step holds beyond these (the greedy token, another member's of a bundle) are left out."""
-    logprobs = choice_of(response, context).get("logprobs") or {}
-    steps = logprobs.get("top_logprobs") or []
-    if len(steps) != 1 or not isinstance(steps[0], dict):
-        raise ServedReadError(f"{len(steps)} generated steps of log-probabilities, one was asked for")
-    entries = {}
-    for key, value in steps[0].items():
-        if not (isinstance(key, str) and key.startswith("token_id:") and key[9:].isdigit()):
-            raise ServedReadError(f"log-probability keyed {key!r}: the server ignored return_tokens_as_token_ids")
-        entries[int(key[9:])] = value
-    missing = sorted(set(asked) - set(entries))
-    if missing:
-        raise ServedReadError(f"next-token log-probabilities lack the asked ids {missing[:5]}")
+    entries = step_entries(context, asked, response)
     return {t: _value(entries[t], len(context)) for t in asked}
 
 
