@@ -24,7 +24,7 @@ from evalkit.hashing import SMALL_FILE, file_sha256, large_file_sha256, sha256
 from evalkit.harness.task_index import _listed_names, own_dirs
 
 
-class _AnyTag(yaml.SafeLoader):
+class _AnyTag(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where PyYAML has it: 6x faster
     """A task YAML with lm-eval's own tags (``!function``) read as plain values."""
 
 
