@@ -20,8 +20,10 @@ local-completions at that setting run in turn, ``--repeats`` times each (served,
 verdict for a task is on the medians: evalkit served is "no slower" where its median is at most
 local-completions'.
 
-Seconds are each side's evaluate/simple_evaluate wall for the task (harness included, engine or server already
-up). Every run starts with a cold prefix cache: the server runs with ``VLLM_SERVER_DEV_MODE=1`` and its
+Seconds are each side's wall for the task as its command runs it, from loading the task to writing the results and
+samples (evalkit's run folder; lm-eval's files as its CLI writes them with ``--output_path --log_samples``); evalkit's
+engine and lm-eval's client (its tokenizer loaded) are both built before the clock, the server already up. Every
+run starts with a cold prefix cache: the server runs with ``VLLM_SERVER_DEV_MODE=1`` and its
 ``/reset_prefix_cache`` is called before each run (else a run would find the one before's prompts cached).
 Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
 every choice, over every run of a side. Tasks: evalkit_facts (0-shot, 4 numeric/short choices),
@@ -86,17 +88,31 @@ def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: 
     """The same for lm-eval's local-completions on the server: concurrent requests in flight, batch_size prompts
     in each."""
     from lm_eval import simple_evaluate
+    from lm_eval.api.registry import get_model
+    from lm_eval.loggers import EvaluationTracker
 
     from evalkit.harness.tasks import load_tasks
 
-    manager, built = load_tasks([task], task_data={}, extra_dirs=[str(BENCH_TASKS)])
     args = {"model": model, "base_url": f"{server_url}/completions", "tokenizer_backend": "huggingface",
             "tokenizer": model_dir, "tokenized_requests": True, "num_concurrent": concurrent, "max_retries": 3,
             "max_length": 4096}
-    started = time.perf_counter()
-    outcome = simple_evaluate(model="local-completions", model_args=args, tasks=built, task_manager=manager,
-                              limit=limit, batch_size=batch_size, log_samples=True, bootstrap_iters=0)
-    seconds = time.perf_counter() - started
+    # the client is built before the clock (its tokenizer loaded), as evalkit's engine is started before its own;
+    # the tasks are loaded inside it, and the results and samples written as lm-eval's CLI writes them with
+    # --output_path --log_samples, as evalkit's evaluate() loads its tasks and writes its run folder inside its clock
+    client = get_model("local-completions").create_from_arg_obj(args, {"batch_size": batch_size,
+                                                                      "max_batch_size": None, "device": None})
+    with tempfile.TemporaryDirectory() as out:
+        started = time.perf_counter()
+        tracker = EvaluationTracker(output_path=out)
+        manager, built = load_tasks([task], task_data={}, extra_dirs=[str(BENCH_TASKS)])
+        outcome = simple_evaluate(model=client, tasks=built, task_manager=manager, limit=limit, log_samples=True,
+                                  bootstrap_iters=0, evaluation_tracker=tracker)
+        samples = outcome.pop("samples")
+        tracker.save_results_aggregated(results=outcome, samples=samples)
+        for name in outcome["configs"]:
+            tracker.save_results_samples(task_name=name, samples=samples[name])
+        seconds = time.perf_counter() - started
+    outcome["samples"] = samples
     return (seconds, outcome["results"][task], *answers(outcome["samples"][task]))
 
 
