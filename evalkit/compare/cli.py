@@ -148,12 +148,13 @@ def divergences(args: Any, reference: Run, candidates: list[Run],
     if not 0 < args.divergence_alpha < 0.5:
         raise CompareError(f"--divergence-alpha {args.divergence_alpha}: must lie in (0, 0.5)")
     ref = records.read_run(reference)
+    noise = tuple(map(records.read_run, pair)) if pair is not None else None  # read once for every candidate
     found = []
     for candidate in candidates:
         cand = records.read_run(candidate)
         d = between.divergence(ref, cand)
-        if pair is not None:
-            d = between.against_noise(d, ref, cand, tuple(map(records.read_run, pair)), alpha=args.divergence_alpha)
+        if noise is not None:
+            d = between.against_noise(d, ref, cand, noise, alpha=args.divergence_alpha)
         found.append(d)
     verdicts = family([d.verdict for d in found if d.verdict], alpha=args.divergence_alpha)
     tested = iter(verdicts)
