@@ -41,3 +41,24 @@ def test_pairs_are_encoded_as_template_lm_encodes_them():
     lm._loglikelihood_tokens = lambda encoded, **kwargs: seen.extend(encoded) or [(0.0, True)] * len(encoded)
     TemplateLM.loglikelihood(lm, requests)
     assert lm_eval_compat.encode_pairs(lm, requests) == seen
+
+
+def test_environment_facts_gathered_ahead_are_lm_evals_own():
+    """simple_evaluate still adds its environment facts through lm_eval.evaluator.add_env_info (the name
+    env_info_ahead replaces); within env_info_ahead that name gives lm-eval's own dict, and outside it lm-eval's
+    function runs as before."""
+    import inspect
+
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import add_env_info
+
+    assert "add_env_info(results)" in inspect.getsource(lm_eval.evaluator.simple_evaluate)
+    theirs: dict = {}
+    add_env_info(theirs)
+    with lm_eval_compat.env_info_ahead():
+        ahead: dict = {"kept": 1}
+        lm_eval.evaluator.add_env_info(ahead)
+    after: dict = {}
+    lm_eval.evaluator.add_env_info(after)
+    assert set(theirs) == {"pretty_env_info", "transformers_version", "lm_eval_version", "upper_git_hash"}
+    assert ahead == {"kept": 1, **theirs} and after == theirs

@@ -27,6 +27,7 @@ from evalkit.engine.factory import start_engines
 from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
+from evalkit.harness import lm_eval_compat
 from evalkit.harness.lm import EvalkitLM
 from evalkit.harness.tasks import load_tasks, scoring_tasks
 
@@ -92,14 +93,15 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
         model_source="evalkit", model_args={"pretrained": cfg.model_name},
         system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
         chat_template=template)
-    outcome = simple_evaluate(
-        model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
-        log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
-        system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
-        random_seed=cfg.task_seeds.random, numpy_random_seed=cfg.task_seeds.numpy,
-        torch_random_seed=cfg.task_seeds.torch, fewshot_random_seed=cfg.task_seeds.fewshot,
-        bootstrap_iters=1000,
-    )
+    with lm_eval_compat.env_info_ahead():
+        outcome = simple_evaluate(
+            model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
+            log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
+            system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
+            random_seed=cfg.task_seeds.random, numpy_random_seed=cfg.task_seeds.numpy,
+            torch_random_seed=cfg.task_seeds.torch, fewshot_random_seed=cfg.task_seeds.fewshot,
+            bootstrap_iters=1000,
+        )
     tracker.log_end_time()
     outcome.update(asdict(tracker))
     return outcome
