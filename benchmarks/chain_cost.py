@@ -90,7 +90,7 @@ def timed(served, way: str, requests: list) -> dict:
     from evalkit.engine.served.body import MAX_LOGPROB_TOKEN_IDS, next_token_body, prompt_logprobs_body
 
     reader, sender = served.reader, served.reader.sender
-    sender.bundle = 1 if way == "chains, one a request" else 16
+    sender.most = 1 if way == "chains, one a request" else 16
     if way == "prompt reads":
         bodies = [prompt_logprobs_body(r.ids, "m", str(i)) for i, r in enumerate(requests)]
         rows = sum(len(r.ids) for r in requests)

@@ -45,8 +45,8 @@ def test_pairs_are_encoded_as_template_lm_encodes_them():
 
 def test_environment_facts_gathered_ahead_are_lm_evals_own():
     """simple_evaluate still adds its environment facts through lm_eval.evaluator.add_env_info (the name
-    env_info_ahead replaces); within env_info_ahead that name gives lm-eval's own dict, and outside it lm-eval's
-    function runs as before."""
+    env_info_ahead replaces); within env_info_ahead that name gives lm-eval's own dict, gathered once per process
+    and working directory, and outside it lm-eval's function runs as before."""
     import inspect
 
     import lm_eval.evaluator
@@ -62,3 +62,4 @@ def test_environment_facts_gathered_ahead_are_lm_evals_own():
     lm_eval.evaluator.add_env_info(after)
     assert set(theirs) == {"pretty_env_info", "transformers_version", "lm_eval_version", "upper_git_hash"}
     assert ahead == {"kept": 1, **theirs} and after == theirs
+    assert lm_eval_compat.gather_env_info() is lm_eval_compat.gather_env_info()

@@ -70,16 +70,34 @@ class _Gathered:
         add_env_info(self.facts)
 
     def into(self, storage: dict[str, Any]) -> None:
+        from lm_eval.loggers.utils import add_env_info
+
         self._thread.join()
+        if not self.facts:  # the thread failed: lm-eval's own function, here, raises what it raised
+            add_env_info(self.facts)
         storage.update(self.facts)
 
 
+_GATHERED: dict[str, _Gathered] = {}  # by working directory: upper_git_hash is the folder above it
+_GATHERING = threading.Lock()
 _AHEAD: contextvars.ContextVar[_Gathered | None] = contextvars.ContextVar("evalkit_env_info", default=None)
+
+
+def gather_env_info() -> _Gathered:
+    """This process's environment facts for lm-eval's results (torch's collect_env, the versions, the git hash
+    above the working directory), gathered once per working directory: they do not change while the process
+    runs, and a sweep's later points or a second run on a lent engine reuse them."""
+    folder = os.getcwd()
+    with _GATHERING:
+        if folder not in _GATHERED:
+            _GATHERED[folder] = _Gathered()
+        return _GATHERED[folder]
 
 
 def _add_env_info(storage: dict[str, Any]) -> None:
     """lm_eval.evaluator.add_env_info while evalkit is imported: the facts gathered ahead where this context has
-    them (:func:`env_info_ahead`), else lm-eval's own function now."""
+    them (:func:`env_info_ahead`), else lm-eval's own function now (lm-eval's simple_evaluate called by anyone
+    else in the process is left as it was)."""
     from lm_eval.loggers.utils import add_env_info
 
     ahead = _AHEAD.get()
@@ -91,12 +109,12 @@ def _add_env_info(storage: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def env_info_ahead() -> Iterator[None]:
-    """Within: simple_evaluate's environment facts are gathered from the start, beside its requests, and it
-    waits for them only when it adds them to its results."""
+    """Within: simple_evaluate's environment facts are this process's (:func:`gather_env_info`), gathered beside
+    its requests where no run gathered them before; it waits for them only when it adds them to its results."""
     import lm_eval.evaluator
 
     lm_eval.evaluator.add_env_info = _add_env_info  # type: ignore[attr-defined]
-    token = _AHEAD.set(_Gathered())
+    token = _AHEAD.set(gather_env_info())
     try:
         yield
     finally:

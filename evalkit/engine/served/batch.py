@@ -104,7 +104,12 @@ class Sender:
         self.client = client
         self.fingerprint = fingerprint  # the probe's system_fingerprint: the deployment every answer must come from
         self.counts = counts
-        self.bundle = max(1, min(bundle, client.max_concurrency))  # a bundle never holds more than may be in flight
+        self.most = bundle
+
+    @property
+    def bundle(self) -> int:
+        """Prompts a request may carry: never more than may be in flight, the client's cap as it is now."""
+        return max(1, min(self.most, self.client.max_concurrency))
 
     def built(self, requests: Sequence[Any], make: Make, read: Read, progress: Progress | None,
               tokens: Tokens) -> list[Any]:

@@ -102,3 +102,18 @@ def test_a_member_whose_read_fails_is_sent_again_alone_and_the_others_are_kept()
     first, again = Completions.bodies
     assert len(first["prompt"]) == 3 and first["logprob_token_ids"] == [7, 8, 9]
     assert again["prompt"] == [1, 2, 66] and again["logprob_token_ids"] == [7]  # its own ids alone
+
+
+def test_a_request_never_carries_more_prompts_than_the_cap_as_it_is_when_sent():
+    """The cap read at each send, not when the sender was built: lowering endpoint.max_concurrency on a started
+    engine (benchmarks/served.py's table by max_concurrency) makes its requests smaller too."""
+    with running(Completions) as url:
+        client = Client(url, api_key=None, max_concurrency=256, timeout=5, retries=0, backoff=0.01)
+        sender = Sender(client, fingerprint="f", counts=Counter(), bundle=16)
+        api = body.VLLMApi(sender, model="m", cache_salt="s", counts=Counter())
+        requests = [ScoreRequest(ids=(1, 2, 10 + i, 7), start=3) for i in range(6)]
+        Completions.bodies.clear()
+        api.score(requests, None, fast=True)
+        client.max_concurrency = 2
+        api.score(requests, None, fast=True)
+    assert [len(b["prompt"]) for b in Completions.bodies] == [6, 2, 2, 2]
