@@ -25,6 +25,10 @@ samples (evalkit's run folder; lm-eval's files as its CLI writes them with ``--o
 engine and lm-eval's client (its tokenizer loaded) are both built before the clock, the server already up. Every
 run starts with a cold prefix cache: the server runs with ``VLLM_SERVER_DEV_MODE=1`` and its
 ``/reset_prefix_cache`` is called before each run (else a run would find the one before's prompts cached).
+lm-eval's environment facts for its results (``add_env_info``: torch's ``collect_env``, a dozen subprocesses,
+about 0.3 s of CPU here) are gathered by lm-eval on every ``simple_evaluate`` call, and by evalkit once per
+process, in a thread beside its first run's requests (``evalkit/harness/lm_eval_compat.py``): evalkit's first
+run on the engine pays them, its later runs (as a sweep's later points) do not.
 Agreement: greedy generations identical to the offline engine's, and the largest |Δ log-likelihood| over
 every choice, over every run of a side. Tasks: evalkit_facts (0-shot, 4 numeric/short choices),
 evalkit_bench_mc (4 choices behind a ~250-token few-shot context), evalkit_arith (3-shot generation),
