@@ -10,8 +10,8 @@ fails the day one of them moves or changes. Everything else evalkit uses of lm-e
   continuation) pair becomes token ids, which :func:`encode_pairs` repeats so the harness keeps each request
   beside its ids (``TemplateLM`` hands ``_loglikelihood_tokens`` the ids without the requests).
 * ``lm_eval.evaluator.add_env_info``, the name ``simple_evaluate`` calls when it has scored: its facts (torch's
-  ``collect_env``: a dozen subprocesses, 0.3 s on 2 cores) gathered in a thread while the requests run
-  (:func:`env_info_ahead`), the same dict. lm-eval takes no precomputed environment.
+  ``collect_env``: a dozen subprocesses, 0.3 s on 2 cores) gathered once per process in a thread while the
+  requests run (:func:`env_info_ahead`), the same dict. lm-eval takes no precomputed environment.
 """
 
 from __future__ import annotations
