@@ -31,15 +31,18 @@ def exact_p_worse(b, c, n, tolerance):
     """p(H1: candidate - reference < -tolerance), written out apart from evalkit/compare/tost.py: every table
     of n documents whose Tango score at -tolerance is at most the observed one, its probability maximised over
     the nuisance (documents right in the candidate only, pc; in the reference only, pc + tolerance) on a grid."""
+    import numpy as np
     from scipy.stats import multinomial
 
     from evalkit.compare.proportions import tango_score
 
     observed = tango_score(-tolerance, b, c, n)
-    tables = [(x, y) for x in range(n + 1) for y in range(n + 1 - x)
-              if tango_score(-tolerance, x, y, n) <= observed + 1e-9]
-    return max(sum(multinomial.pmf([x, y, n - x - y], n, [pc + tolerance, pc, 1 - 2 * pc - tolerance])
-                   for x, y in tables) for pc in [i / 2000 * (1 - tolerance) / 2 for i in range(2001)])
+    tables = np.array([(x, y, n - x - y) for x in range(n + 1) for y in range(n + 1 - x)
+                       if tango_score(-tolerance, x, y, n) <= observed + 1e-9])
+    pc = np.array([i / 2000 * (1 - tolerance) / 2 for i in range(2001)])[:, None, None]
+    # one pmf call over grid x tables; at the last grid point the third probability may round below 0 (NaN row)
+    probabilities = np.concatenate([pc + tolerance, pc, 1 - 2 * pc - tolerance], axis=-1)
+    return float(np.nanmax(multinomial.pmf(tables[None], n, probabilities).sum(axis=1)))
 
 
 def holm_rejects(p_values, alpha):
