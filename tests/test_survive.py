@@ -193,9 +193,12 @@ def test_sigkill_mid_task_then_a_rerun_backs_off_a_real_memory_failure_and_recom
     is backed off and recorded, and the second try resumes (gpu_memory_utilization is a scheduling setting, left
     out of the store's key). One engine start fewer than a separate memory-failure run."""
     out = tmp_path / "result"
-    args = ["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", f"output_dir={out}",
-            "tune=false"]  # vLLM sizes the KV cache by the utilization (evalkit would size it), in both runs
-    run = start(*args, "gpu_memory_utilization=0.25", log=tmp_path / "log")
+    # tune=false in both runs: the rerun's vLLM sizes its KV cache by the utilization (evalkit would size it, and
+    # vLLM skips its memory check when the size is given), and the runs share a store (tuning's block size is in
+    # its key); the killed run's KV cache is given small (512 MiB, out of the store's key) so that it starts fast
+    args = ["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", f"output_dir={out}", "tune=false"]
+    run = start(*args, "gpu_memory_utilization=0.25", f"+engine_kwargs.kv_cache_memory_bytes={2**29}",
+                log=tmp_path / "log")
     session = attempt_session(run)
     wait_for(lambda: stored_answers(out) >= 6, run, "it could be killed")
     run.kill()  # SIGKILL to the supervisor: its try must follow it (the watchdog on the supervisor's pipe)
