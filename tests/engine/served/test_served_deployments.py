@@ -176,7 +176,7 @@ def test_an_answer_from_another_deployment_fails_the_run_and_nothing_of_it_is_ke
 
 @pytest.mark.engine
 def test_a_server_shut_down_mid_run_fails_the_run_in_one_line_and_keeps_its_answers(tmp_path):
-    """endpoint.serve=true, one 100-token generation at a time; once one is finished, SIGTERM to vLLM's API server
+    """endpoint.serve=true, one 30-token generation at a time; once one is finished, SIGTERM to vLLM's API server
     (a rolling restart, a preempted pod): it aborts the request in flight and stops listening but keeps the open
     connection waiting. The run notices (its /health refused) and ends in one line about the server, with the
     finished answers kept, though endpoint.timeout is an hour."""
@@ -191,8 +191,8 @@ def test_a_server_shut_down_mid_run_fails_the_run_in_one_line_and_keeps_its_answ
     with open(log, "w") as out:
         run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true",
                                 "endpoint.max_concurrency=1", "endpoint.timeout=3600", "tasks=[served_long]",
-                                f"tasks_dirs=[{SERVED_TASKS}]", "max_tokens=100",  # ~10 s each here
-                                "+sampling_kwargs={min_tokens: 100, ignore_eos: true}", "gpu_memory_utilization=0.15",
+                                f"tasks_dirs=[{SERVED_TASKS}]", "max_tokens=30",  # ~2 s each here
+                                "+sampling_kwargs={min_tokens: 30, ignore_eos: true}", "gpu_memory_utilization=0.15",
                                 EAGER, f"output_dir={tmp_path / 'result'}"], stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 900
