@@ -95,9 +95,9 @@ def gather_env_info() -> _Gathered:
 
 
 def _add_env_info(storage: dict[str, Any]) -> None:
-    """lm_eval.evaluator.add_env_info while evalkit is imported: the facts gathered ahead where this context has
-    them (:func:`env_info_ahead`), else lm-eval's own function now (lm-eval's simple_evaluate called by anyone
-    else in the process is left as it was)."""
+    """lm_eval.evaluator.add_env_info from evalkit's first run in the process on (:func:`env_info_ahead` puts it
+    there): the facts gathered ahead where this context has them, else lm-eval's own function now (lm-eval's
+    simple_evaluate called by anyone else in the process is left as it was)."""
     from lm_eval.loggers.utils import add_env_info
 
     ahead = _AHEAD.get()
