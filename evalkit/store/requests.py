@@ -37,6 +37,7 @@ from evalkit.config import ConfigError
 from evalkit.contracts import (Engine, Generation, GenRequest, IdsRead, PartialAnswers, Progress, Scored,
                                ScoreRequest, TokenTrace)
 from evalkit.hashing import sha256
+from evalkit.engine.machine import forks
 from evalkit.engine.wrapper import Wrapped
 
 
@@ -56,6 +57,7 @@ def hold(path: Path, wait: float = 0.0, poll: float = 1.0) -> int:
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            forks.close_in_child(fd)  # a forked engine process must not keep the store held (forks.py)
             return fd
         except OSError as error:
             if error.errno in BUSY and time.monotonic() + poll <= deadline:
@@ -96,6 +98,8 @@ class RequestStore:
     def close(self) -> None:
         """Free the store for another run (the kernel frees it too when this process ends)."""
         if self.fd is not None:
+            forks.forget(fds=(self.fd,))
+            fcntl.flock(self.fd, fcntl.LOCK_UN)  # also for a process forked while it was held
             os.close(self.fd)
             self.fd = None
 

@@ -1,0 +1,67 @@
+"""CUDA vLLM's process model recreated on this CPU machine, in every Python process started with this folder on
+PYTHONPATH (tests/test_forked_engine.py runs ``python -m evalkit`` so: the supervisor, its try and what they start).
+
+CUDA vLLM 0.32 starts its EngineCore and its workers by fork (vllm/envs.py: VLLM_WORKER_MULTIPROC_METHOD defaults
+to fork); the CPU build forces spawn (vllm/platforms/cpu.py), and evalkit's CPU tuning keeps a one-rank engine in
+the try's own process. Here vLLM's get_mp_context (vllm/utils/system_utils.py, which every vLLM module that starts
+a process imports by name) returns a fork context, patched as soon as its module has run, before any other vLLM
+module imports it. Run with VLLM_ENABLE_V1_MULTIPROCESSING=1 too, so that the engine has processes of its own
+(set by the user, evalkit's tuning leaves it: evalkit/engine/machine/tuning.py).
+
+Where EVALKIT_TEST_FORK_RECORD names a file, it gets one JSON line per context vLLM asked for ("context", the
+asking pid) and one per forked child ("fork", its pid and its parent's), so a test sees that the engine forked.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import multiprocessing
+import os
+import sys
+
+MODULE = "vllm.utils.system_utils"
+
+
+def record(kind: str, **fields) -> None:
+    if os.environ.get("EVALKIT_TEST_FORK_RECORD"):
+        with open(os.environ["EVALKIT_TEST_FORK_RECORD"], "a", encoding="utf-8") as out:
+            out.write(json.dumps({"kind": kind, "pid": os.getpid(), **fields}) + "\n")
+
+
+def patch(module) -> None:
+    vllm_context = module.get_mp_context
+
+    def get_mp_context():
+        vllm_context()  # vLLM's own checks and environment, as on GPUs; then fork, as CUDA vLLM does
+        record("context")
+        return multiprocessing.get_context("fork")
+
+    module.get_mp_context = get_mp_context
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Patches vLLM's system_utils as soon as it has run, before anything imports its names."""
+
+    def find_spec(self, name, path, target=None):
+        if name != MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        else:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, AfterImport())
+os.register_at_fork(after_in_child=lambda: record("fork", parent=os.getppid()))

