@@ -6,7 +6,8 @@ kept the try's wakeup fd wrote that signal into the try's pipe, which the watchd
 
 * the default run ends with exit 0 and its results, its EngineCore forked from the try;
 * SIGTERM to the try mid-scoring stops the run as it does in the spawn model (tests/test_survive.py): exit 143,
-  "stopped", no run folder, no process left, the finished answers kept; the rerun then ends with its results.
+  "stopped", no run folder, no process left, the finished answers kept; the rerun then ends with its results;
+* Ctrl-C mid-scoring stops it so too (exit 130).
 Run: pytest -m engine -s tests/test_forked_engine.py
 """
 
@@ -83,3 +84,18 @@ def test_sigterm_mid_scoring_stops_a_forked_engine_run_as_in_the_spawn_model_and
     assert code == 0, (tmp_path / "rerun.log").read_text()[-3000:]
     (run_dir,) = run_dirs(out / MODEL)
     assert json.loads((run_dir / "results.json").read_text())["results"]["evalkit_arith"]
+
+
+def test_ctrl_c_mid_scoring_stops_a_forked_engine_run_as_in_the_spawn_model(tmp_path, forked_engine):
+    """SIGINT to the supervisor (Ctrl-C): SIGTERM to the try's group, the forked EngineCore in it; the run ends with
+    its one line and exit 130, no process of the group left, no run folder."""
+    out = tmp_path / "result"
+    run = start(forked_engine, tmp_path / "log", "tasks=[evalkit_arith]", "limit=16", "chunk_size=2", f"output_dir={out}")
+    session = attempt_session(run)
+    wait_for(lambda: stored_answers(out) >= 4, run, "generation began")
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=60) == 128 + signal.SIGINT
+    log = (tmp_path / "log").read_text()
+    assert "evalkit: error: stopped: by SIGINT; finished answers are kept for a rerun" in log, log[-2000:]
+    assert "Traceback" not in log.split("evalkit: error:")[-1]
+    assert living(session) == [] and not run_dirs(out / MODEL)
