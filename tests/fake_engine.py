@@ -18,6 +18,7 @@ class FakeEngine:
     def __init__(self, max_model_len: int = 4096, reply: str | None = None, adds_bos: bool = False,
                  traces_in_pass: bool = False) -> None:
         self.max_model_len = max_model_len
+        self.logits_dtype = "float32"  # its values are exact: any rounding between two calls is a fault
         # asked with top_k > 0, answer the traces with the scores and greedy generations (one pass), as vLLM does;
         # off by default: the harness then traces in a call of its own, as for an engine that cannot
         self.traces_in_pass = traces_in_pass
@@ -88,11 +89,12 @@ class FakeEngine:
         return out
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
-        """Each scored token at its own score, ranked first; runner-up: the next code point, 1.0 lower."""
+        """Each scored token at its own score, ranked first; runner-up: the next code point, 4.0 lower (the two
+        hold less than all the probability, as a distribution's entries do)."""
         return [self._steps(r.ids[max(r.start, 1):], top_k) for r in requests]
 
     def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
-        """An id read apart is one no top list holds first, so it reads below every runner-up (-1.1 and lower):
+        """An id read apart is one no top list holds first, so it reads below every runner-up (-4.1 and lower):
         -5 less a hundredth per id modulo 50, whatever the context."""
         self.id_reads.extend(reads)
         return [tuple(-5.0 - 0.01 * (t % 50) for t in r.ids) for r in reads]
@@ -100,7 +102,7 @@ class FakeEngine:
     @staticmethod
     def _steps(tokens: Sequence[int], top_k: int) -> TokenTrace:
         logprobs = tuple(-0.05 if chr(t) in "aeiou" else -0.1 for t in tokens)
-        top = tuple(((t, lp), (t + 1, lp - 1.0))[:top_k] for t, lp in zip(tokens, logprobs))
+        top = tuple(((t, lp), (t + 1, lp - 4.0))[:top_k] for t, lp in zip(tokens, logprobs))
         return TokenTrace(logprobs=logprobs, top=top)
 
     def scoring_counts(self) -> dict[str, int]:

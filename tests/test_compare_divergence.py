@@ -316,17 +316,46 @@ def test_locate_links_a_changed_choice_to_its_highest_kld_position(make, capsys)
     assert cells[7:] == ["'#40'", "'#40'"]
 
 
-def test_top_entries_holding_more_than_all_the_mass_are_said_in_one_line():
-    rows = [Row(d, 0, "loglikelihood", 2, (5, 6, 40), (ln(0.8),), (((40, ln(0.8)), (41, ln(0.5))),)) for d in DOCS]
-    ref = records.Recorded("m/ref", {"t": positions.build(rows, 2)})
-    cand = records.Recorded("m/cand", {"t": positions.build(rows, 2)})
+def test_positions_whose_entries_hold_more_than_all_the_mass_are_left_out_of_every_figure_in_one_line():
+    """A bfloat16 log_softmax puts up to 1.005 of probability on a top-20; where the candidate's entries hold
+    more than all of it (documents 0-5 here, 1.3), the position is no distribution: it is left out of the KLD,
+    top-1 and Δp figures alike, counted, and named in one line; the other documents' figures are those of the
+    same runs without the overfull documents."""
+    def overfull(d):
+        return d < 6
+
+    over = [Row(d, 0, "loglikelihood", 2, (5, 6, 40), (ln(0.8),), (((40, ln(0.8)), (41, ln(0.5))),))
+            if overfull(d) else Row(d, 0, "loglikelihood", 2, (5, 6, 40), (ln(0.7),), (((40, ln(0.7)), (41, ln(0.2))),))
+            for d in DOCS]
+    fine = [Row(d, 0, "loglikelihood", 2, (5, 6, 40), (ln(0.8),), (((40, ln(0.8)), (41, ln(0.1))),)) for d in DOCS]
+    ref = records.Recorded("m/ref", {"t": positions.build(fine, 2)})
+    cand = records.Recorded("m/cand", {"t": positions.build(over, 2)})
     d = between.divergence(ref, cand)
     assert [n for n in d.notes if "sum above 1" in n] == [
-        "run m/ref: the top-2 probabilities sum above 1 at 12 positions (up to 1.3): not the log-probabilities of "
-        "one distribution, so the bound there means nothing",
-        "run m/cand: the top-2 probabilities sum above 1 at 12 positions (up to 1.3): not the log-probabilities of "
-        "one distribution, so the bound there means nothing"]
-    assert not records.overfull(records.Recorded("m/x", {"t": positions.build(facts_rows(), 2)}))
+        "6 positions left out of every figure: their top-k probabilities sum above 1 there (run m/cand's up to "
+        "1.3), so they are not the log-probabilities of one distribution and no bound holds at them"]
+    assert d.overall.positions == 6 and d.overall.documents == 6
+    kept = [r for r in fine if not overfull(r.doc_id)], [r for r in over if not overfull(r.doc_id)]
+    alone = between.divergence(records.Recorded("m/ref", {"t": positions.build(kept[0], 2)}),
+                               records.Recorded("m/cand", {"t": positions.build(kept[1], 2)}))
+    assert d.overall.mean_kld == alone.overall.mean_kld and d.overall.mean_dp == alone.overall.mean_dp
+    assert not any("sum above 1" in n for n in alone.notes)
+    every = between.divergence(ref, records.Recorded("m/cand", {"t": positions.build(
+        [r for r in over if overfull(r.doc_id)], 2)}))
+    assert every.missing.startswith("6 positions left out of every figure")  # none left: no table
+
+
+def test_ids_read_apart_enter_the_bound_capped_at_the_last_top_entry_or_not_where_they_overfill_the_row():
+    """An id read in another engine call may round above the last top entry that left it out (bfloat16); the
+    bound takes it at that entry. Where even capped values take the row's entries above all the mass, the row
+    keeps its own entries: a bound from one distribution."""
+    rows = positions.build([Row(0, 0, "loglikelihood", 2, (5, 6, 40, 41), (ln(0.5), ln(0.6)),
+                                (((40, ln(0.5)), (41, ln(0.2))), ((41, ln(0.6)), (42, ln(0.3)))),
+                                (((43, ln(0.21)),), ((44, ln(0.2)),)))], 2)
+    settled = records.settle_given(rows)
+    assert settled.given_ids.tolist() == [[43], [-1]]  # 0.6 + 0.3 + 0.2 > 1: the second row keeps its own
+    assert settled.given_logprobs[0, 0] == pytest.approx(ln(0.2))  # 0.21, read apart, enters at 0.2
+    assert records.distributions(settled).tolist() == [True, True]
 
 
 def outputs(rows, doc):

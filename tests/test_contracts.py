@@ -27,7 +27,7 @@ CLASSES = [VLLMEngine, HFEngine, ServedEngine, DataParallelEngine, FakeEngine, *
 
 def test_the_contract_names_trace_and_the_scoring_counts():
     assert {"trace", "score", "generate", "scoring_counts", "chat_template", "describe", "close"} <= set(METHODS)
-    assert "max_model_len" in MEMBERS
+    assert {"max_model_len", "logits_dtype"} <= set(MEMBERS)
 
 
 def test_the_wrappers_base_writes_out_every_member_of_the_contract():
@@ -44,7 +44,7 @@ def test_each_engine_class_implements_every_method_with_the_contracts_arguments(
         assert all(callable(getattr(cls, name, None)) for name in METHODS)
     else:
         bare = object.__new__(cls)
-        bare.max_model_len = 1
+        bare.max_model_len, bare.logits_dtype = 1, "float32"
         assert isinstance(bare, Engine)
     for name in METHODS:
         wanted = [p for p in inspect.signature(getattr(Engine, name)).parameters.values()]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from evalkit.contracts import Scored, ScoreRequest, TokenTrace, top_list_fault
+from evalkit.contracts import Scored, ScoreRequest, TokenTrace, apart_tolerance, apart_words, top_list_fault
 from evalkit.engine.logprob_reads import TIE, BadRead, scored_positions
 
 Top = tuple[tuple[int, float], ...]
@@ -90,10 +90,11 @@ def unlisted(requests: Sequence[ScoreRequest], tops: Mapping[tuple[int, ...], To
     return [r for r in requests if r.ids[r.start] not in dict(tops[r.ids[:r.start]])]
 
 
-def next_token_trace(request: ScoreRequest, top: Top, entries: Mapping[int, float]) -> TokenTrace:
+def next_token_trace(request: ScoreRequest, top: Top, entries: Mapping[int, float], *, dtype: str) -> TokenTrace:
     """The trace of a one-token request from its context's top entries, its token's value taken from them
     where listed, else from entries (its ``logprob_token_ids`` read, checked to lie at or below the last
-    top entry: a token above it would have been listed)."""
+    top entry: a token above it would have been listed). The two come from separate calls, so the check allows
+    the rounding of an engine computing in dtype between them (``contracts.apart_tolerance``)."""
     token = request.ids[request.start]
     listed = dict(top)
     if token in listed:
@@ -101,9 +102,9 @@ def next_token_trace(request: ScoreRequest, top: Top, entries: Mapping[int, floa
     if token not in entries:
         raise BadRead(f"no log-probability read for token {token} after a {request.start}-token context")
     value = entries[token]
-    if value > top[-1][1] + TIE:
+    if value > top[-1][1] + apart_tolerance(dtype, value):
         raise BadRead(f"token {token} read at {value!r}, above the last of the top entries {top[-1][1]!r} that "
-                      "leave it out")
+                      f"leave it out, by more than {apart_words(dtype, value)}")
     return TokenTrace(logprobs=(value,), top=(top,))
 
 

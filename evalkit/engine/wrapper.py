@@ -24,6 +24,10 @@ class Wrapped:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def logits_dtype(self) -> str:
+        return self.engine.logits_dtype
+
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.engine.encode(text, add_special_tokens)
 

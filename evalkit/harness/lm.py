@@ -128,7 +128,7 @@ class EvalkitLM(TemplateLM):
         self.progress = progress  # opens the progress of one engine call: (request kind, requests); None: silent
         self.engine_seconds: dict[str, float] = {}  # wall time of the engine calls, per request kind
         self.divergence_top_k = divergence_top_k  # top entries traced at each scored position; 0: no traces
-        self.traces = TraceLog(divergence_top_k)
+        self.traces = TraceLog(divergence_top_k, dtype=engine.logits_dtype)
         self.reference = reference  # a reference run's top ids per position, read where the trace left them out
 
     @functools.cached_property
@@ -236,7 +236,7 @@ class EvalkitLM(TemplateLM):
             return traced
         self.traces.reference["reads"] += len(reads)
         self.traces.reference["ids_read"] += sum(len(r.ids) for r in reads)
-        return with_given(traced, asks, answers)
+        return with_given(traced, asks, answers, dtype=self.traces.dtype)
 
     # --- log-likelihood ---
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:

@@ -11,6 +11,11 @@ the text token outranks (a read of the wrong position or token shows as one). A 
 must also sum to what the engine scored: from one pass they are the same numbers; from separate reads (other
 batches, prefixes computed apart) they differ by the engine's own noise, which is measured and recorded, and a
 gap beyond :func:`gross_gap` fails the run in one line.
+
+Checks of values that may come from two engine calls (a text token read apart from its top list, a reference's
+id read apart) allow the rounding between calls of the engine's logits dtype (``contracts.apart_tolerance``:
+0.28 nats at -9 in bfloat16, 1e-4 in float32), and say so when they fail; values read twice from one row keep
+``ENTRY_TOLERANCE``.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from evalkit.contracts import (Generation, GenRequest, IdsRead, RequestRecord, Scored, ScoreRequest, TokenTrace,
-                               top_list_fault)
+from evalkit.contracts import (ENTRY_TOLERANCE, Generation, GenRequest, IdsRead, RequestRecord, Scored, ScoreRequest,
+                               TokenTrace, apart_tolerance, apart_words, top_list_fault)
 
 # a reference run's top ids at each scored position of a request (ids[max(start, 1):]), None where the reference
 # recorded no such context (evalkit/run/reference.py)
@@ -36,7 +41,6 @@ RECORDED = {
     "loglikelihood_rolling": "every token of every window",
     "generate_until": "each greedy generation's own output tokens after its prompt; sampled draws are not recorded",
 }
-ENTRY_TOLERANCE = 1e-4  # nats: one value read twice from one row (the text token, its top entry), or a tie in order
 
 
 def gross_gap(positions: int) -> float:
@@ -55,8 +59,9 @@ def scored_positions(request: ScoreRequest) -> int:
     return max(len(request.ids) - max(request.start, 1), 0)
 
 
-def check(request: ScoreRequest, trace: TokenTrace, top_k: int) -> None:
-    """The trace answers the request: see the module docstring. TraceError in one line where it does not."""
+def check(request: ScoreRequest, trace: TokenTrace, top_k: int, *, dtype: str) -> None:
+    """The trace answers the request: see the module docstring (dtype: the engine's logits dtype). TraceError in
+    one line where it does not."""
     start = max(request.start, 1)
     n = len(request.ids) - start
     if len(trace.logprobs) != n or len(trace.top) != n:
@@ -69,7 +74,7 @@ def check(request: ScoreRequest, trace: TokenTrace, top_k: int) -> None:
             raise TraceError(f"{where} has {len(top)} top entries; divergence_top_k={top_k} asks for 1 to {top_k}")
         if math.isnan(value) or any(math.isnan(v) for _, v in top):
             raise TraceError(f"{where} holds a NaN log-probability")
-        fault = top_list_fault(token, value, top, ENTRY_TOLERANCE)
+        fault = top_list_fault(token, value, top, ENTRY_TOLERANCE, unlisted=apart_tolerance(dtype, value))
         if fault:
             raise TraceError(f"{where} {fault}")
 
@@ -77,19 +82,22 @@ def check(request: ScoreRequest, trace: TokenTrace, top_k: int) -> None:
 def score_gap(request: ScoreRequest, trace: TokenTrace, scored: Scored) -> float:
     """|Σ trace − score| of one request; TraceError where it is gross (:func:`gross_gap`)."""
     gap = abs(math.fsum(trace.logprobs) - scored.logprob)
-    if gap > gross_gap(len(trace.logprobs)):
+    allowed = gross_gap(len(trace.logprobs))
+    if gap > allowed:
         raise TraceError(f"the engine's trace of a {len(trace.logprobs)}-token continuation sums to "
-                         f"{math.fsum(trace.logprobs):.4f} but it scored {scored.logprob:.4f}: its trace and its "
-                         "scores read different tokens or positions (pass divergence_top_k=0 to run without the "
-                         "record, and report the engine)")
+                         f"{math.fsum(trace.logprobs):.4f} but it scored {scored.logprob:.4f}, {gap:.3g} nats apart "
+                         f"where {allowed:.3g} are allowed (0.5 + 0.01 a position: far above any dtype's rounding "
+                         "between two reads): its trace and its scores read different tokens or positions (pass "
+                         "divergence_top_k=0 to run without the record, and report the engine)")
     return gap
 
 
 class TraceLog:
     """What the run's traces did, kind by kind, for results.json's ``evalkit.divergence``."""
 
-    def __init__(self, top_k: int) -> None:
+    def __init__(self, top_k: int, *, dtype: str) -> None:
         self.top_k = top_k
+        self.dtype = dtype  # the engine's logits dtype: what its checks allow between two calls
         self.requests: Counter[str] = Counter()  # kind -> distinct requests traced
         self.positions: Counter[str] = Counter()  # kind -> positions of those
         self.not_recorded: Counter[str] = Counter()  # why -> requests left out
@@ -108,7 +116,7 @@ class TraceLog:
         self.max_gap[kind] = max(self.max_gap.get(kind, 0.0), gap)
 
     def summary(self) -> dict[str, Any]:
-        return {"top_k": self.top_k,
+        return {"top_k": self.top_k, "logits_dtype": self.dtype,
                 "recorded": {kind: RECORDED[kind] for kind in RECORDED if self.requests[kind]},
                 "traced_requests": dict(self.requests), "traced_positions": dict(self.positions),
                 "traced_apart": {kind: n for kind, n in self.second_pass.items() if self.requests[kind]},
@@ -167,7 +175,7 @@ def keep(kind: str, items: Sequence[Item], traced: dict[ScoreRequest, TokenTrace
     """Check each distinct request's trace, measure each scored item's |Σ trace − score|, and keep the trace
     on its item's record as (request number, request, trace)."""
     for request, trace in traced.items():
-        check(request, trace, log.top_k)
+        check(request, trace, log.top_k, dtype=log.dtype)
     log.traced(kind, list(traced))
     for record, number, request, scored in items:
         if scored is not None:
@@ -196,10 +204,12 @@ def reference_reads(traced: dict[ScoreRequest, TokenTrace], reference: Reference
 
 
 def with_given(traced: dict[ScoreRequest, TokenTrace], asks: dict[ScoreRequest, list[IdsRead | None]],
-               answers: dict[IdsRead, tuple[float, ...]]) -> dict[ScoreRequest, TokenTrace]:
+               answers: dict[IdsRead, tuple[float, ...]], *, dtype: str) -> dict[ScoreRequest, TokenTrace]:
     """Each trace with its ids read apart (``TokenTrace.given``), each value checked against the position's own
-    top list: one value per asked id, a log-probability, and not above the last entry listed (an id left out
-    of a top list cannot outrank it: a read of another context shows as one). TraceError in one line."""
+    top list: one value per asked id, a log-probability, and not above the last entry listed by more than the
+    rounding between two calls of an engine computing in dtype (an id left out of a top list cannot outrank it:
+    a read of another context shows as one, nats above). TraceError in one line. A value kept above the last
+    entry is kept as read; the bound caps it there (evalkit/compare/divergence/between.py)."""
     out = {}
     for request, trace in traced.items():
         given = []
@@ -210,10 +220,11 @@ def with_given(traced: dict[ScoreRequest, TokenTrace], asks: dict[ScoreRequest, 
                                  f"at position {p}")
             last = top[-1][1] if top else 0.0
             for t, v in zip(read.ids if read else (), values):
-                if math.isnan(v) or v > ENTRY_TOLERANCE or v > last + ENTRY_TOLERANCE:
+                if math.isnan(v) or v > ENTRY_TOLERANCE or v > last + apart_tolerance(dtype, v):
                     raise TraceError(f"the engine reads the reference's id {t} at position {p} as {v:.6g}: not a "
                                      f"log-probability, or above the last top entry {last:.6g} there that "
-                                     "left it out (a read of another context)")
+                                     f"left it out by more than {apart_words(dtype, v)}: a read of another "
+                                     "context")
             given.append(tuple(zip(read.ids, values)) if read else ())
         out[request] = replace(trace, given=tuple(given)) if any(given) else trace
     return out

@@ -106,7 +106,7 @@ def test_prompt_rows_give_the_exact_trace_in_both_layouts(layout, steps):
     assert trace.logprobs == pytest.approx(values, abs=1e-5)
     assert [[t for t, _ in top] for top in trace.top] == [[t for t, _ in top] for top in tops]
     assert [v for top in trace.top for _, v in top] == pytest.approx([v for top in tops for _, v in top], abs=1e-5)
-    check(REQUEST, trace, K)  # and the harness's own check passes it
+    check(REQUEST, trace, K, dtype="float32")  # and the harness's own check passes it
 
 
 def test_v2_rows_after_a_hit_into_the_rows_are_refused():
@@ -175,14 +175,20 @@ def test_a_one_token_trace_takes_its_value_from_the_top_or_from_its_own_read():
     top = next_top(rows([((7, -0.5, 1), [(7, -0.5), (8, -1.5), (9, -2.0)])]), K)
     listed, left_out = ScoreRequest(ids=(*context, 8), start=3), ScoreRequest(ids=(*context, 30), start=3)
     assert unlisted([listed, left_out], {context: top}) == [left_out]
-    assert next_token_trace(listed, top, {}).logprobs == (-1.5,)
-    trace = next_token_trace(left_out, top, {30: -4.25})
+    assert next_token_trace(listed, top, {}, dtype="float32").logprobs == (-1.5,)
+    trace = next_token_trace(left_out, top, {30: -4.25}, dtype="float32")
     assert trace.logprobs == (-4.25,) and trace.top == (top,)
-    check(left_out, trace, K)
-    with pytest.raises(BadRead, match="above the last of the top entries"):  # it would have been listed
-        next_token_trace(left_out, top, {30: -1.0})
-    with pytest.raises(BadRead, match="no log-probability read"):
-        next_token_trace(left_out, top, {})
+    check(left_out, trace, K, dtype="float32")
+    for dtype in ("float32", "bfloat16"):
+        with pytest.raises(BadRead, match="above the last of the top entries"):  # it would have been listed
+            next_token_trace(left_out, top, {30: -1.0}, dtype=dtype)
+        with pytest.raises(BadRead, match="no log-probability read"):
+            next_token_trace(left_out, top, {}, dtype=dtype)
+    # the text token and the top list come from two calls: in bfloat16 a rounding above the last entry is noise
+    assert next_token_trace(left_out, top, {30: -1.99}, dtype="bfloat16").logprobs == (-1.99,)
+    with pytest.raises(BadRead, match=r"by more than 0.0001 nats allowed between two engine calls \(4 rounding "
+                                      r"steps of float32"):
+        next_token_trace(left_out, top, {30: -1.99}, dtype="float32")
 
 
 def test_row_reads_read_the_cache_unsalted_where_no_hit_can_reach_their_rows_else_share_a_salt():

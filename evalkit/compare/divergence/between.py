@@ -3,7 +3,9 @@
 the verdict against a noise run (verdict.py) where one is given.
 
 A run's known entries at a position are its top-k and, where it read them at this reference's top ids and the
-comparison is fair (records.given_policy), the ids it read apart there.
+comparison is fair (records.given_policy), the ids it read apart there, capped at its last top entry
+(records.settle_given). A position where either run's own entries hold more than all the probability is no
+distribution: it is left out of every figure, counted, and said above the table (records.overfull_note).
 
 Every shared context is one position for KLD and top-1 agreement; Δp and the PPL ratio come from the shared
 (context, text token) triples (records.py says why). Both are summarised by the same ``summarize`` and put
@@ -43,6 +45,8 @@ class Task:
     texts: Positions
     text_docs: np.ndarray
     unshared: int  # shared contexts where no token is known on both sides: KLD bound 0, top-1 differs
+    left_out: int = 0  # shared contexts left out of every figure: a run's entries there are no distribution
+    overfull: tuple[float, float] = (0.0, 0.0)  # the most probability either run's entries held at one of them
 
 
 def _entries(rows: Rows, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -97,7 +101,12 @@ def measure_rows(ref: Rows, ref_rows: np.ndarray, cand: Rows, cand_rows: np.ndar
 def compare_task(ref: Rows, cand: Rows) -> Task:
     """One task's two records, paired (records.pair) and measured: each shared (context, token) pair once, and
     the contexts where the two tokens differ (a parting position) apart; every shared context takes its
-    measures from the one it is compared on."""
+    measures from the one it is compared on. Rows that are no distribution (records.distributions) are left
+    out first, and the shared contexts that loses counted."""
+    ref, cand = records.settle_given(ref), records.settle_given(cand)
+    whole = records.shared_contexts(ref, cand)
+    worst = (records.most_mass(ref), records.most_mass(cand))
+    ref, cand = records.take(ref, records.distributions(ref)), records.take(cand, records.distributions(cand))
     pairs = records.pair(ref, cand)
     texts, _ = measure_rows(ref, pairs.text_ref, cand, pairs.text_cand)
     parting = pairs.text_of < 0
@@ -111,7 +120,7 @@ def compare_task(ref: Rows, cand: Rows) -> Task:
     return Task(contexts=contexts, docs=ref.doc_id[pairs.ref], kinds=ref.kind[pairs.ref],
                 request=ref.request[pairs.ref], position=ref.position[pairs.ref], ref_text=ref.text_id[pairs.ref],
                 cand_text=cand.text_id[pairs.cand], texts=texts, text_docs=ref.doc_id[pairs.text_ref],
-                unshared=unshared)
+                unshared=unshared, left_out=whole - len(pairs.ref), overfull=worst)
 
 
 def compare_records(ref: records.Recorded, cand: records.Recorded, k: int) -> dict[str, Task]:
@@ -177,6 +186,13 @@ def _lacking(runs: list[records.Recorded], how: str) -> str:
     return f"{who} no divergence; {how}"
 
 
+def _left_out(ref: str, cand: str, tasks: dict[str, Task]) -> str:
+    """The line that says which positions no figure includes, and whose entries made them so; "" where none."""
+    worst = {run: max(t.overfull[side] for t in tasks.values()) for side, run in enumerate((ref, cand))}
+    return records.overfull_note(sum(t.left_out for t in tasks.values()),
+                                 {run: most for run, most in worst.items() if most > 1 + records.MASS_SLACK})
+
+
 def divergence(ref: records.Recorded, cand: records.Recorded,
                noise: tuple[records.Recorded, ...] = ()) -> Divergence:
     """The figures of the candidate against the reference over every task both recorded; with the noise runs
@@ -192,10 +208,11 @@ def divergence(ref: records.Recorded, cand: records.Recorded,
         told = f"{', '.join(sorted(ref.tasks))} vs {', '.join(sorted(cand.tasks))}"
         return Divergence(ref.run, cand.run, missing=f"the runs recorded the divergence of no task in common ({told})")
     if not any(t.contexts.n for t in tasks.values()):
-        return Divergence(ref.run, cand.run, missing="no position of the candidate shares its context with the "
-                                                     "reference's, token for token (another tokenizer or prompt)")
+        left_out = _left_out(ref.run, cand.run, tasks)
+        return Divergence(ref.run, cand.run, missing=left_out or "no position of the candidate shares its context "
+                          "with the reference's, token for token (another tokenizer or prompt)")
     per_task, overall = summaries(tasks)
-    notes = tuple(filter(None, [note, given_note, records.overfull(ref), records.overfull(cand)]))
+    notes = tuple(filter(None, [_left_out(ref.run, cand.run, tasks), note, given_note]))
     return Divergence(ref.run, cand.run, k=k, given=cand.run in kept, notes=notes,
                       tasks=tasks, per_task=per_task, overall=overall, documents=per_document(tasks))
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from evalkit.compare.runs import CompareError, Run
 from evalkit.run import positions
-from evalkit.run.positions import Positions
+from evalkit.run.positions import PAD, Positions
 
 HOW = "run it with divergence_top_k=20 to record one"
 
@@ -154,23 +154,58 @@ def keep_given(run: Recorded, kept: frozenset[str]) -> Recorded:
                                for task, rows in run.tasks.items()})
 
 
-MASS_SLACK = 1e-3  # float32 rounding of k probabilities stays far below this
+MASS_SLACK = 1e-5  # a float32 log_softmax's k probabilities sum to 1 within about 1e-6; more is no distribution
 
 
-def overfull(run: Recorded) -> str:
-    """One line where a run's top entries hold more than all the probability at some position (an engine or
-    a record that gives no log-probabilities of one distribution, so the bound means nothing there), else ""."""
-    counts, worst = 0, 0.0
-    for rows in run.tasks.values():
-        known = np.concatenate([rows.top_logprobs, rows.given_logprobs], axis=1).astype(np.float64)
-        mass = np.nansum(np.exp(known), axis=1) if len(rows) else np.zeros(0)
-        counts += int((mass > 1 + MASS_SLACK).sum())
-        worst = max(worst, float(mass.max(initial=0.0)))
-    if not counts:
+def own_mass(rows: Positions) -> np.ndarray:
+    """Per row, the probability its own entries hold: the top-k and the text token where the top-k leaves it out
+    (the ids read apart are not its own: :func:`settle_given`)."""
+    if not len(rows):
+        return np.zeros(0)
+    top = np.nansum(np.exp(rows.top_logprobs.astype(np.float64)), axis=1)
+    listed = (rows.top_ids == rows.text_id[:, None]).any(axis=1)
+    return top + np.where(listed, 0.0, np.exp(rows.text_logprob.astype(np.float64)))
+
+
+def settle_given(rows: Positions) -> Positions:
+    """The ids read apart as the bound takes them. A value read in another engine call than the top list may
+    round above the last top entry (bfloat16: contracts.apart_tolerance); an id the top list left out lies at or
+    below that entry in the row's own distribution, so it enters capped there. Where the capped values still
+    take the row's entries above all the probability (their rounding), the row keeps its own entries only: a
+    bound from one distribution, sound, if less tight."""
+    if not rows.g or not len(rows):
+        return rows
+    last = np.nanmin(np.where(rows.top_ids == PAD, np.nan, rows.top_logprobs.astype(np.float64)), axis=1,
+                     initial=0.0)
+    capped = np.minimum(rows.given_logprobs.astype(np.float64), last[:, None])
+    over = own_mass(rows) + np.nansum(np.exp(capped), axis=1) > 1 + MASS_SLACK
+    ids = np.where(over[:, None], PAD, rows.given_ids)
+    return replace(rows, given_ids=ids, given_logprobs=np.where(ids == PAD, np.nan, capped).astype(np.float32))
+
+
+def distributions(rows: Positions) -> np.ndarray:
+    """Per row, whether its own entries can be those of one normalised distribution (they hold at most all the
+    probability, within float32 rounding)."""
+    return own_mass(rows) <= 1 + MASS_SLACK
+
+
+def take(rows: Positions, keep: np.ndarray) -> Positions:
+    """The rows where keep is true."""
+    return replace(rows, **{name: getattr(rows, name)[keep] for name in positions.COLUMNS + positions.GIVEN})
+
+
+def most_mass(rows: Positions) -> float:
+    """The most probability a row's own entries hold (above 1 + MASS_SLACK: that row is no distribution)."""
+    return float(own_mass(rows).max(initial=0.0))
+
+
+def overfull_note(left_out: int, runs: dict[str, float]) -> str:
+    """The line above the table where positions were left out of every figure, "" where none were."""
+    if not left_out:
         return ""
-    known = f"top-{run.k} and ids read apart" if run.given else f"top-{run.k}"
-    return (f"run {run.run}: the {known} probabilities sum above 1 at {counts} positions (up to {worst:.3g}): "
-            "not the log-probabilities of one distribution, so the bound there means nothing")
+    who = "; ".join(f"run {run}'s up to {worst:.4g}" for run, worst in runs.items())
+    return (f"{left_out} positions left out of every figure: their top-k probabilities sum above 1 there ({who}), "
+            "so they are not the log-probabilities of one distribution and no bound holds at them")
 
 
 _CONTEXT = np.dtype([("doc", "<i8"), ("context", "<u8")])
@@ -202,6 +237,11 @@ class Pairs:
     text_ref: np.ndarray  # (m,) one per shared context and text token (Δp, log-likelihood ratio)
     text_cand: np.ndarray
     text_of: np.ndarray  # (n,) the text pair each shared context is compared on, -1 where the tokens differ
+
+
+def shared_contexts(ref: Positions, cand: Positions) -> int:
+    """How many (document, context) keys both runs recorded."""
+    return len(_common(ref, cand, _CONTEXT)[0])
 
 
 def pair(ref: Positions, cand: Positions) -> Pairs:

@@ -36,6 +36,7 @@ class HFEngine(TokenizerSide):
                            add_bos_token=add_bos_token, engine_kwargs=engine_kwargs)
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = max_model_len
+        self.logits_dtype = str(self.loaded.model.dtype).removeprefix("torch.")  # "auto" resolved
         self.batch_size = batch_size or DEFAULT_BATCH_SIZE
         torch.manual_seed(seed)  # once, as vLLM seeds its sampler at start: draws follow the requests sent before
         self.args: dict[str, Any] = {

@@ -1,8 +1,10 @@
 """engine=hf, log-likelihoods and token traces: the scored positions of each request read from one forward pass,
 as lm-eval's own ``hf`` backend computes them (``HFLM._loglikelihood_tokens``): the whole sequence but its last
 token, right-padded, no attention mask, log_softmax in the model's dtype; is_greedy when every scored token is
-the argmax. tests/engine/hf/test_hf_engine.py holds the numbers equal to lm-eval's. ``read_ids``: the next-token
-row after each context, in float32.
+the argmax. tests/engine/hf/test_hf_engine.py holds the numbers equal to lm-eval's. The traces (the divergence
+record) and ``read_ids`` take their log-probabilities from the same logits log_softmax'ed in float32, so each
+position's entries are those of one normalised distribution: in bfloat16, the model-dtype rows a score sums
+put up to 1.005 of probability on a position's top-20, which made the bound's rest term explode.
 """
 
 from __future__ import annotations
@@ -37,15 +39,16 @@ def score(loaded: Loaded, requests: Sequence[ScoreRequest], progress: Progress |
     is_greedy as lm-eval's hf backend reads it: each scored token is the argmax. With top_k > 0, each answer's
     trace too, read from the same rows (one forward pass: the numbers ``trace`` reads)."""
 
-    def read(r: ScoreRequest, rows: Any) -> Scored:
-        return Scored(**_scored(r, rows), trace=_trace(r, rows, top_k) if top_k else None)
+    def read(r: ScoreRequest, rows: Rows) -> Scored:
+        return Scored(**_scored(r, rows.scored()), trace=_trace(r, rows.traced(), top_k) if top_k else None)
 
     return _each_batch(loaded, requests, read, Scored(logprob=0.0, is_greedy=True), progress, batch_size)
 
 
 def trace(loaded: Loaded, requests: Sequence[ScoreRequest], top_k: int, *, batch_size: int) -> list[TokenTrace]:
     """Each scored position's token log-probability and its top_k (token, log-probability) entries."""
-    return _each_batch(loaded, requests, lambda r, rows: _trace(r, rows, top_k), TokenTrace(logprobs=(), top=()),
+    return _each_batch(loaded, requests, lambda r, rows: _trace(r, rows.traced(), top_k),
+                       TokenTrace(logprobs=(), top=()),
                        None, batch_size)
 
 
@@ -97,16 +100,40 @@ def _scored(r: ScoreRequest, rows: Any) -> dict[str, Any]:
 
 
 def _trace(r: ScoreRequest, rows: Any, top_k: int) -> TokenTrace:
+    """The trace from float32 log-probabilities (Rows.traced): the text tokens and the top_k of each row."""
     import torch
 
     target = torch.tensor(r.ids[max(r.start, 1):], device=rows.device)
     values, tokens = rows.topk(top_k, dim=-1)
-    rows = rows.float()
     return TokenTrace(logprobs=tuple(rows.gather(1, target[:, None])[:, 0].tolist()),
                       top=tuple(tuple(zip(t, v)) for t, v in zip(tokens.tolist(), values.tolist())))
 
 
-def _each_batch(loaded: Loaded, requests: Sequence[ScoreRequest], read: Callable[[ScoreRequest, Any], Any],
+class Rows:
+    """The positions of one request that a forward pass computed, from position first on: its logits, read as
+    lm-eval's hf backend reads them for a score (``scored``: log_softmax in the model's dtype over the whole
+    batch, kept in it) and as the divergence record reads them (``traced``: log_softmax in float32, computed
+    only when asked)."""
+
+    def __init__(self, logits: Any, logprobs: Any, first: int = 0) -> None:
+        self.logits, self.logprobs, self.first = logits, logprobs, first
+
+    def scored(self) -> Any:
+        return self.logprobs[self.first:]
+
+    def traced(self) -> Any:
+        import torch
+
+        if self.logits.dtype == torch.float32:
+            return self.logprobs[self.first:]
+        with torch.inference_mode():
+            return torch.log_softmax(self.logits[self.first:].float(), dim=-1)
+
+    def after(self, skip: int) -> "Rows":
+        return Rows(self.logits, self.logprobs, self.first + skip)
+
+
+def _each_batch(loaded: Loaded, requests: Sequence[ScoreRequest], read: Callable[[ScoreRequest, Rows], Any],
                 empty: Any, progress: Progress | None, batch_size: int) -> list[Any]:
     """read(request, the log-probabilities of its scored positions) for each request, in request order; empty
     for a request that scores no token.
@@ -127,15 +154,15 @@ def _each_batch(loaded: Loaded, requests: Sequence[ScoreRequest], read: Callable
         answered = 0
         for b, rows in zip(batch, _logprobs(loaded, chosen)):
             for i in shared[requests[heads[b]].ids[:-1]]:
-                results[i] = read(requests[i], rows[first[i] - first[heads[b]]:])
+                results[i] = read(requests[i], rows.after(first[i] - first[heads[b]]))
                 answered += 1
         if progress:
             progress.advance(answered, sum(len(r.ids) for r in chosen))
     return results
 
 
-def _logprobs(loaded: Loaded, batch: Sequence[ScoreRequest]) -> list[Any]:
-    """Per request, log-probabilities [positions, vocab] of the positions predicting ids[max(start, 1):], as
+def _logprobs(loaded: Loaded, batch: Sequence[ScoreRequest]) -> list[Rows]:
+    """Per request, the rows [positions, vocab] of the positions predicting ids[max(start, 1):], as
     lm-eval's hf backend computes them: one forward pass of the batch, right-padded, over each sequence but its
     last token, with no attention mask (right padding comes after every position a causal model reads),
     log_softmax in the model's dtype, and kept in it (lm-eval sums a continuation's values in that dtype). All
@@ -147,5 +174,7 @@ def _logprobs(loaded: Loaded, batch: Sequence[ScoreRequest]) -> list[Any]:
 
     ids, _ = loaded.padded([r.ids[:-1] for r in batch], left=False)
     with torch.inference_mode():
-        rows = torch.log_softmax(loaded.model(input_ids=ids).logits, dim=-1)
-        return [rows[row, max(r.start, 1) - 1:len(r.ids) - 1] for row, r in enumerate(batch)]
+        logits = loaded.model(input_ids=ids).logits
+        rows = torch.log_softmax(logits, dim=-1)
+        return [Rows(logits[row, max(r.start, 1) - 1:len(r.ids) - 1], rows[row, max(r.start, 1) - 1:len(r.ids) - 1])
+                for row, r in enumerate(batch)]

@@ -85,7 +85,8 @@ class EngineActor:
         # vLLM's error names no cause when its EngineCore fails ("See root cause above"): read it off the output
         self.engine = call_explained(start_vllm, cfg, model_dir, sole_engine=True)
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        return {**self.engine.describe(), "cores": cores, "threads": torch.get_num_threads()}
+        return {**self.engine.describe(), "cores": cores, "threads": torch.get_num_threads(),
+                "logits_dtype": self.engine.logits_dtype}
 
     def generate(self, requests: list[GenRequest], queue: Any, top_k: int) -> list[Generation]:
         progress = ReportedProgress(queue)

@@ -41,6 +41,8 @@ class DataParallelEngine(TokenizerSide):
                                         add_bos_token=cfg.add_bos_token)
         self.queue = Queue(actor_options={"num_cpus": 0})  # the actors' progress reports
         self.replicas.start()
+        # the first engine's (every engine runs the same arguments)
+        self.logits_dtype = str(self.replicas.descriptions[0].get("logits_dtype") or "")
         hosts = Counter(p["host"] for p in self.replicas.places)
         print(f"evalkit: {len(self.replicas.actors)} engines on Ray "
               f"({', '.join(f'{n} on {h}' for h, n in hosts.items())}), requests shared by tokens",

@@ -40,6 +40,7 @@ class ServedEngine(TokenizerSide):
         self.server = server  # the server evalkit started (served/start.py), stopped by close(); None otherwise
         self.tokenizer_path = tokenizer
         self.max_model_len = max_model_len
+        self.logits_dtype = ""  # a server does not say: its checks between two calls are held to bfloat16's
         self.trust_remote_code = trust_remote_code
         self._counts: Counter[str] = Counter()
         # next-token reads share the server's prefix cache with one another, and with no other client's requests

@@ -83,6 +83,7 @@ class VLLMEngine(TokenizerSide):
         # so every CUDA machine) returns only the rows it computed; "v1" (the CPU build) one row per position.
         self.runner = "v2" if getattr(self.llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1"
         self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)  # KV-cache block, tokens
+        self.logits_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")  # "auto" resolved
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
@@ -173,7 +174,7 @@ class VLLMEngine(TokenizerSide):
             self._counts.update(trace_requests=len(requests), trace_plain=len(requests))
             return plain_traces(self.llm, requests, top_k)
         traces, counts = token_traces(self.llm, requests, top_k, runner=self.runner, block_size=self.block_size,
-                                      salt=f"evalkit-trace-{next(self._trace_calls)}")
+                                      salt=f"evalkit-trace-{next(self._trace_calls)}", dtype=self.logits_dtype)
         self._counts.update(counts)
         return traces
 

@@ -149,9 +149,10 @@ def _row_traces(llm: Any, reads: Sequence[RowRead], outputs: Sequence[Any], top_
 
 
 def token_traces(llm: Any, requests: Sequence[ScoreRequest], top_k: int, *, runner: str, block_size: int,
-                 salt: str) -> tuple[list[TokenTrace], Counter[str]]:
-    """The trace of each request's scored positions on llm (a ``vllm.LLM`` of this runner and KV-cache block
-    size), the row reads under cache salt salt (unique to this call); and what it took (the module docstring)."""
+                 salt: str, dtype: str) -> tuple[list[TokenTrace], Counter[str]]:
+    """The trace of each request's scored positions on llm (a ``vllm.LLM`` of this runner, KV-cache block size
+    and logits dtype), the row reads under cache salt salt (unique to this call); and what it took (the module
+    docstring)."""
     single = [r for r in requests if next_token.takes(r)]
     cover = covering_reads([r for r in requests if not next_token.takes(r)])
     reads = plan_rows(list(dict.fromkeys(cover.values())), block=block_size, salt=salt)
@@ -175,8 +176,8 @@ def token_traces(llm: Any, requests: Sequence[ScoreRequest], top_k: int, *, runn
             if step in unread:
                 raise BadRead("its text token's read failed")
             context = entries.get(r.ids[:-1], {})
-            found[r] = (covered_trace(r, cover[r], rows[cover[r]], context) if r in cover else
-                        next_token_trace(r, tops[r.ids[:r.start]], context))
+            found[r] = (covered_trace(r, cover[r], rows[cover[r]], context, dtype=dtype) if r in cover else
+                        next_token_trace(r, tops[r.ids[:r.start]], context, dtype=dtype))
         except BadRead:
             again.append(r)
     again = list(dict.fromkeys(again))

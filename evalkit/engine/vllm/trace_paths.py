@@ -64,10 +64,10 @@ def unlisted_last_steps(cover: Mapping[ScoreRequest, ScoreRequest], rows: Mappin
 
 
 def covered_trace(request: ScoreRequest, read: ScoreRequest, rows: TokenTrace,
-                  entries: Mapping[int, float]) -> TokenTrace:
+                  entries: Mapping[int, float], *, dtype: str) -> TokenTrace:
     """request's trace from the checked rows of the read that covers it (rows: the read's trace, from its first
     scored position), its last token's value from entries (the ids read after its context) where the read goes
-    on with another token that the row's top list leaves out."""
+    on with another token that the row's top list leaves out (checked as next_token_trace checks it, for dtype)."""
     first = scored_positions(read).start
     positions = scored_positions(request)
     if (read.ids[:len(request.ids) - 1] != request.ids[:-1] or len(read.ids) < len(request.ids) or
@@ -78,6 +78,6 @@ def covered_trace(request: ScoreRequest, read: ScoreRequest, rows: TokenTrace,
     tops = list(rows.top[positions.start - first:positions.stop - first])
     step = last_step(request, read)
     if step is not None:
-        own = next_token_trace(step, tops[-1], entries)
+        own = next_token_trace(step, tops[-1], entries, dtype=dtype)
         values[-1] = own.logprobs[0]
     return TokenTrace(logprobs=tuple(values), top=tuple(tops))

@@ -64,7 +64,7 @@ def test_cached_traces_give_the_plain_traces(engine):
     traces, counts = counted(engine, lambda: engine.trace(requests, K))
     plain = plain_traces(engine.llm, requests, K)
     for request, trace, reference, score in zip(requests, traces, plain, scored):
-        check(request, trace, K)
+        check(request, trace, K, dtype="float32")
         same_trace(trace, reference)
         assert sum(trace.logprobs) == pytest.approx(score.logprob, abs=NOISE)
     assert counts["trace_requests"] == len(requests) and counts["trace_resent"] == 0, counts
@@ -92,7 +92,7 @@ def test_choices_behind_one_context_are_traced_from_one_prompts_rows(engine):
     assert len(choice) >= 3
     traces, counts = counted(engine, lambda: engine.trace(requests, K))
     for request, trace, reference in zip(requests, traces, plain_traces(engine.llm, requests, K)):
-        check(request, trace, K)
+        check(request, trace, K, dtype="float32")
         same_trace(trace, reference)
     assert counts["trace_row_requests"] == 3 and counts["trace_row_reads"] == 1, counts
     assert counts["trace_text_token_reads"] == 1 and counts["trace_resent"] == 0, counts
@@ -126,7 +126,7 @@ def test_scores_asked_with_their_traces_are_read_once_and_equal_the_plain_scores
         plain = plain_traces(engine.llm, requests[:-1], K)
         for request, answer, want, reference in zip(requests, answers, expected, plain):
             assert answer.logprob == pytest.approx(want.logprob, abs=NOISE) and answer.is_greedy == want.is_greedy
-            check(request, answer.trace, K)
+            check(request, answer.trace, K, dtype="float32")
             same_trace(answer.trace, reference)
         assert answers[-1] == Scored(logprob=0.0, is_greedy=True)
 
@@ -147,5 +147,5 @@ def test_greedy_generations_carry_the_trace_of_their_steps(engine):
     for request, generation in zip(greedy, traced):
         as_scored = ScoreRequest(ids=request.prompt_ids + generation.token_ids, start=len(request.prompt_ids))
         assert len(generation.trace.logprobs) == len(generation.token_ids) == generation.output_tokens
-        check(as_scored, generation.trace, K)
+        check(as_scored, generation.trace, K, dtype="float32")
         same_trace(generation.trace, plain_traces(engine.llm, [as_scored], K)[0])

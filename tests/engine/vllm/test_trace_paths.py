@@ -47,11 +47,11 @@ def test_a_covered_request_gets_its_exact_trace_from_the_rows_of_another(layout,
     assert unlisted_last_steps(cover, {read: rows}) == [ScoreRequest(ids=requests[2].ids, start=10)]
     for request in requests:
         entries = {left_out: table[9, left_out].item()} if request is requests[2] else {}
-        trace = covered_trace(request, read, rows, entries)
+        trace = covered_trace(request, read, rows, entries, dtype="float32")
         values, tops = reference(request)
         assert trace.logprobs == pytest.approx(values, abs=1e-5)
         assert [[t for t, _ in top] for top in trace.top] == [[t for t, _ in top] for top in tops]
-        check(request, trace, K)
+        check(request, trace, K, dtype="float32")
 
 
 def test_a_covered_last_token_without_its_own_value_or_outside_the_reads_rows_is_refused():
@@ -60,11 +60,12 @@ def test_a_covered_last_token_without_its_own_value_or_outside_the_reads_rows_is
     left_out = LOGITS[9].argsort(descending=True).tolist()[K + 3]
     request = ScoreRequest(ids=IDS[:10] + (left_out,), start=8)
     with pytest.raises(BadRead, match="no log-probability read"):
-        covered_trace(request, read, rows, {})
+        covered_trace(request, read, rows, {}, dtype="float32")
     with pytest.raises(BadRead, match="above the last of the top entries"):  # it would have been listed
-        covered_trace(request, read, rows, {left_out: -1e-3})
+        covered_trace(request, read, rows, {left_out: -1e-3}, dtype="float32")
     for wrong in (ScoreRequest(ids=IDS[:9] + (IDS[9] + 1, IDS[10]), start=8), ScoreRequest(ids=IDS, start=7),
                   ScoreRequest(ids=IDS + (1,), start=8)):
         with pytest.raises(ValueError, match="does not cover"):
-            covered_trace(wrong, read, rows, {})
-    assert covered_trace(ScoreRequest(ids=IDS[:9], start=9), read, rows, {}) == TokenTrace(logprobs=(), top=())
+            covered_trace(wrong, read, rows, {}, dtype="float32")
+    assert covered_trace(ScoreRequest(ids=IDS[:9], start=9), read, rows, {}, dtype="float32") == \
+        TokenTrace(logprobs=(), top=())
