@@ -7,7 +7,9 @@ kept the try's wakeup fd wrote that signal into the try's pipe, which the watchd
 * the default run ends with exit 0 and its results, its EngineCore forked from the try;
 * SIGTERM to the try mid-scoring stops the run as it does in the spawn model (tests/test_survive.py): exit 143,
   "stopped", no run folder, no process left, the finished answers kept; the rerun then ends with its results;
-* Ctrl-C mid-scoring stops it so too (exit 130).
+* Ctrl-C mid-scoring stops it so too (exit 130);
+* weights that do not fit, as Model Runner V2 raises it (a plain torch.OutOfMemoryError from vLLM's model loader),
+  fail at once in one line naming tensor_parallel_size.
 Run: pytest -m engine -s tests/test_forked_engine.py
 """
 
@@ -99,3 +101,21 @@ def test_ctrl_c_mid_scoring_stops_a_forked_engine_run_as_in_the_spawn_model(tmp_
     assert "evalkit: error: stopped: by SIGINT; finished answers are kept for a rerun" in log, log[-2000:]
     assert "Traceback" not in log.split("evalkit: error:")[-1]
     assert living(session) == [] and not run_dirs(out / MODEL)
+
+
+def test_weights_that_do_not_fit_fail_at_once_in_one_line_naming_tensor_parallel_size(tmp_path, forked_engine):
+    """vLLM's model loader raises a plain torch.OutOfMemoryError, as Model Runner V2 lets it through on CUDA (the
+    fault set by EVALKIT_TEST_WEIGHTS_OOM; from there vLLM's own path: its process fails to start, the EngineCore
+    with it): one try, not the memory back-off's ten, and one line saying what to do."""
+    oom = ("CUDA out of memory. Tried to allocate 1.12 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+           "612.00 MiB is free.")
+    run = start({**forked_engine, "EVALKIT_TEST_WEIGHTS_OOM": oom}, tmp_path / "log", "limit=2",
+                f"output_dir={tmp_path / 'result'}")
+    code = run.wait(timeout=300)
+    log = (tmp_path / "log").read_text()
+    assert code == 1, log[-3000:]
+    said = [line for line in log.splitlines() if line.startswith("evalkit: error:")]
+    assert said == [f"evalkit: error: the model's weights do not fit in one engine's GPU memory: raise "
+                    f"tensor_parallel_size (or use a smaller dtype) (vLLM, loading them: OutOfMemoryError: {oom}) "
+                    "(tries: {'gpu_memory_utilization': 0.25, 'batch_size': None, 'enforce_eager': True}: error)"]
+    assert "ran out of memory" not in log and "try 2" not in log

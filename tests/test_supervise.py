@@ -11,7 +11,7 @@ import pytest
 
 from evalkit.config import ConfigError, EvalConfig, OomRetry
 from evalkit.run.results import attach_log
-from evalkit.engine.backoff import classify, next_settings
+from evalkit.engine.backoff import classify, next_settings, weights_failure
 from evalkit.run.supervise import Outcome, RunFailed, RunStopped, root_cause, run_with_retries, supervise
 
 VLLM_ERRORS = {
@@ -161,6 +161,38 @@ def test_root_cause_is_read_off_the_engine_log():
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     ])
     assert root_cause(weights).startswith("Failed to load model - not enough GPU memory. Try lowering")
+
+
+def traceback(process: str, frames: list[tuple[str, str]], error: str) -> list[str]:
+    """A traceback as vLLM 0.32 logs it from one of its engine's processes: each line with the process's prefix."""
+    lines = ["Traceback (most recent call last):"]
+    for path, function in frames:
+        lines += [f'  File "/venv/lib/python3.11/site-packages/vllm/{path}", line 1, in {function}', "    call()"]
+    return [f"({process}) ERROR 12-03 07:46:22 [core.py:1510] {line}" for line in lines + [error]]
+
+
+V2_LOAD = [("v1/engine/core.py", "__init__"), ("v1/worker/gpu_worker.py", "load_model"),
+           ("v1/worker/gpu/model_runner.py", "load_model"), ("model_executor/model_loader/base_loader.py", "load_model"),
+           ("model_executor/model_loader/default_loader.py", "load_weights")]
+CUDA_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.12 GiB. GPU 0 has a total capacity of " \
+           "79.19 GiB of which 612.00 MiB is free."
+
+
+def test_an_out_of_memory_error_raised_while_vllm_loads_the_weights_is_weights_whichever_runner_raised_it():
+    """Model Runner V2's load_model lets a plain torch.OutOfMemoryError through: read off its traceback, it
+    fails at once in one line naming tensor_parallel_size; the same error elsewhere (a forward pass) is pressure,
+    and another process's traceback in between does not mix with it."""
+    engine_core = traceback("EngineCore pid=7", V2_LOAD, CUDA_OOM)
+    other = traceback("Worker_TP1 pid=9", [("v1/worker/gpu_worker.py", "execute_model")], "KeyError: 'x'")
+    log = "\n".join(engine_core[:4] + other + engine_core[4:]
+                    + ["RuntimeError: Engine core initialization failed. See root cause above."])
+    cause = root_cause(log)
+    assert classify(cause) == "weights"
+    assert weights_failure(cause) == ("the model's weights do not fit in one engine's GPU memory: raise "
+                                      "tensor_parallel_size (or use a smaller dtype) (vLLM, loading them: "
+                                      f"OutOfMemoryError: {CUDA_OOM.split(': ', 1)[1]})")
+    forward = [("v1/engine/core.py", "step"), ("v1/worker/gpu/model_runner.py", "execute_model")]
+    assert classify(root_cause("\n".join(traceback("EngineCore pid=7", forward, CUDA_OOM)))) == "pressure"
 
 
 # --- the try's output: every line to the run's log, evalkit's own lines to the terminal ---

