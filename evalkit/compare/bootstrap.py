@@ -4,7 +4,7 @@ that is not a 0/1 score averaged over documents. Pure functions, no I/O.
 Documents are resampled with replacement, each document's pair of values kept together, and the interval of the
 difference is read off the percentiles. The statistic is the mean paired difference, or for corpus-level metrics
 (perplexity, BLEU, F1, ...) the metric's own aggregation of the candidate's resample minus that of the
-reference's, on the same resampled documents (relative: their ratio - 1). Resamples are drawn in bounded chunks.
+reference's, on the same resampled documents (relative: that difference over |the reference's|). Resamples are drawn in bounded chunks.
 
 Resamples are sized to the family: a bootstrap p-value is at least 1 / (B + 1), and Holm over m rows needs
 alpha / m, so a bootstrap draws at least 20 m / alpha resamples (resamples_for).
@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from evalkit.compare import corpus
-from evalkit.compare.interval import Interval, orient
+from evalkit.compare.interval import Interval, orient, relative_change
 
 MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
 RESOLUTION = 20  # resamples per unit of the level a row needs (alpha / family): a p-value floor 20 times below it
@@ -68,14 +68,14 @@ def paired_bootstrap(reference: np.ndarray, candidate: np.ndarray, *, iterations
 def aggregate_statistics(reference: Sequence[Any], candidate: Sequence[Any], aggregate: Callable[[list[Any]], float],
                          *, iterations: int, seed: int, relative: bool = False, max_cells: int = MAX_CELLS,
                          fast: tuple | None = None) -> tuple[float, np.ndarray]:
-    """aggregate(candidate) - aggregate(reference) (relative: their ratio - 1) and the same over paired resamples;
+    """aggregate(candidate) - aggregate(reference) (relative: that over |aggregate(reference)|) and the same over paired resamples;
     fast: each run's corpus.additive counts (None: read here), which make a resample a sum."""
     if len(reference) == 0 or len(reference) != len(candidate):
         raise ValueError(f"need paired documents, got {len(reference)} and {len(candidate)}")
     fast = fast or (corpus.additive(aggregate, reference), corpus.additive(aggregate, candidate))
 
     def statistic(ref: Any, cand: Any) -> Any:
-        return cand / ref - 1.0 if relative else cand - ref
+        return relative_change(ref, cand) if relative else cand - ref
 
     with warnings.catch_warnings():  # resamples of one class make sklearn's F1/MCC warn, once per resample
         warnings.simplefilter("ignore")

@@ -69,7 +69,7 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
              f"over all {over}, so a candidate with no change beyond the tolerance fails with probability at most "
              f"{alpha:g} (family-wise); `p_worse_holm`, `p_equivalent_holm`: the adjusted p-values",
              f"- tolerance per row (`tolerance`): ±{tolerance} absolute for 0-1 metrics, relative (a fraction of the "
-             "reference's score; `diff` is then candidate / reference − 1) for unbounded ones, as `--tolerance-for` "
+             "reference's score; `diff` is then (candidate − reference) / |reference|, the sign of the difference whatever the sign of the score) for unbounded ones, as `--tolerance-for` "
              "sets them; `diff` is candidate − reference, negated where lower is better, so positive means better "
              "unless the note says the direction is unknown",
              f"- `ci_low`, `ci_high`: the {1 - 2 * alpha:.0%} interval each row's own one-sided tests at {alpha:g} "

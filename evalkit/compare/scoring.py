@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from evalkit.compare import bootstrap, corpus, ratio, stats
+from evalkit.compare.interval import relative_change
 from evalkit.compare.verdict import Tolerance, Tolerances
 
 AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
@@ -140,8 +141,8 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
     count = resample_count(settings, slow=any(f is not None and None in f for f in fast))
     totals = sum(wt * stratum_statistics(agg, *pair, mean=m, count=count, seed=settings["seed"] + k, fast=f)
                  for k, (wt, agg, pair, m, f) in enumerate(zip(w, aggregates, pairs, means, fast)))
-    statistics = totals[1] / totals[0] - 1.0 if tolerance.relative else totals[1] - totals[0]
-    diff = scores[1] / scores[0] - 1.0 if tolerance.relative else scores[1] - scores[0]
+    statistics = relative_change(totals[0], totals[1]) if tolerance.relative else totals[1] - totals[0]
+    diff = relative_change(*scores) if tolerance.relative else scores[1] - scores[0]
     return (*stats.bootstrap_reading(diff, statistics, **reading), "bootstrap stratified", 1.0 / (count + 1))
 
 

@@ -7,7 +7,8 @@ interval and one-sided p-values it gives (compare_paired, Comparison). Pure func
   corpus-level metrics of the metric's own aggregation.
 * The p-values of the one-sided tests against the tolerance (evalkit/compare/tost.py) go with each interval;
   evalkit/compare/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
-* A relative comparison (unbounded metrics: perplexity, BLEU, ...) bootstraps candidate / reference - 1.
+* A relative comparison (unbounded metrics: perplexity, BLEU, ...) reads (candidate - reference) / |reference|,
+  whose sign is the difference's whatever the sign of the reference's score.
 * lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte) are not resampled:
   evalkit/compare/ratio.py tests them analytically (the delta method), so their p-values have no floor.
 * Resamples are sized to the family (bootstrap.resamples_for); corpus-level aggregations that re-aggregate every

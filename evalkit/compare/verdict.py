@@ -36,7 +36,7 @@ UNBOUNDED = frozenset({"perplexity", "word_perplexity", "byte_perplexity", "bits
 @dataclass(frozen=True)
 class Tolerance:
     value: float
-    relative: bool  # a fraction of the reference's score, the difference compared as candidate / reference - 1
+    relative: bool  # a fraction of the reference's score, the difference compared as (candidate - reference) / |reference|
 
     def __str__(self) -> str:
         return f"±{self.value:g}" + (" rel" if self.relative else "")
