@@ -230,3 +230,89 @@ def test_a_bfloat16_candidate_with_nothing_to_classify_needs_no_floor(tmp_path, 
     assert cli.main([str(ref), str(cand), "--locate"]) == 0
     text = (cand / f"compare-vs-{ref.parent.name}-{ref.name}.md").read_text()
     assert "- generations that differ: 0 located" in text and "noise floor (none known, none needed" in text
+
+
+class Listener:
+    """A loopback HTTP server standing in for a remote host named by a run folder: it records every request
+    (path and Authorization header) and answers 500."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests = []
+        seen = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append((self.path, self.headers.get("Authorization")))
+                self.send_error(500)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def listener():
+    found = Listener()
+    yield found
+    found.close()
+
+
+def received(run, *, url, model_dir):
+    """run's results.json as a sender could craft it: a served engine at url whose key is the user's HF_TOKEN, the
+    sender's remote code, server flags, tokenizer and executor, and a model named by hub id or folder."""
+    data = json.loads((run / "results.json").read_text())
+    data["evalkit"]["config"].update(
+        engine="served", endpoint={"url": url, "api_key_env": "HF_TOKEN", "serve": False},
+        trust_remote_code=True, tokenizer="sender/tokenizer", distributed_executor_backend="ray",
+        engine_kwargs={"host": "0.0.0.0", "worker_cls": "sender.Worker"}, dtype="float32")
+    data["evalkit"]["engine"]["model_dir"] = model_dir
+    (run / "results.json").write_text(json.dumps(data))
+
+
+def test_a_received_run_sends_no_request_and_no_secret_and_fetches_no_hub_id(tmp_path, listener, monkeypatch, capsys):
+    """A run folder naming a served engine at a host with the user's HF_TOKEN as its key, and a hub id as its
+    model: --locate contacts neither; it stops before any engine starts, saying what to pass."""
+    ref, cand, _ = fake_pair(tmp_path)
+    for run in (ref, cand):
+        received(run, url=listener.url, model_dir="sender/model")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_of_the_user")
+    capsys.readouterr()  # what making the runs printed
+    assert cli.main([str(ref), str(cand), "--locate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert listener.requests == []
+    assert len(err) == 1 and "which --locate does not fetch on a run folder's word" in err[0], err
+    assert "pass --ref-engine vllm_path=sender/model to fetch it" in err[0]
+
+
+def test_a_received_config_decides_the_numbers_and_only_suggests_what_runs(tmp_path, listener):
+    """What the engine computes with (dtype here) comes from the run; its engine kind, endpoint, secret name,
+    remote code, tokenizer, executor and extra arguments do not: they are named as the flag that passes them."""
+    from evalkit.compare.locate_engines import advice, engine_choice
+
+    ref, _, _ = fake_pair(tmp_path)
+    received(ref, url=listener.url, model_dir=str(tmp_path / "model"))
+    choice = engine_choice(on_disk.load_run(ref), [], side="reference")
+    cfg = choice.cfg
+    assert (cfg.engine, cfg.endpoint.url, cfg.endpoint.api_key_env, cfg.trust_remote_code, cfg.tokenizer,
+            cfg.engine_kwargs, cfg.distributed_executor_backend) == ("vllm", None, None, False, None, {}, None)
+    assert cfg.dtype == "float32" and choice.model_dir == str(tmp_path / "model")
+    line = advice(choice)
+    for setting in ("engine=served", f"endpoint.url={listener.url}", "endpoint.api_key_env=HF_TOKEN",
+                    "trust_remote_code=true", "tokenizer=sender/tokenizer", "+engine_kwargs.host=0.0.0.0",
+                    "distributed_executor_backend=ray"):
+        assert f" {setting}" in line, line
+    passed = engine_choice(on_disk.load_run(ref), ["trust_remote_code=true"], side="reference")
+    assert passed.cfg.trust_remote_code and "trust_remote_code=true" not in advice(passed)
+    assert listener.requests == []

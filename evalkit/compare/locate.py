@@ -1,8 +1,10 @@
 """``python -m evalkit.compare REF CAND --locate``: every document whose answer changed, explained at the token
 where it changed (the analysis is evalkit/compare/why.py; this module runs the engines for it).
 
-Each run's engine is started again from the config its results.json records (``evalkit.config``, the model
-folder from ``evalkit.engine.model_dir``), or with ``--ref-engine``/``--cand-engine key=value ...`` laid
+Each run's engine is started again from the settings its results.json records that decide its numbers
+(``evalkit.config``, the model folder from ``evalkit.engine.model_dir`` where it is a folder of this machine;
+never a recorded endpoint, secret name, remote code, hub id or extra engine argument: those are printed for the
+user to pass), or with ``--ref-engine``/``--cand-engine key=value ...`` laid
 over it (evalkit/compare/locate_engines.py sets them up, checks and starts them). One engine lives at a
 time: the reference's (once for every candidate), then each candidate's (an engine whose settings equal
 the reference's is not started twice). Each rebuilds the prompts of the
@@ -13,13 +15,14 @@ checked against the recorded ``prompt_tokens``, and teacher-forces both runs' ou
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from evalkit.compare import why
-from evalkit.compare.locate_engines import FLAGS, EngineChoice, LocateError, engine_choice, start, trace
+from evalkit.compare.locate_engines import FLAGS, EngineChoice, LocateError, advice, engine_choice, start, trace
 from evalkit.compare.runs import Run, check_like_for_like, load_run
 from evalkit.contracts import TokenTrace
 
@@ -124,6 +127,8 @@ def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], 
                                                                floor=0.0) for c in candidates)):
         raise LocateError(f"--locate: {floor_source}; pass --noise RUN_A RUN_B (two runs of the candidate's config, "
                           "python -m evalkit.compare.noise) to measure the floor for these runs")
+    for line in filter(None, map(advice, filter(None, [ref_choice, *choices]))):
+        print(line, file=sys.stderr)
     ref_pass = engine_pass(ref_choice, everything, top_k=top_k) if everything else None
     out = []
     for candidate, choice, (jobs, skipped) in zip(candidates, choices, found):

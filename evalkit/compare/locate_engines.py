@@ -1,6 +1,12 @@
-"""The engines of ``--locate`` (evalkit/compare/locate.py): each run's engine, set up again from the config its
-results.json records, with ``--ref-engine``/``--cand-engine key=value ...`` laid over it, checked before any
-engine starts, and started and asked for traces with every failure in one line that says what to pass.
+"""The engines of ``--locate`` (evalkit/compare/locate.py): each run's engine, set up again from the settings its
+results.json records that decide its numbers, with ``--ref-engine``/``--cand-engine key=value ...`` laid over
+it, checked before any engine starts, and started and asked for traces with every failure in one line that says
+what to pass.
+
+A run folder may come from another machine or team: it is data, never instructions. What runs, what it loads
+and where anything is sent comes from this machine and the user's flags: a recorded served endpoint, secret
+name, ``trust_remote_code``, hub id, tokenizer or extra engine argument is never adopted, only printed as the
+``key=value`` to pass where the user trusts it (docs/security.md).
 
 Apart from locate.py because this is the part that knows configs, model folders and installed libraries; what
 locate.py does with an engine once it runs (rebuilding prompts, tracing, explaining) needs none of it.
@@ -9,16 +15,24 @@ locate.py does with an engine once it runs (rebuilding prompts, tracing, explain
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from evalkit.compare.runs import CompareError, Run
 from evalkit.config import ConfigError, EvalConfig, closest, schema_keys, validate
 from evalkit.contracts import Engine, TokenTrace
+from evalkit.untrusted import printable
 
 FLAGS = {"reference": "--ref-engine", "candidate": "--cand-engine"}
 LIBRARIES = {"vllm": "vllm", "hf": "transformers", "served": "httpx"}  # the module each engine needs
+# recorded settings that decide an engine's numbers and nothing else: taken from the run's config as they are
+NUMERICS = ("model_name", "dtype", "max_model_len", "max_tokens", "batch_size", "seed", "add_bos_token",
+            "tensor_parallel_size", "pipeline_parallel_size", "tune", "gpu_memory_utilization")
+LOCAL_ENGINES = ("vllm", "hf")  # engines that run here from installed libraries and a local folder
+# recorded settings that decide what runs, what is fetched or where requests go: suggested, never taken
+SUGGESTED = ("engine", "endpoint", "trust_remote_code", "tokenizer", "engine_kwargs", "distributed_executor_backend",
+             "cluster")
 
 
 class LocateError(CompareError):
@@ -33,6 +47,7 @@ class EngineChoice:
     run: str
     cfg: EvalConfig
     model_dir: str
+    not_adopted: tuple[str, ...] = field(default=())  # recorded key=value settings left for the user to pass
 
     @property
     def flag(self) -> str:
@@ -49,8 +64,46 @@ class EngineChoice:
                      cfg.pipeline_parallel_size, sorted(cfg.engine_kwargs.items()), cfg.tune))
 
 
+def local_folder(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and Path(value).is_dir()
+
+
+def as_overrides(key: str, value: Any) -> list[str]:
+    """key=value as a flag takes it, nested keys flattened (engine_kwargs.x=...; + where the schema has no key)."""
+    if isinstance(value, dict):
+        plus = "+" if key == "engine_kwargs" else ""
+        return [f"{plus}{o}" for k, v in value.items() for o in as_overrides(f"{key}.{k}", v)]
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return [f"{key}={text}"]
+
+
+def adoptable(recorded: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The recorded settings --locate takes (those that decide the engine's numbers, a local engine, a folder
+    that exists here) and, as key=value, those it leaves to the user: where they differ from the defaults."""
+    defaults = EvalConfig.__dataclass_fields__
+    adopted = {k: recorded[k] for k in NUMERICS if k in recorded}
+    if recorded.get("engine") in LOCAL_ENGINES:
+        adopted["engine"] = recorded["engine"]
+    for key in ("vllm_path", "tokenizer"):  # read here only where a folder of this machine; never a hub id
+        if local_folder(recorded.get(key)):
+            adopted[key] = recorded[key]
+    suggested: list[str] = []
+    for key in SUGGESTED:
+        if key in recorded and key not in adopted:
+            default = defaults[key].default_factory() if callable(defaults[key].default_factory) else \
+                defaults[key].default
+            default = vars(default) if hasattr(default, "__dataclass_fields__") else default
+            value = recorded[key]
+            if isinstance(value, dict) and isinstance(default, dict):
+                value = {k: v for k, v in value.items() if default.get(k, object()) != v}
+            if value != default and value not in (None, {}):
+                suggested += as_overrides(key, value)
+    return adopted, tuple(suggested)
+
+
 def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -> EvalConfig:
-    """The recorded config with key=value overrides (Hydra's syntax, a leading + allowed), checked."""
+    """The user's defaults, the recorded settings --locate adopts (adoptable) and key=value overrides (Hydra's
+    syntax, a leading + allowed) over them, checked."""
     from omegaconf import OmegaConf
 
     keys = schema_keys()
@@ -62,7 +115,9 @@ def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -
         if head not in keys:
             raise LocateError(f"{flag}: unknown config key {head!r}{closest(head, keys)}; see evalkit/config.py")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), {k: v for k, v in recorded.items() if k in keys},
+        # vllm_path is checked here only: model_folder decides which folder loads
+        stand_in = {"vllm_path": recorded["vllm_path"]} if isinstance(recorded.get("vllm_path"), str) else {}
+        merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), stand_in, adoptable(recorded)[0],
                                  OmegaConf.from_dotlist(dotlist))
         cfg = OmegaConf.to_object(merged)
         validate(cfg)
@@ -75,20 +130,27 @@ def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -
 
 
 def model_folder(cfg: EvalConfig, recorded: str | None, *, overridden: bool, side: str, run: str) -> str:
-    """The folder to load: the recorded one while it exists, else vllm_path resolved again (an embedded
-    model, or a path given with the flag); a one-line LocateError saying what to pass otherwise."""
+    """The folder to load: the recorded one while it is a folder of this machine, else vllm_path resolved again
+    (an embedded model, or a path given with the flag); a one-line LocateError saying what to pass otherwise.
+    A hub id the run names is never fetched on its word: the user passes it."""
     from evalkit.engine.machine import embedded, preflight
 
     flag = FLAGS[side]
-    if not overridden and recorded and (Path(recorded).is_dir() or not Path(recorded).is_absolute()):
-        return recorded  # a local folder, or a hub id vLLM fetches itself
+    if not overridden and local_folder(recorded):
+        return recorded
     if overridden or embedded.is_embedded(cfg.vllm_path):
         try:
             return preflight.resolve_model_path(cfg.vllm_path)
         except ConfigError as error:
             raise LocateError(f"{side} engine: {error} (pass {flag} vllm_path=/path/to/model)") from None
-    where = f"its model folder {recorded} does not exist" if recorded else "results.json records no model folder"
-    raise LocateError(f"{side} run {run}: {where} (moved, or a run from another machine); "
+    if not isinstance(recorded, str) or not recorded:
+        where = "results.json records no model folder"
+    elif Path(recorded).is_absolute():
+        where = f"its model folder {printable(recorded)} does not exist"
+    else:
+        where = (f"it names {printable(recorded)}, no folder here, which --locate does not fetch on a run folder's "
+                 f"word (pass {flag} vllm_path={printable(recorded)} to fetch it)")
+    raise LocateError(f"{side} run {printable(run)}: {where} (moved, or a run from another machine); "
                       f"pass {flag} vllm_path=/path/to/model")
 
 
@@ -96,9 +158,11 @@ def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineCho
     """The checked engine of one side, nothing started: a bad setting fails here, in one line."""
     flag, section = FLAGS[side], run.results.get("evalkit") or {}
     if not section.get("config"):
-        raise LocateError(f"{side} run {run.name}: results.json records no evalkit.config to start its engine from; "
+        raise LocateError(f"{side} run {printable(run.name)}: results.json records no evalkit.config to start its "
+                          "engine from; "
                           "rerun it with this evalkit")
-    cfg = config_from(section["config"], overrides, flag)
+    recorded = section["config"] if isinstance(section["config"], dict) else {}
+    cfg = config_from(recorded, overrides, flag)
     overridden = any(o.lstrip("+").startswith("vllm_path=") for o in overrides)
     model_dir = model_folder(cfg, (section.get("engine") or {}).get("model_dir"), overridden=overridden,
                              side=side, run=run.name)
@@ -107,7 +171,18 @@ def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineCho
         others = " or ".join(f"{flag} engine={e}" for e in LIBRARIES if e != cfg.engine)
         raise LocateError(f"{side} engine: engine={cfg.engine} needs {library}, which is not installed here; install "
                           f"it or pass {others}")
-    return EngineChoice(side=side, run=run.name, cfg=cfg, model_dir=model_dir)
+    given = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    left = tuple(o for o in adoptable(recorded)[1] if o.lstrip("+").split("=", 1)[0] not in given)
+    return EngineChoice(side=side, run=run.name, cfg=cfg, model_dir=model_dir, not_adopted=left)
+
+
+def advice(choice: EngineChoice) -> str | None:
+    """One line naming the recorded settings --locate left out, as the flag that would pass them; None if none."""
+    if not choice.not_adopted:
+        return None
+    return (f"evalkit.compare: the {choice.side} run {printable(choice.run)} recorded settings --locate does not take "
+            f"from a run folder; if you trust them, pass {choice.flag} "
+            f"{' '.join(printable(o) for o in choice.not_adopted)}")
 
 
 def start(choice: EngineChoice) -> Engine:
