@@ -35,16 +35,23 @@ class Plan:
     overrides: tuple[str, ...] = ()
 
 
-def plans(*, orders: int, chunk: int, scales: list[float], groups: set[str]) -> list[Plan]:
-    """Every run: the float32 reference-like runs, the candidates that should not move the output, and the
-    perturbations that should; only those of the groups asked for."""
+def other_dtype(dtype: str) -> str:
+    """The candidate dtype beside reference runs in dtype: bfloat16 beside float32, float32 beside the others."""
+    return "bfloat16" if dtype == "float32" else "float32"
+
+
+def plans(*, orders: int, chunk: int, scales: list[float], groups: set[str], dtype: str = "float32") -> list[Plan]:
+    """Every run: the reference-like runs (in dtype: group "float32" names them whatever their dtype), the
+    candidates that should not move the output, and the perturbations that should; only those of the groups
+    asked for. Group "bf16" holds the other dtype's runs (other_dtype)."""
+    other = other_dtype(dtype)
     out = [Plan("reference", "float32"), Plan("noise", "float32", (f"order_seed={SEED + 1}",))]
     out += [Plan(f"order {SEED + i}", "float32", (f"order_seed={SEED + i}",)) for i in range(2, orders + 2)]
     out += [Plan("fast_scoring=false", "float32", ("fast_scoring=false",)),
             Plan(f"chunk_size={chunk}", "float32", (f"chunk_size={chunk}",)),
             Plan("data_parallel_size=2", "dp2", ("data_parallel_size=2",)),
             Plan("served", "served", ("engine=served", "endpoint.serve=true")),
-            Plan("bfloat16", "bf16"), Plan("bfloat16 noise", "bf16", (f"order_seed={SEED + 1}",))]
+            Plan(other, "bf16"), Plan(f"{other} noise", "bf16", (f"order_seed={SEED + 1}",))]
     out += [Plan(f"layer {LAYER} +{s:g} std", f"perturbed {s:g}") for s in scales]
     return [p for p in out if p.group.split()[0] in groups]
 
@@ -79,13 +86,14 @@ def perturbed_model(model_dir: str, dest: Path, scale: float) -> Path:
     return dest
 
 
-def group_settings(group: str, model_dir: str, runs_dir: Path) -> tuple[list[str], str]:
-    """The overrides every run of a group shares (its engine's), beyond BASE, and its weights folder."""
+def group_settings(group: str, model_dir: str, runs_dir: Path, dtype: str) -> tuple[list[str], str]:
+    """The overrides every run of a group shares (its engine's), beyond BASE, and its weights folder: the
+    reference's dtype, but the other one in group "bf16"."""
     if group.startswith("perturbed"):
         scale = float(group.split()[1])
         path = str(perturbed_model(model_dir, runs_dir / "models" / f"perturbed-{scale:g}", scale))
-        return [f"vllm_path={path}", f"model_name=perturbed-{scale:g}", "dtype=float32"], path
-    return [f"vllm_path={model_dir}", f"dtype={'bfloat16' if group == 'bf16' else 'float32'}"], model_dir
+        return [f"vllm_path={path}", f"model_name=perturbed-{scale:g}", f"dtype={dtype}"], path
+    return [f"vllm_path={model_dir}", f"dtype={other_dtype(dtype) if group == 'bf16' else dtype}"], model_dir
 
 
 def evaluate_plan(base: list[str], plan: Plan, output: Path, engine) -> Path:
@@ -99,13 +107,14 @@ def evaluate_plan(base: list[str], plan: Plan, output: Path, engine) -> Path:
     return evaluate(cfg, engine_factory=lambda c, d: Lent(engine))
 
 
-def run_group(group: str, todo: list[Plan], base: list[str], runs_dir: Path, model_dir: str) -> dict[str, object]:
+def run_group(group: str, todo: list[Plan], base: list[str], runs_dir: Path, model_dir: str,
+              dtype: str) -> dict[str, object]:
     """The group's runs on one engine (or each with its own, for dp2 and served): label -> run folder, or the
     one-line reason the group could not run."""
     from _evalkit_side import environment_restored
     from evalkit.config import compose_config
 
-    settings, weights = group_settings(group, model_dir, runs_dir)
+    settings, weights = group_settings(group, model_dir, runs_dir, dtype)
     base = [*base, *settings]
     own = group in ("dp2", "served")
     found: dict[str, object] = {}
@@ -132,7 +141,7 @@ def run_group(group: str, todo: list[Plan], base: list[str], runs_dir: Path, mod
 
 
 def make_runs(todo: list[Plan], runs_dir: Path, *, limit: int | None, tasks: list[str],
-              fresh: bool) -> dict[str, object]:
+              fresh: bool, dtype: str = "float32") -> dict[str, object]:
     """label -> run folder (or why there is none), making those not in runs_dir yet, one engine per group."""
     from evalkit.engine.machine.preflight import resolve_model_path
 
@@ -148,6 +157,6 @@ def make_runs(todo: list[Plan], runs_dir: Path, *, limit: int | None, tasks: lis
         missing = [p for p in todo if p.group == group and p.label not in found]
         if missing:
             started = time.perf_counter()
-            found.update(run_group(group, missing, base, runs_dir, model_dir))
+            found.update(run_group(group, missing, base, runs_dir, model_dir, dtype))
             print(f"group {group}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return {p.label: found[p.label] for p in todo}

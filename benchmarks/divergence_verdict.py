@@ -7,6 +7,10 @@ move the output (fast_scoring=false, another chunk_size, data_parallel_size=2 on
 endpoint.serve=true) or should (bfloat16; layer 15's mlp.down_proj moved by seeded N(0, (s std)^2), as
 benchmarks/divergence_bound.py perturbs it, written as a safetensors copy). All record divergence_top_k=20.
 
+With --dtype bfloat16 (or float16) the reference-like runs (reference, noise, orders, fast_scoring=false,
+chunk_size) and the perturbed models run in that dtype, and the candidate of the other dtype is float32: the
+floor is then that dtype's own run-to-run noise, the one GPU users meet.
+
 It prints and writes three tables:
  1. each candidate against the reference: Mean KLD, Same top p, the verdict against the noise run at --alpha
     (p), and the accuracy compare's verdicts (evalkit.compare.paired at its default 0.05 and ±0.02); where a
@@ -19,6 +23,7 @@ It prints and writes three tables:
     smallest count where each reaches 0.8.
 Run: flock /tmp/engine-tests.lock .venv/bin/python benchmarks/divergence_verdict.py [--runs-dir DIR] [--orders 3]
 [--chunk 16] [--scales 0.05,0.2,1,3] [--groups float32,dp2,served,bf16,perturbed] [--limit N] [--draws 200]
+[--dtype float32|bfloat16|float16]
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from scipy.stats import beta
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _divergence_runs import make_runs, plans  # noqa: E402
+from _divergence_runs import make_runs, other_dtype, plans  # noqa: E402
 from evalkit.compare.divergence import between, noise_verdict, records  # noqa: E402
 from evalkit.compare.paired import compare_runs  # noqa: E402
 from evalkit.compare.runs import Run, load_run  # noqa: E402
@@ -216,7 +221,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--draws", type=int, default=200, help="random document subsets per count (divergence)")
     parser.add_argument("--accuracy-draws", type=int, default=50,
                         help="random document subsets per count for the accuracy compare (about 50 ms each)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "divergence_verdict.md"))
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the reference-like runs' dtype (the floor's); the other-dtype candidate: other_dtype")
+    parser.add_argument("--out", default=None, help="default: benchmarks/divergence_verdict[_<dtype>].md")
     return parser.parse_args(argv)
 
 
@@ -236,8 +243,9 @@ def own_floor(found: dict, ref: str, again: str) -> list[str]:
 def report(found: dict, args: argparse.Namespace, seconds: float) -> str:
     rng = np.random.default_rng(0)
     alike = [found[k] for k in found if k in ("reference", "noise") or k.startswith("order ")]
-    moved = [k for k in found if k == "bfloat16" or k.startswith("layer ")]
-    shown = [k for k in found if k not in ("reference", "bfloat16 noise")]
+    other = other_dtype(args.dtype)
+    moved = [k for k in found if k == other or k.startswith("layer ")]
+    shown = [k for k in found if k not in ("reference", f"{other} noise")]
     beyond = [k for k in shown if k not in moved and k != "noise" and isinstance(found[k], Path)
               and verdict_of(k, found, args.alpha).label != "within noise"]
     parts = ["## 1. Each candidate against the reference", "", *silent_table(found, shown, args.alpha), "",
@@ -246,24 +254,26 @@ def report(found: dict, args: argparse.Namespace, seconds: float) -> str:
              *false_alarms([p for p in alike if isinstance(p, Path)], args.alpha, args.draws, rng), "",
              "## 3. Documents each needs to tell the perturbation apart", "",
              *power_table(found, moved, args.alpha, (args.draws, args.accuracy_draws), rng), "",
-             "## 4. The bfloat16 engine's own floor", "", *own_floor(found, "bfloat16", "bfloat16 noise")]
-    head = (f"`{' '.join(['benchmarks/divergence_verdict.py', *sys.argv[1:]])}`: tasks {args.tasks}, "
-            f"limit {args.limit or 'all'}, divergence_top_k=20, runs made in {seconds:.0f} s")
+             f"## 4. The {other} engine's own floor", "", *own_floor(found, other, f"{other} noise")]
+    head = (f"`{' '.join(['benchmarks/divergence_verdict.py', *sys.argv[1:]])}`: reference-like runs in "
+            f"{args.dtype}, tasks {args.tasks}, limit {args.limit or 'all'}, divergence_top_k=20, runs made in "
+            f"{seconds:.0f} s")
     return "\n".join([head, "", *parts, ""])
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     todo = plans(orders=args.orders, chunk=args.chunk, scales=[float(s) for s in args.scales.split(",") if s],
-                 groups=set(args.groups.split(",")) | {"float32"})
+                 groups=set(args.groups.split(",")) | {"float32"}, dtype=args.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         found = make_runs(todo, Path(args.runs_dir or tmp), limit=args.limit, tasks=args.tasks.split(","),
-                          fresh=args.fresh)
+                          fresh=args.fresh, dtype=args.dtype)
         seconds = time.perf_counter() - started
         text = report(found, args, seconds)
     print(text)
-    Path(args.out).write_text(text)
+    suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
+    Path(args.out or ROOT / "benchmarks" / f"divergence_verdict{suffix}.md").write_text(text)
 
 
 if __name__ == "__main__":

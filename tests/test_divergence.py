@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy.special import log_softmax
+from scipy.special import log_softmax, logsumexp
 from scipy.stats import rankdata, wilcoxon
 
 from evalkit.compare.divergence import (EXIT, PAD, Positions, document_divergence, exact_kl, from_rows,
@@ -79,7 +79,9 @@ def test_a_hand_computed_bound_and_its_captured_mass():
     ref = from_rows([3], [{0: math.log(p[0]), 1: math.log(p[1]), 3: math.log(p[3])}])
     cand = from_rows([3], [{1: math.log(q[1]), 2: math.log(q[2]), 3: math.log(q[3])}])
     got = measure(ref, cand)
-    rest_p, rest_q = p[0] + p[2], q[0] + q[2]
+    # the candidate's rest read with the stored values' largest rounding added (bound.rounding_margin)
+    margin = 2.0 ** -23 * sum(q[i] * (abs(math.log(q[i])) + 1) for i in (1, 3)) + 2.0 ** -20
+    rest_p, rest_q = p[0] + p[2], q[0] + q[2] + margin
     expected = p[1] * math.log(p[1] / q[1]) + p[3] * math.log(p[3] / q[3]) + rest_p * math.log(rest_p / rest_q)
     assert got.kld[0] == pytest.approx(expected, rel=1e-12)
     assert got.captured[0] == pytest.approx(p[1] + p[3])
@@ -89,18 +91,43 @@ def test_a_hand_computed_bound_and_its_captured_mass():
 
 def test_rounding_never_makes_the_bound_infinite_or_too_large():
     """The candidate's known entries sum to 1 + 1e-7 (rounding) while the reference leaves 0.3 outside them:
-    the candidate's rest is floored at MASS_TOL (1e-6), a finite bound below the truth (here the candidate's
-    true rest is 1e-9)."""
+    the candidate's rest is read as the most the rounding allows (about 1.2e-6, at least MASS_TOL), a finite
+    bound below the truth (here the candidate's true rest is 1e-9)."""
     ref = from_rows([0], [{0: math.log(0.5), 1: math.log(0.2)}])
     cand = from_rows([0], [{0: math.log(0.6 + 1e-7), 1: math.log(0.4)}])
     got = measure(ref, cand)
     known = 0.5 * math.log(0.5 / 0.6) + 0.2 * math.log(0.2 / 0.4)
     truth = known + 0.3 * math.log(0.3 / 1e-9)
     assert math.isfinite(got.kld[0]) and got.kld[0] < truth
-    assert got.kld[0] == pytest.approx(known + 0.3 * math.log(0.3 / 1e-6), rel=1e-5)
+    # the rest: 0 by the stored sums, read as the largest their rounding allows (bound.rounding_margin)
+    margin = 2.0 ** -23 * sum(v * (abs(math.log(v)) + 1) for v in (0.6 + 1e-7, 0.4)) + 2.0 ** -20
+    assert got.kld[0] == pytest.approx(known + 0.3 * math.log(0.3 / max(margin, 1e-6)), rel=1e-5)
     # a slightly negative rest on the reference side is 0: no NaN from log of a negative number
     over = measure(from_rows([0], [{0: math.log(0.7 + 1e-7), 1: math.log(0.3)}]), cand)
     assert math.isfinite(over.kld[0])
+
+
+def test_the_bound_stays_below_the_exact_kl_of_stored_float32_values_where_the_candidate_s_rest_is_tiny():
+    """Stored float32 log-probabilities sum to 1 only within their rounding; where the candidate keeps a rest of
+    1e-7 to 1e-3 (the reference's rest shaped alike, so the bound is nearly tight) that rounding decides
+    1 - sum q, and read too small it put the bound up to 0.04 nats above the exact KL at 12.6. With the
+    rounding margin it stays at or below the exact KL of the same stored values, normalised, at every size."""
+    rng = np.random.default_rng(0)
+    vocab, k, n = 4000, 20, 16
+    for _ in range(60):
+        rest_c, rest_r = 10 ** rng.uniform(-7, -3), rng.uniform(0.001, 0.99)
+        shape = rng.normal(0, 1, (n, vocab - k))
+        shape -= logsumexp(shape, axis=1, keepdims=True)
+        head = rng.normal(0, 2, (n, k))
+        head -= logsumexp(head, axis=1, keepdims=True)
+        head_r = head + rng.normal(0, 0.3, (n, k))
+        head_r -= logsumexp(head_r, axis=1, keepdims=True)
+        cand = np.concatenate([head + np.log1p(-rest_c), shape + np.log(rest_c)], axis=1).astype(np.float32)
+        ref = np.concatenate([head_r + np.log1p(-rest_r), shape + np.log(rest_r)], axis=1).astype(np.float32)
+        ref, cand = ref.astype(np.float64), cand.astype(np.float64)
+        text, ids = np.zeros(n, dtype=np.int64), np.tile(np.arange(k), (n, 1))
+        bound = measure(entries(ref, text, ids), entries(cand, text, ids)).kld
+        assert (bound <= exact_kl(ref, cand)).all(), float((bound - exact_kl(ref, cand)).max())
 
 
 def test_a_token_the_candidate_rules_out_is_an_infinite_divergence():
