@@ -370,3 +370,22 @@ def cli_main(argv):
 def compare_verdicts(out):
     """The verdict of the one row of each candidate's table, in the order python -m evalkit.compare prints them."""
     return [line.split("|")[-2].strip() for line in out.splitlines() if line.startswith("| t ")]
+
+
+@pytest.mark.parametrize("field, value", [("num", "/../../../escaped/REF"), ("num", True), ("num", -1),
+                                          ("status", 'failed"\'/onmouseover=alert(1)//'), ("overrides", [1]),
+                                          ("run_dir", {"a": 1})])
+def test_a_point_record_of_another_type_is_no_record_and_nothing_is_written_outside(sweep, tmp_path, capsys,
+                                                                                     field, value):
+    """A sweep folder may come from elsewhere: a point.json whose num would name a path out of the folder (or any
+    field of another type) is refused in one line, exit 2, and the report writes nothing anywhere."""
+    folder = tmp_path / "a" / "b" / "sweep"
+    for num in (0, 1):
+        write_point(folder / str(num), record(num, "ok", sweep["runs"][num]))
+    crafted = json.loads((folder / "1" / "point.json").read_text()) | {field: value}
+    (folder / "1" / "point.json").write_text(json.dumps(crafted))
+    before = sorted(tmp_path.rglob("*"))
+    assert report_main([str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("evalkit.report: error: ") and f"({field}=" in err[0], err
+    assert "\x1b" not in err[0] and sorted(tmp_path.rglob("*")) == before

@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from evalkit.untrusted import printable
+
 POINT_FILE = "point.json"
 FINAL = ("ok", "failed", "skipped")  # the statuses of a point that is done
 COMPLETED = ("ok", "skipped")  # the statuses whose run folder holds results (a skipped point's: the earlier run's)
@@ -70,11 +72,29 @@ def write_point(folder: Path, record: PointRecord) -> None:
 
 
 def read_point(path: Path) -> PointRecord:
+    """The record in path, each field of its type: a point.json is data (a sweep folder may come from elsewhere),
+    and its num names the report's files, so a num that is not a whole number is no record."""
     try:
         data = json.loads(Path(path).read_text())
-        return PointRecord(**{f.name: data[f.name] for f in fields(PointRecord)})
+        record = PointRecord(**{f.name: data[f.name] for f in fields(PointRecord)})
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SweepError(f"{path} is not a point record ({type(error).__name__}: {error})") from None
+    wrong = next((name for name, ok in checks(record) if not ok), None)
+    if wrong:
+        raise SweepError(f"{path} is not a point record ({wrong}={printable(repr(getattr(record, wrong)))[:80]})")
+    return record
+
+
+def checks(record: PointRecord) -> list[tuple[str, bool]]:
+    def text(value: Any, *, optional: bool = True) -> bool:
+        return isinstance(value, str) or (optional and value is None)
+
+    return [("num", type(record.num) is int and record.num >= 0),
+            ("overrides", isinstance(record.overrides, list) and all(isinstance(o, str) for o in record.overrides)),
+            ("status", record.status in ("running", *FINAL)), ("run_dir", text(record.run_dir)),
+            ("error", text(record.error)), ("devices", text(record.devices)),
+            ("wall_seconds", record.wall_seconds is None or (type(record.wall_seconds) in (int, float))),
+            ("host", text(record.host, optional=False)), ("started", text(record.started, optional=False))]
 
 
 def read_points(sweep_dir: Path) -> list[PointRecord]:

@@ -40,6 +40,7 @@ from evalkit.compare.plots import png, pyplot
 from evalkit.sweep import divergence, report_page
 from evalkit.sweep.points import (COMPLETED, PointRecord, SweepError, distinct_overrides, read_points,
                                    write_atomic)
+from evalkit.untrusted import inside
 
 COLUMNS = ["point", "overrides", "status", "task", "metric", "filter", "value", "stderr", "verdict", "diff",
            *divergence.COLUMNS, "wall_seconds", "tokens_per_s", "error"]
@@ -263,7 +264,7 @@ def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: fl
                     compare_files=sorted(n for n in compare_files if n.endswith(".md")), found=found,
                     notes={n: v for n, v in verdicts.items() if isinstance(v, str) and v.startswith("not comparable")})
     images = {"Scores per point": scores_png(table), "Throughput per point": throughput_png(table)}
-    written = [write_atomic(sweep_dir / name, data) for name, data in compare_files.items()]
+    written = [write_atomic(inside(sweep_dir, name), data) for name, data in compare_files.items()]
     written.append(write_atomic(sweep_dir / "report.csv", table.to_csv(index=False)))
     written.append(write_atomic(sweep_dir / "report.md", text))
     written += [write_atomic(sweep_dir / "scores.png", images["Scores per point"]),
