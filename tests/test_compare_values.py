@@ -77,3 +77,91 @@ def test_a_relative_change_from_a_reference_near_zero_keeps_its_direction(tmp_pa
     row = row_of(ref_dir, cand_dir)
     assert row.relative and row["diff"] < -0.5 and row.verdict == "worse"
     assert cli.main([str(ref_dir), str(cand_dir)]) == 1
+
+
+def accuracy_pair(tmp_path, n, *, damage, where="cand"):
+    """0/1 scores falling from 0.80 to 0.50 over n documents, one value of one run replaced by damage."""
+    ref = [1.0] * int(0.8 * n) + [0.0] * (n - int(0.8 * n))
+    cand = [1.0] * int(0.5 * n) + [0.0] * (n - int(0.5 * n))
+    (ref if where == "ref" else cand)[n // 2] = damage
+    return value_pair(tmp_path, ref, cand, metric="acc")
+
+
+@pytest.mark.parametrize("n", [10, 60, 400])
+@pytest.mark.parametrize("damage", [math.nan, None, math.inf, -math.inf])
+@pytest.mark.parametrize("where", ["ref", "cand"])
+def test_a_nan_null_or_infinite_value_is_unusable_input_naming_the_documents(tmp_path, capsys, n, damage, where):
+    """Accuracy falls from 0.80 to 0.50: one bad value used to make the row inconclusive or 'not compared' (exit
+    0); it is one line naming the task, the metric, the run and the document, exit 2."""
+    ref, cand = accuracy_pair(tmp_path, n, damage=damage, where=where)
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err
+    side = "reference" if where == "ref" else "candidate"
+    assert err.count("\n") == 1 and f"t/acc (none): the {side}'s value is null, NaN or infinite on documents " \
+        f"{n // 2};" in err, err
+
+
+@pytest.mark.parametrize("n", [10, 60, 400])
+def test_a_log_likelihood_that_overflowed_is_unusable_input(tmp_path, capsys, n):
+    """word_perplexity's (log-likelihood, words) with the candidate's log-likelihood -inf on one document."""
+    ref = [(-40.0 - i % 7, 10 + i % 5) for i in range(n)]
+    cand = [(ll * 1.5, w) for ll, w in ref]
+    cand[3] = (-math.inf, cand[3][1])
+    ref_dir, cand_dir = value_pair(tmp_path, ref, cand, metric="word_perplexity", aggregation="weighted_perplexity",
+                                   higher_is_better=False)
+    assert cli.main([str(ref_dir), str(cand_dir)]) == 2
+    assert "t/word_perplexity (none): the candidate's value is null, NaN or infinite on documents 3;" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [10, 60, 400])
+def test_a_metric_neither_run_scored_on_some_documents_leaves_them_out_and_says_so(tmp_path, capsys, n):
+    """Accuracy 0.80 -> 0.50 with the metric missing from the same two documents of both runs: the row is made
+    of the rest, says how many were left out, and is worse (it used to vanish, exit 0)."""
+    ref = [1.0] * int(0.8 * n) + [0.0] * (n - int(0.8 * n))
+    cand = [1.0] * int(0.5 * n) + [0.0] * (n - int(0.5 * n))
+    ref[1] = cand[1] = ref[-1] = cand[-1] = MISSING
+    ref_dir, cand_dir = value_pair(tmp_path, ref, cand, metric="acc")
+    row = row_of(ref_dir, cand_dir)
+    assert row.n == n - 2 and f"2 of {n} documents left out: neither run scored acc on them (1, {n - 1})" in row.note
+    code = cli.main([str(ref_dir), str(cand_dir)])
+    assert code == (1 if n >= 60 else 0) and row.verdict == ("worse" if n >= 60 else "inconclusive")
+    assert f"2 of {n} documents left out" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("n", [10, 60, 400])
+def test_a_metric_only_one_run_scored_on_a_document_is_unusable_input(tmp_path, capsys, n):
+    ref = [1.0] * n
+    cand = [1.0] * (n // 2) + [0.0] * (n - n // 2)
+    cand[4] = MISSING
+    assert cli.main(list(map(str, value_pair(tmp_path, ref, cand, metric="acc")))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "t/acc (none): only the reference scored documents 4;" in err
+
+
+def test_a_comparison_of_no_row_is_unusable_input(tmp_path, capsys):
+    """Every document lacks the metric in both runs: no row at all (it printed an empty table, exit 0)."""
+    ref_dir, cand_dir = value_pair(tmp_path, [MISSING] * 20, [MISSING] * 20, metric="acc")
+    assert cli.main([str(ref_dir), str(cand_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no metric could be compared" in err
+
+
+def test_the_sweep_report_calls_a_point_with_a_nan_value_not_comparable(tmp_path):
+    """The sweep report shares compare_family: a point whose value is NaN is 'not comparable' with the line
+    compare gives, the other points compared as before."""
+    from evalkit.sweep.points import PointRecord
+    from evalkit.sweep.report import compare_points
+
+    n = 60
+    ref = [1.0] * 48 + [0.0] * 12
+    bad = [1.0] * 30 + [0.0] * 30
+    bad[7] = math.nan
+    runs = [value_run(tmp_path / "m" / name, {"t": {"acc": (values, "mean", True)}})
+            for name, values in (("ref", ref), ("p1", bad), ("p2", [1.0] * 30 + [0.0] * 30))]
+    points = [PointRecord(num=i, overrides=[], status="ok", run_dir=str(r), error=None, wall_seconds=None,
+                          devices=None, host="test", started="2026-01-01T10:00:00+00:00") for i, r in enumerate(runs)]
+    verdicts, _, _ = compare_points(points, 0, tolerance=0.02)
+    assert verdicts[1].startswith("not comparable: t/acc (none): the candidate's value is null, NaN or infinite "
+                                  "on documents 7;")
+    assert list(verdicts[2].verdict) == ["worse"] and len(ref) == n

@@ -18,6 +18,7 @@ The runs on disk and the like-for-like check: runs.py; the command line: cli.py.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -74,11 +75,50 @@ def metric_values(pairs: list[tuple[dict, dict]], metric: str) -> tuple[list[Any
     return [value(r) for r, _ in pairs], [value(c) for _, c in pairs]
 
 
+def unusable(value: Any) -> bool:
+    """Whether a per-document value is null, or holds a NaN or infinite number (anywhere in a tuple)."""
+    if value is None:
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(map(unusable, value))
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _docs(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
+def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: str
+                 ) -> tuple[list[tuple[dict, dict]], str]:
+    """The documents both runs scored on metric, and the one line that says which were left out: those neither
+    run scored (lm-eval's own score of the metric leaves them out too). A document one run scored and the other
+    did not, or a value that is null, NaN or infinite (a log-likelihood that overflowed), is unusable input: a
+    CompareError naming the task, the metric and the documents, never a row quietly made of the rest."""
+    has = [(metric in r, metric in c) for r, c in pairs]
+    for side, name in ((0, "reference"), (1, "candidate")):
+        only = [r["doc_id"] for (r, _), h in zip(pairs, has) if h[side] and not h[1 - side]]
+        if only:
+            raise CompareError(f"{task}/{metric} ({filt}): only the {name} scored documents {_docs(only)}; the runs "
+                               "did not score the same documents")
+    kept = [pair for pair, h in zip(pairs, has) if h[0]]
+    for side, name in ((0, "reference"), (1, "candidate")):
+        bad = [pair[side]["doc_id"] for pair in kept if unusable(pair[side][metric])]
+        if bad:
+            raise CompareError(f"{task}/{metric} ({filt}): the {name}'s value is null, NaN or infinite on documents "
+                               f"{_docs(bad)}; a score that cannot be compared (rerun, or look at those documents)")
+    left = len(pairs) - len(kept)
+    note = (f"{left} of {len(pairs)} documents left out: neither run scored {metric} on them "
+            f"({_docs([r['doc_id'] for (r, _), h in zip(pairs, has) if not h[0]])})") if left else ""
+    return kept, note
+
+
 def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
-                values: dict[str, tuple[list[Any], list[Any]]]) -> TaskDetail:
+                values: dict[str, tuple[list[Any], list[Any]]],
+                scored: dict[str, list[int]] | None = None) -> TaskDetail:
+    """scored: each metric's documents (doc ids) where not every pair scored it."""
     detail = TaskDetail(task=task, filter=filt)
-    ids = [r["doc_id"] for r, _ in pairs]
     for metric, (ref, cand) in values.items():
+        ids = (scored or {}).get(metric) or [r["doc_id"] for r, _ in pairs]
         if stats.all_binary(ref, cand):
             detail.flips[metric] = {
                 "right_to_wrong": [d for d, x, y in zip(ids, ref, cand) if x == 1 and y == 0],
@@ -112,13 +152,23 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
 
 
 def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, list[tuple[dict, dict]], list[str]]]:
-    """(task, filter, paired samples, metrics both runs scored on every document) of each task and filter."""
+    """(task, filter, paired samples, metrics either run scored on some document) of each task and filter."""
     for task in sorted(reference.samples):
         ref_samples, cand_samples = reference.samples[task], candidate.samples[task]
         for filt in sorted({f for _, f in ref_samples}):
             pairs = [(ref_samples[k], cand_samples[k]) for k in sorted(k for k in ref_samples if k[1] == filt)]
-            metrics = [m for m in pairs[0][0].get("metrics", []) if all(m in s for p in pairs for s in p)]
+            named = [m for p in pairs for s in p for m in (s.get("metrics") or []) if isinstance(m, str)]
+            metrics = [m for m in dict.fromkeys(named) if any(m in s for p in pairs for s in p)]
             yield task, filt, pairs, metrics
+
+
+def check_comparable(reference: Run, candidate: Run) -> None:
+    """Like for like (runs.check_like_for_like), every metric scored on the same documents in both runs, and no
+    value null, NaN or infinite (scored_pairs): a CompareError before any statistic is computed."""
+    check_like_for_like(reference, candidate)
+    for task, filt, pairs, metrics in metric_pairs(reference, candidate):
+        for metric in metrics:
+            scored_pairs(task, filt, pairs, metric)
 
 
 def planned_rows(reference: Run, candidate: Run) -> int:
@@ -141,17 +191,24 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     results, rows, details = reference.results, [], []
     values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
     for task, filt, pairs, metrics in metric_pairs(reference, candidate):
-        scored = values.setdefault(task, {})
+        scored, ids = values.setdefault(task, {}), {}
         for metric in metrics:
-            ref, cand = scored[(filt, metric)] = metric_values(pairs, metric)
-            rows.append({"task": task, "filter": filt, "metric": metric, "n": len(pairs), **compare_values(
-                results, task, metric, ref, cand, higher_is_better=scoring.direction(results, task, metric),
-                tolerances=tolerances, settings=settings)})
-        details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}))
+            kept, left_out = scored_pairs(task, filt, pairs, metric)
+            ref, cand = scored[(filt, metric)] = metric_values(kept, metric)
+            ids[metric] = [r["doc_id"] for r, _ in kept]
+            row = compare_values(results, task, metric, ref, cand, tolerances=tolerances, settings=settings,
+                                 higher_is_better=scoring.direction(results, task, metric))
+            rows.append({"task": task, "filter": filt, "metric": metric, "n": len(kept), **row,
+                         "note": "; ".join(filter(None, [left_out, row["note"]]))})
+        details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
     rows += group_rows((results, candidate.results), values, tolerances=tolerances, settings=settings)
     unused = tolerances.unused({(r["task"], r["metric"]) for r in rows})
     if unused:
         raise CompareError(f"--tolerance-for {', '.join(unused)}: no such task/metric compared")
+    if not any(row["method"] for row in rows):
+        raise CompareError(f"{candidate.name}: no metric could be compared with {reference.name} ("
+                           + ("; ".join(f"{r['task']}/{r['metric']}: {r['note']}" for r in rows[:3]) or "no metric scored")
+                           + "); a comparison of no row shows nothing")
     (table,) = verdict.decide([pd.DataFrame(rows, columns=ROW_COLUMNS[:-3])], 1.0 - confidence)
     return table[ROW_COLUMNS], details
 
@@ -163,7 +220,7 @@ def compare_family(reference: Run, candidates: list[Run], *, tolerance: float | 
     Holm-adjusted over it (verdict.decide), so that a row's verdict is the same wherever it is shown (the command
     line, the sweep report)."""
     for candidate in candidates:
-        check_like_for_like(reference, candidate)
+        check_comparable(reference, candidate)
     family = sum(planned_rows(reference, candidate) for candidate in candidates)
     compared = [compare_runs(reference, candidate, tolerance=tolerance, confidence=confidence, iterations=iterations,
                              seed=seed, family=family) for candidate in candidates]

@@ -135,7 +135,7 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
             continue
         try:
             candidate = runs.load_run(point.run_dir)
-            runs.check_like_for_like(ref, candidate)
+            paired.check_comparable(ref, candidate)  # like for like, and values that can be compared
             comparable[point.num] = candidate
         except runs.CompareError as error:
             verdicts[point.num] = f"not comparable: {error}"
