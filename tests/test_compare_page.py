@@ -248,3 +248,65 @@ def test_the_sweep_page_leads_with_its_verdict_and_links_each_point_to_its_compa
     line = compared.by_id("verdict").words()
     assert line.startswith("candidate is worse than reference on 1 of 3 rows") and "(exit" not in line
     assert compared.by_id("changed-evalkit_arith-first-integer") is not None
+
+
+HOSTILE = 'x"\'/onmouseover=alert(document.domain)//><script>alert(1)</script>'
+LEAK = " ![](//e.io/x)"  # the report shows 15 characters of an output from where it differs: room for an image
+
+
+def inert(root: Node) -> None:
+    """A page that runs and fetches nothing a run folder chose: a Content-Security-Policy that forbids every
+    fetch but data: images, no handler attribute, only the print script the policy names by its digest, no image
+    but data:, and no link out of the page but to the comparisons beside it."""
+    import base64
+    import hashlib
+
+    policy = next(m.attrs["content"] for m in root.all("meta") if m.attrs.get("http-equiv") == "Content-Security-Policy")
+    assert "default-src 'none'" in policy and "img-src data:;" in policy and "connect-src" not in policy
+    digests = re.findall(r"'sha256-([^']+)'", policy)
+    for script in root.all("script"):
+        assert base64.b64encode(hashlib.sha256(script.text().encode()).digest()).decode() in digests
+    for node in root.walk():
+        assert not any(name.startswith("on") for name in node.attrs), (node.tag, node.attrs)
+        assert node.tag not in ("iframe", "object", "embed", "link", "base", "form")
+    assert all(img.attrs["src"].startswith("data:image/png;base64,") for img in root.all("img"))
+    assert all(a.attrs["href"].startswith("#") or re.fullmatch(r"compare-\d+-vs-\d+\.html(#[\w-]+)?", a.attrs["href"])
+               for a in root.all("a")), [a.attrs for a in root.all("a")]
+
+
+def test_every_value_is_escaped_in_text_and_in_attributes():
+    """A row class or a cell from a run folder (a point's status, a task name) stays a value: the attribute is
+    quoted and escaped whatever quotes it holds, and a cell's text is text."""
+    html = page.table(["task", "verdict"], [[page.cell(HOSTILE), page.cell("worse", css=HOSTILE)]],
+                      row_classes=[page.verdict_class(HOSTILE)], numeric={"task"}, optional={"verdict"})
+    root = Tree(html).root
+    (row,) = root.all("tbody")[0].all("tr")
+    assert row.attrs == {"class": page.verdict_class(HOSTILE)} and cells(row)[1].attrs["class"] == HOSTILE
+    assert cells(row)[0].text() == HOSTILE and not root.all("script")
+    assert not any(name.startswith("on") for node in root.walk() for name in node.attrs)
+    assert page.attributes(class_=HOSTILE, data_opt=True, id=None) == f' class="{page.escape(HOSTILE)}" data-opt'
+
+
+def test_a_model_output_loads_nothing_and_links_nowhere(runs, tmp_path):
+    """A candidate whose outputs are Markdown images and links (rendered in the text report's samples): the
+    compare page and the sweep page show them as text, and their policy forbids any fetch."""
+    leaky = fake_run(tmp_path, "leaky", FakeEngine(reply=LEAK))
+    assert cli.main([str(runs["ref"]), str(leaky)]) == 1
+    text = (leaky / f"compare-vs-{runs['ref'].parent.name}-{runs['ref'].name}.md").read_text()
+    assert "'![](//e.io/x)'" in text  # the output is in the report, as text
+    inert(page_of(leaky, runs["ref"]))
+    folder = tmp_path / "sweep"
+    for point in (record(0, "ok", runs["ref"], wall=3.0), record(1, "ok", leaky, wall=3.0)):
+        write_point(folder / str(point.num), point)
+    write_report(folder)
+    for name in ("report.html", "compare-1-vs-0.html"):
+        inert(Tree((folder / name).read_text()).root)
+    for markdown in ("![x](https://e.io/p.png?leak=1)", "[sign in](https://e.io/)", "<https://e.io/>", "[a](//e.io)",
+                     "[a](javascript:alert(1))", '<img src="https://e.io/">'):
+        inert(Tree(page.document(title="t", headline="h", kind="pass", facts="",
+                                 sections=[page.markdown_html(markdown)])).root)
+
+
+def test_the_pages_of_ordinary_runs_are_inert_too(runs):
+    cli.main([str(runs["ref"]), str(runs["broken"])])
+    inert(page_of(runs["broken"], runs["ref"]))

@@ -4,14 +4,17 @@
 A page leads with its verdict line, coloured by what it says; then its tables (cells coloured by verdict),
 its plots, each with a caption saying what to read in it (a sentence where a plot would say nothing), and
 the text report rendered from its Markdown by markdown-it-py (CommonMark with tables; raw HTML in the text is
-escaped). It is self-contained: the style inline, the images as data URIs, no script or font from the
-network, so it opens from a CI artifact or a mail. It reads on a narrow screen (wide tables scroll inside
+escaped, images and links out of the page are shown as text). It is self-contained: the style inline, the images
+as data URIs, no script or font from the network, so it opens from a CI artifact or a mail; its
+Content-Security-Policy forbids any fetch, whatever a run folder's values hold. Every value, in text or in an
+attribute, goes through escape() or attributes(). It reads on a narrow screen (wide tables scroll inside
 their own box) and prints (a print stylesheet; folded sections open before printing).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 from dataclasses import dataclass
 from typing import Iterable
@@ -85,7 +88,15 @@ a{color:#0b57d0}
 PRINT_SCRIPT = ("window.addEventListener('beforeprint',()=>document.querySelectorAll('details')"
                 ".forEach(d=>d.open=true));")
 
-_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
+# The text report holds values from run folders (model outputs, task names): no image, and links only to a part
+# of the page itself, so that rendering it fetches nothing and sends no reader elsewhere
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table").disable("image")
+_MARKDOWN.validateLink = lambda url: url.startswith("#")
+# What the page may load: its own inline style, the print script above (by its digest), data: images; nothing
+# from the network, whatever a value in it says (a browser that reads it refuses every other fetch)
+POLICY = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+          f"script-src 'sha256-{base64.b64encode(hashlib.sha256(PRINT_SCRIPT.encode()).digest()).decode()}'; "
+          "base-uri 'none'; form-action 'none'")
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,16 @@ class Plot:
 
 
 def escape(value: object) -> str:
-    return html.escape("" if value is None else str(value))
+    """value as HTML text or an attribute's value: &, <, >, " and ' escaped (quote=True)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def attributes(**values: object) -> str:
+    """HTML attributes, each value escaped and quoted: ' class="v-worse"'. True: the bare name; None, False or
+    "": left out. The one way page attributes are written, so a value from a run folder stays a value."""
+    return "".join(f" {name.rstrip('_').replace('_', '-')}" if value is True else
+                   f' {name.rstrip("_").replace("_", "-")}="{escape(value)}"'
+                   for name, value in values.items() if value not in (None, False, ""))
 
 
 def markdown_html(text: str) -> str:
@@ -107,7 +127,7 @@ def markdown_html(text: str) -> str:
 
 def cell(content: str, *, css: str = "", raw: bool = False) -> str:
     """A table cell; content escaped unless raw (already HTML)."""
-    return f'<td{f" class={css!r}" if css else ""}>{content if raw else escape(content)}</td>'
+    return f"<td{attributes(class_=css)}>{content if raw else escape(content)}</td>"
 
 
 def table(columns: Iterable[str], rows: Iterable[Iterable[str]], *, row_classes: Iterable[str] | None = None,
@@ -115,13 +135,14 @@ def table(columns: Iterable[str], rows: Iterable[Iterable[str]], *, row_classes:
     """An HTML table: columns (header text), rows of ready cells (cell()), each row's class (its verdict).
     optional: columns a narrow screen leaves out, so that the verdict stays in view."""
     columns, numeric, optional = list(columns), set(numeric), set(optional)
-    narrow = [" data-opt" if c in optional else "" for c in columns]
-    head = "".join(f'<th{" class=num" if c in numeric else ""}{o}>{escape(c)}</th>' for c, o in zip(columns, narrow))
+    narrow = [attributes(data_opt=c in optional) for c in columns]
+    head = "".join(f"<th{attributes(class_='num' if c in numeric else None)}{o}>{escape(c)}</th>"
+                   for c, o in zip(columns, narrow))
     rows = [[c.replace("<td", f"<td{o}", 1) for c, o in zip(r, narrow)] for r in rows]
     classes = list(row_classes) if row_classes is not None else [""] * len(rows)
-    body = "\n".join(f'<tr{f" class={css!r}" if css else ""}>{"".join(r)}</tr>' for r, css in zip(rows, classes))
+    body = "\n".join(f"<tr{attributes(class_=css)}>{''.join(r)}</tr>" for r, css in zip(rows, classes))
     top = f"<caption>{escape(caption)}</caption>" if caption else ""
-    return f'<table{" class=fit" if fit else ""}>{top}<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>'
+    return f'<table{attributes(class_="fit" if fit else None)}>{top}<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>'
 
 
 def verdict_class(verdict: object) -> str:
@@ -151,6 +172,7 @@ def document(*, title: str, headline: str, kind: str, facts: str, sections: Iter
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="{escape(POLICY)}">
 <title>{escape(title)}</title>
 <style>{STYLE}</style>
 <script>{PRINT_SCRIPT}</script>
