@@ -1,6 +1,7 @@
 """The lm-eval internals evalkit relies on (evalkit/harness/lm_eval_compat.py): fails the day one moves or
 changes. Run: pytest tests/test_lm_eval_compat.py"""
 
+import json
 from importlib.metadata import version
 from pathlib import Path
 
@@ -63,3 +64,29 @@ def test_environment_facts_gathered_ahead_are_lm_evals_own():
     assert set(theirs) == {"pretty_env_info", "transformers_version", "lm_eval_version", "upper_git_hash"}
     assert ahead == {"kept": 1, **theirs} and after == theirs
     assert lm_eval_compat.gather_env_info() is lm_eval_compat.gather_env_info()
+
+
+def test_the_environment_text_is_torchs_own():
+    """pretty_env_info gathers torch's collect_env fields itself (all but one through collect_env's functions):
+    on this machine, where torch's own get_pretty_env_info touches no GPU, the text is the same. Fails the day
+    torch adds, drops or renames a field of SystemEnv."""
+    from torch.utils.collect_env import get_pretty_env_info
+
+    assert lm_eval_compat.pretty_env_info() == get_pretty_env_info()
+
+
+def test_the_environment_facts_start_no_cuda_on_a_gpu_machine(tmp_path):
+    """On a GPU machine recreated here (tests/gpu_machine: two H100s at NVML, torch's CUDA runtime calls recorded
+    and failing), the facts a try gathers make no CUDA runtime call: torch's collect_env calls torch.cuda.init()
+    to read CUDA_MODULE_LOADING, a CUDA context on GPU 0 beside the engine. The fields are lm-eval's."""
+    from tests.test_gpu_start import check_in_gpu_machine
+
+    code = ("import json, os\nos.environ['CUDA_MODULE_LOADING'] = 'EAGER'\n"
+            "from evalkit.harness import lm_eval_compat\nfacts = {}\nlm_eval_compat.gather_env_info().into(facts)\n"
+            "print(json.dumps(facts))")
+    out, calls = check_in_gpu_machine(tmp_path, code, nvml_check=True)
+    assert calls == []
+    facts = json.loads(out.splitlines()[-1])
+    assert set(facts) == {"pretty_env_info", "transformers_version", "lm_eval_version", "upper_git_hash"}
+    assert "Is CUDA available: True" in facts["pretty_env_info"]
+    assert "CUDA_MODULE_LOADING set to: EAGER" in facts["pretty_env_info"]
