@@ -22,8 +22,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from evalkit.config import CONF_DIR, ConfigError, EvalConfig, check_overrides, register_configs
+from evalkit.config import CONF_DIR, ConfigError, EvalConfig, register_configs
 from evalkit.engine.machine.environment import use_nvml_for_cuda_checks
+from evalkit.overrides import arguments_to_check, check_overrides
 
 
 # a point running beside another whose answers it shares (one store) waits for it, then reuses them
@@ -65,8 +66,9 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
     from evalkit.run.supervise import RunFailed, RunStopped, supervise
     from evalkit.sweep.devices import check_launcher_devices, point_launcher
     from evalkit.sweep.points import PointRecord, find_completed, now_iso, write_point
+    from evalkit.untrusted import scrubbed
 
-    record = PointRecord(num=num, overrides=overrides, status="running", run_dir=None, error=None,
+    record = PointRecord(num=num, overrides=scrubbed(overrides), status="running", run_dir=None, error=None,
                          wall_seconds=None, devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                          host=socket.gethostname(), started=now_iso())
     write_point(folder, record)
@@ -115,7 +117,7 @@ def one_line(text: str) -> str:
 def main() -> None:
     use_nvml_for_cuda_checks()  # before anything imports torch (evalkit/engine/machine/environment.py says why)
     try:
-        check_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
+        check_overrides(arguments_to_check(sys.argv[1:]))
     except ConfigError as error:
         fail(str(error))
     register_configs()

@@ -1,12 +1,14 @@
-"""Values that come from outside evalkit's own process (a run folder from another machine, a URL the user gave) on
+"""Values that cross a trust boundary (a run folder from another machine, a URL or environment the user gave) on
 their way to a terminal, a record or a path: each helper makes one kind of use safe, whatever the value holds.
 
 A run folder is data, never instructions (docs/security.md): a name it records is printed with its control
-characters escaped, a file it names is opened only inside the folder, and a URL is recorded without credentials.
+characters escaped and a file it names is opened only inside the folder. What evalkit writes holds no
+credential: a URL is recorded without its user:password, a secret variable by its name only.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +34,30 @@ def without_credentials(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+# a URL's user:password@, also as Hydra writes an override (http\://user\:pass@host)
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*\\?://)[^/?#\s@]+@")
+SECRET_NAME = re.compile(r"(?i)KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH")  # a variable whose value is a secret
+NOT_RECORDED = "(secret: not recorded)"
+
+
+def scrubbed(value: object) -> object:
+    """value (a record: dicts, lists, strings) with the user:password@ of every URL in it removed."""
+    if isinstance(value, str):
+        return _USERINFO.sub(r"\1", value)
+    if isinstance(value, dict):
+        return {k: scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrubbed(v) for v in value]
+    return value
+
+
+def environment(environ: dict[str, str], prefix: str) -> dict[str, str]:
+    """The variables starting with prefix, for a record: a secret's (by its name: *KEY*, *TOKEN*, ...) named, its
+    value not copied; the others' URLs scrubbed."""
+    return {k: NOT_RECORDED if SECRET_NAME.search(k) else str(scrubbed(v))
+            for k, v in sorted(environ.items()) if k.startswith(prefix)}
 
 
 class OutsideFolder(ValueError):

@@ -27,6 +27,7 @@ from evalkit.engine.factory import start_engines
 from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
+from evalkit.untrusted import scrubbed
 from evalkit.harness import lm_eval_compat
 from evalkit.harness.lm import EvalkitLM
 from evalkit.harness.tasks import load_tasks, scoring_tasks
@@ -184,15 +185,16 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     timings = {**({"startup": startup} if startup is not None else {}), **watch.laps,
                "total": round(sum(watch.laps.values()), 3), "engine_start_stages": description.get("start_seconds"),
                "engine_calls": dict(lm.engine_seconds)}
+    recorded = scrubbed(asdict(cfg))  # no user:password of a URL in what is written
     section: results.EvalkitSection = {
-        "run_id": run_id, "model_name": cfg.model_name, "config": asdict(cfg),
+        "run_id": run_id, "model_name": cfg.model_name, "config": recorded,
         "engine": {**description, "model_dir": model_dir}, "prompting": prompting(cfg, lm), "timings": timings,
         "untested_versions": untested_versions,
         "counts": results.count_records(lm.records),
         "sampling": lm.effective_sampling(),
         "scoring": {"fast_scoring": cfg.fast_scoring, "model_runner": description.get("model_runner"),
                     **{k: v for k, v in sorted(scoring.items()) if v}},
-        "provenance": {**results.provenance(outcome, config=asdict(cfg), model_fingerprint=fingerprint),
+        "provenance": {**results.provenance(outcome, config=recorded, model_fingerprint=fingerprint),
                        "task_sources": sources},  # what the tasks read (evalkit/run/sources.py)
         "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,
                                           "seconds": timings["total"]}],
@@ -203,7 +205,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         divergence["reference"] = {**against.describe(), **divergence.get("reference", {})}
     run_dir = results.write_run(output_dir=cfg.output_dir, model_name=cfg.model_name, run_id=run_id,
                                 results=outcome, records=lm.records,
-                                config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)), evalkit=section,
+                                config_yaml=OmegaConf.to_yaml(OmegaConf.create(recorded)), evalkit=section,
                                 divergence=divergence)
     if description.get("server_log") and Path(description["server_log"]).is_file():  # endpoint.serve=true
         results.attach_log(run_dir, Path(description["server_log"]), "server.log")

@@ -38,8 +38,27 @@ def progress(sweep_dir: Path) -> tuple[str, list]:
     return sweep_line(points, total, sweep_elapsed(points)), points
 
 
+def scrub_multirun(sweep_dir: Path) -> None:
+    """Hydra saves the sweep's config with its command line as multirun.yaml before the first point starts: the
+    user:password of a URL in it (endpoint.url=http://user:pass@host/v1) is taken out, as from every record."""
+    from evalkit.sweep.points import write_atomic
+    from evalkit.untrusted import scrubbed
+
+    multirun = sweep_dir / "multirun.yaml"
+    try:
+        text = multirun.read_text()
+    except OSError:
+        return
+    if scrubbed(text) != text:
+        write_atomic(multirun, scrubbed(text))
+
+
 class SweepCallback(Callback):
     """Progress after each point (basic launcher), the report and the exit status at the end of a sweep."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN:
+            scrub_multirun(Path(config.hydra.sweep.dir))
 
     def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN or config.hydra.launcher.get("_target_") != BASIC_LAUNCHER:
@@ -51,6 +70,7 @@ class SweepCallback(Callback):
         from evalkit.sweep.report import write_report
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        scrub_multirun(sweep_dir)
         line, points = progress(sweep_dir)
         if config.hydra.launcher.get("_target_") != BASIC_LAUNCHER:  # the basic launcher's last point printed it
             print(line, file=sys.stderr)

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from evalkit.untrusted import printable
+from evalkit.untrusted import environment, printable, scrubbed
 
 POINT_FILE = "point.json"
 FINAL = ("ok", "failed", "skipped")  # the statuses of a point that is done
@@ -198,7 +198,7 @@ def described_here(recorded: dict[str, Any], machine: dict[str, Any] | None = No
     if "environment" in recorded:  # vLLM's: the VLLM_* variables it starts under, with those tuning set
         tuned = {c["setting"].split(".", 1)[1]: str(c["value"]) for c in recorded.get("choices") or []
                  if str(c.get("setting", "")).startswith("env.")}
-        here["environment"] = {**{k: v for k, v in os.environ.items() if k.startswith("VLLM_")}, **tuned}
+        here["environment"] = {**environment(dict(os.environ), "VLLM_"), **tuned}
     return here
 
 
@@ -222,7 +222,7 @@ def find_completed(output_dir: str, model_name: str, config: dict[str, Any]) -> 
     from evalkit.store.fingerprint import fingerprint
     from evalkit.run.sources import task_sources
 
-    wanted, model_dir, machine, sources, passed = plain(config), None, None, None, None
+    wanted, model_dir, machine, sources, passed = scrubbed(plain(config)), None, None, None, None
     for results_file in sorted((Path(output_dir) / model_name).glob("*/results.json"), reverse=True):
         if results_file.parent.name.startswith("."):
             continue

@@ -27,6 +27,7 @@ from evalkit.engine.vllm import chained, id_reads, next_token
 from evalkit.engine.vllm.prompt_logprobs import score_prompts
 from evalkit.engine.trace_reads import scored_from_trace, trace_from_steps
 from evalkit.engine.vllm.trace import plain_traces, token_traces
+from evalkit import untrusted
 
 
 class VLLMEngine(TokenizerSide):
@@ -67,7 +68,7 @@ class VLLMEngine(TokenizerSide):
         self._counts: Counter[str] = Counter()
         self._trace_calls = itertools.count()  # numbers each trace call's cache salt (trace.py)
         # the VLLM_* variables the engine started under (evalkit.engine.machine.tuning sets some only for the start)
-        self.environment = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
+        self.environment = untrusted.environment(dict(os.environ), "VLLM_")  # a secret's name, never its value
         clock = time.perf_counter()
         # vLLM's start runs gc.collect five times (model load, its own gc.freeze): frozen first, what this
         # process already holds (vLLM, torch, lm-eval and the tasks) is not traversed again each time
