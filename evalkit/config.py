@@ -28,6 +28,10 @@ def cache_dir() -> Path:
 OVERFLOW_POLICIES = ("fail", "truncate_left")
 ENGINES = ("vllm", "hf", "served")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
+# the names other tools give dtypes, for "did you mean" (float and half are vLLM's own names)
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32", "f32": "float32",
+               "bfloat": "bfloat16", "torch.bfloat16": "bfloat16", "torch.float16": "float16",
+               "torch.float32": "float32"}
 
 
 class ConfigError(ValueError):
@@ -173,14 +177,28 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="evalkit_schema", node=EvalConfig)
 
 
+def not_one_of(key: str, value: Any, options: tuple[str, ...]) -> str:
+    """The line for a value outside a key's choices, naming the nearest one."""
+    near = DTYPE_NAMES.get(str(value).lower()) if key == "dtype" else None
+    hint = f" (did you mean {key}={near}?)" if near else closest(str(value), list(options)).replace(
+        "did you mean ", f"did you mean {key}=")
+    return f"{key}={value!r} is not one of {', '.join(options)}{hint}"
+
+
 def compose_config(overrides: list[str]) -> EvalConfig:
     """The config `python -m evalkit <overrides>` runs, without starting Hydra's app machinery."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+    except (HydraException, OmegaConfBaseException) as error:  # what evalkit.overrides does not catch first
+        raise ConfigError(" ".join(str(error).split()[:40])) from None
 
 
 def schema_keys() -> list[str]:
@@ -192,39 +210,12 @@ def model_presets() -> list[str]:
 
 
 def closest(name: str, options: list[str], n: int = 3) -> str:
-    """The options nearest to name, for error messages: "did you mean ...?"."""
-    near = difflib.get_close_matches(name, options, n=n, cutoff=0.5)
-    return f" (did you mean {', '.join(near)}?)" if near else ""
-
-
-def check_overrides(overrides: list[str]) -> None:
-    """Reject unknown keys and presets on the command line with one line each, before Hydra composes.
-
-    Hydra would refuse them too, but in several lines and without the closest names. Sweeps
-    (``model=a,b``) are checked value by value; ``+``/``~`` overrides, ``hydra.*`` keys and anything
-    Hydra cannot parse are left to Hydra.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
-    except Exception:  # Hydra reports its own syntax errors
-        return
-    keys = set(schema_keys())
-    for override in parsed:
-        key = override.key_or_group
-        if override.is_add() or override.is_delete() or key.startswith("hydra"):
-            continue
-        if key == "model":
-            presets = model_presets()
-            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-            for value in values:
-                if value not in presets:
-                    raise ConfigError(f"unknown model preset {value!r}{closest(str(value), presets)}; "
-                                      f"presets: {', '.join(presets)}")
-        elif key.split(".", 1)[0] not in keys:
-            head = key.split(".", 1)[0]
-            raise ConfigError(f"unknown config key {head!r}{closest(head, sorted(keys))}; see evalkit/config.py")
+    """The options nearest to name, whatever its case, for error messages: "did you mean ...?". An option that
+    differs only in case is the one meant."""
+    lower = {option.lower(): option for option in options}
+    near = [name.lower()] if name.lower() in lower else difflib.get_close_matches(name.lower(), list(lower), n=n,
+                                                                                   cutoff=0.5)
+    return f" (did you mean {', '.join(lower[option] for option in near)}?)" if near else ""
 
 
 def validate(cfg: EvalConfig) -> None:
@@ -232,15 +223,15 @@ def validate(cfg: EvalConfig) -> None:
     if cfg.vllm_path in (None, "", MISSING, "???"):
         raise ConfigError("vllm_path is not set: pass vllm_path=/path/to/weights (or choose model=<preset>)")
     if cfg.engine not in ENGINES:
-        raise ConfigError(f"engine={cfg.engine!r} is not one of {', '.join(ENGINES)}")
+        raise ConfigError(not_one_of("engine", cfg.engine, ENGINES))
     if cfg.engine == "hf" and cfg.data_parallel_size > 1:
         raise ConfigError("data_parallel_size>1 runs vLLM engines on Ray; the hf engine runs alone: pass data_parallel_size=1")
     if cfg.engine == "served":
         check_endpoint(cfg)
     if cfg.dtype not in DTYPES:
-        raise ConfigError(f"dtype={cfg.dtype!r} is not one of {', '.join(DTYPES)}")
+        raise ConfigError(not_one_of("dtype", cfg.dtype, DTYPES))
     if cfg.overflow not in OVERFLOW_POLICIES:
-        raise ConfigError(f"overflow={cfg.overflow!r} is not one of {', '.join(OVERFLOW_POLICIES)}")
+        raise ConfigError(not_one_of("overflow", cfg.overflow, OVERFLOW_POLICIES))
     for name, value in (("max_model_len", cfg.max_model_len), ("max_tokens", cfg.max_tokens),
                         ("tensor_parallel_size", cfg.tensor_parallel_size),
                         ("pipeline_parallel_size", cfg.pipeline_parallel_size),

@@ -1,7 +1,8 @@
 """Config composition with Hydra's compose API (evalkit/config.py, conf/). Run: pytest tests/test_config.py"""
 
 import pytest
-from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config, model_presets, validate
+from evalkit.config import ConfigError, EvalConfig, compose_config, model_presets, validate
+from evalkit.overrides import check_overrides
 
 SPEC_PRESETS = {"qwen2.5-7b", "qwen2-7b", "qwen1.5-7b", "llama3.2-3b", "llama3.1-8b", "llama3-8b", "llama2-7b",
                 "yi-6b", "smollm2-135m"}

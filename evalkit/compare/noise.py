@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from evalkit.harness.budget import PromptTooLong
-from evalkit.config import ConfigError, EvalConfig, check_overrides, compose_config
+from evalkit.config import ConfigError, EvalConfig, compose_config
+from evalkit.overrides import check_overrides
 from evalkit.store.fingerprint import answers_key
 from evalkit.store.lock import result_lock
 
@@ -35,12 +36,15 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
     return first, second
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare.noise") -> int:
     from evalkit.compare import cli
     from evalkit.engine.factory import start_engines
     from evalkit.engine.wrapper import Lent
 
     overrides = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(overrides):
+        print(f"usage: {prog} [key=value ...]\n\n{__doc__.split(chr(10), 1)[1].strip()}")
+        return 0
     engines = []
 
     def shared(cfg, model_dir):
@@ -49,12 +53,15 @@ def main(argv: list[str] | None = None) -> int:
         return Lent(engines[0])
 
     try:
+        options = [a for a in overrides if a.startswith("-")]
+        if options:
+            raise ConfigError(f"{options[0]}: {prog} takes key=value overrides only, as python -m evalkit does")
         check_overrides(overrides)
         cfg = compose_config(overrides)
         with result_lock(cfg.output_dir, cfg.model_name, answers_key(cfg)):
             first, second = measure(cfg, shared)
     except (ConfigError, PromptTooLong) as error:
-        print(f"evalkit.compare.noise: error: {error}", file=sys.stderr)
+        print(f"{prog.removeprefix('python -m ')}: error: {error}", file=sys.stderr)
         return 2
     finally:
         for engine in engines:

@@ -42,20 +42,25 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
 
     from evalkit.engine.served.engine import ServedEngine
     from evalkit.engine.served.http import Client, without_credentials
-    from evalkit.engine.served.probe import weights_identity
+    from evalkit.engine.served.probe import ServerRefused, deployment, weights_identity
 
     end = cfg.endpoint
-    identity = weights_identity(started_from=model_dir if end.serve else None, deployment_id=end.deployment,
-                                keeps_answers=cfg.resume, url=without_credentials(end.url or ""))
+    api_key = os.environ.get(end.api_key_env) if end.api_key_env else None
+    try:
+        identity = weights_identity(started_from=model_dir if end.serve else None, deployment_id=end.deployment,
+                                    keeps_answers=cfg.resume, url=without_credentials(end.url or ""))
+    except ServerRefused:  # the real problem first: a server that is not there, or serves another model
+        deployment(Client(end.url, api_key=api_key, max_concurrency=1, timeout=end.timeout, retries=0,
+                          reconnect_wait=0.0), end.model, cfg.max_model_len)
+        raise
     server = None
     if end.serve:
         from evalkit.engine.served.start import start_server
 
         server = start_server(cfg, model_dir)
     url = server.url if server else end.url
-    client = Client(url, api_key=os.environ.get(end.api_key_env) if end.api_key_env else None,
-                    max_concurrency=end.max_concurrency, timeout=end.timeout, retries=end.retries,
-                    reconnect_wait=end.reconnect_wait)
+    client = Client(url, api_key=api_key, max_concurrency=end.max_concurrency, timeout=end.timeout,
+                    retries=end.retries, reconnect_wait=end.reconnect_wait)
     try:
         engine = ServedEngine(client=client, model=end.model, tokenizer=cfg.tokenizer or model_dir,
                               trust_remote_code=cfg.trust_remote_code, add_bos_token=cfg.add_bos_token,

@@ -1,0 +1,136 @@
+"""The command line's ``key=value`` overrides, checked against the schema before Hydra composes them.
+
+Hydra refuses a mistyped key or a value of the wrong type too, but in six lines, with exit 1, and for a
+mistyped nested key it suggests ``+key=``, which would not work either. Here each mistake is one
+:class:`~evalkit.config.ConfigError` naming the key and the closest valid key or value. Every value of a sweep
+(``dtype=a,b``) is checked; ``+``/``~`` overrides, ``hydra*`` keys, interpolations (``${...}``) and what Hydra
+cannot parse are left to Hydra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from evalkit.config import (DTYPES, ENGINES, OVERFLOW_POLICIES, ConfigError, EvalConfig, closest, model_presets,
+                            not_one_of)
+
+CHOICES = {"dtype": DTYPES, "engine": ENGINES, "overflow": OVERFLOW_POLICIES}  # for "did you mean" on a value
+NUMBERS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+           "nine": 9, "ten": 10, "sixteen": 16, "thirty-two": 32, "sixty-four": 64}
+GROUPS = ["model"]  # config groups: top-level keys that are no field of the schema
+
+
+def arguments_to_check(argv: list[str]) -> list[str]:
+    """The overrides among a command line's arguments: ``key=value`` words, not options (``-m``, ``--cfg job``,
+    ``--config-name=x``) nor the values options take."""
+    return [a for a in argv if "=" in a and not a.startswith("-")]
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Raise one ConfigError for the first override that names no key of the schema or gives a value its key
+    cannot take (the module docstring)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    except Exception:  # Hydra reports its own syntax errors
+        return
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_add() or override.is_delete() or key.startswith("hydra"):
+            continue
+        values = sweep_values(override)
+        if key == "model":
+            check_presets([str(v) for v in values])
+            continue
+        kind = field_type(key)
+        for value in values if kind is not None else []:
+            check_value(key, kind, value)
+
+
+def sweep_values(override: Any) -> list[Any]:
+    """The values an override gives (each one of a sweep), parsed as Hydra parses them."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    try:
+        return list(override.sweep_iterator())
+    except Exception:  # a glob or another sweep Hydra expands itself
+        return []
+
+
+def check_presets(values: list[str]) -> None:
+    presets = model_presets()
+    for value in values:
+        if value not in presets:
+            raise ConfigError(f"unknown model preset {value!r}{closest(value, presets)}; presets: {', '.join(presets)}")
+
+
+def field_type(key: str) -> Any:
+    """The type the schema gives a dotted key; None where the key is inside a free mapping (engine_kwargs.x).
+    A key the schema lacks is a ConfigError naming the closest key at its level."""
+    node: Any = EvalConfig
+    for depth, part in enumerate(key.split(".")):
+        if not dataclasses.is_dataclass(node):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            prefix = ".".join(key.split(".")[:depth])
+            known = [f"{prefix}.{name}" if prefix else name for name in hints] + (GROUPS if not prefix else [])
+            raise ConfigError(f"unknown config key {key!r}{closest(key, known, n=1 if prefix else 3)}; every key: "
+                              "docs/configuration.md")
+        node = hints[part]
+    return node
+
+
+def check_value(key: str, kind: Any, value: Any) -> None:
+    if isinstance(value, str) and "${" in value:
+        return  # an interpolation: Hydra resolves it
+    if key in CHOICES and isinstance(value, str) and value not in CHOICES[key]:
+        raise ConfigError(not_one_of(key, value, CHOICES[key]))
+    if not fits(kind, value):
+        raise ConfigError(wrong_type(key, kind, value))
+
+
+def fits(kind: Any, value: Any) -> bool:
+    """Whether Hydra would take value for a key of type kind (the schema's annotation)."""
+    from omegaconf import MISSING, OmegaConf
+    from omegaconf.errors import ValidationError
+
+    probe = dataclasses.make_dataclass("Probe", [("slot", kind, dataclasses.field(default=MISSING))])
+    try:
+        OmegaConf.merge(OmegaConf.structured(probe), {"slot": value})
+    except ValidationError:
+        return False
+    return True
+
+
+def wrong_type(key: str, kind: Any, value: Any) -> str:
+    """The line for a value its key cannot take: what the key takes, and the value it most likely meant."""
+    shown = "null" if value is None else value if isinstance(value, str) else str(value)
+    base = bare(kind)
+    origin = typing.get_origin(base)
+    if origin is list:
+        return f"{key}={shown} must be a list: pass {key}=[{shown}]"
+    if origin is dict or dataclasses.is_dataclass(base):
+        return f"{key} is a group of keys, not a value: pass {key}.NAME={shown} (every key: docs/configuration.md)"
+    if base is bool:
+        near = {"yes": "true", "no": "false", "on": "true", "off": "false", "1": "true", "0": "false"}.get(
+            shown.lower(), "true or false")
+        return f"{key}={shown} must be true or false (did you mean {key}={near}?)"
+    if base is int:
+        near = NUMBERS.get(shown.lower().strip())
+        hint = f"did you mean {key}={near}?" if near is not None else f"e.g. {key}=1"
+        return f"{key}={shown} must be a whole number ({hint})"
+    if base is float:
+        return f"{key}={shown} must be a number (e.g. {key}=0.5)"
+    return f"{key}={shown} is not a value {key} takes ({getattr(base, '__name__', base)})"
+
+
+def bare(kind: Any) -> Any:
+    """Optional[X] as X."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    return args[0] if union and len(args) == 1 else kind
