@@ -5,6 +5,7 @@ Run: pytest tests/test_supervise.py
 """
 
 import dataclasses
+import json
 import sys
 
 import pytest
@@ -300,6 +301,78 @@ def test_bad_input_or_a_stop_leaves_no_log(fake_tries, capsys, tmp_path, ending,
         supervise(fake_tries(ending))
     assert "full log" not in capsys.readouterr().err
     assert not (tmp_path / "result").exists()  # nothing written, the folders made for the lock removed
+
+
+# --- the next try starts once the last try's GPU memory is back (GPUs faked at NVML, tests/fake_gpus.py) ---
+# Try 1's engine holds 70 GiB of the GPU's 79 free and fails for lack of memory; one of its engine processes is
+# outside the try's group and its output pipe (as a data-parallel actor's EngineCore is) and gives the memory back
+# GIVE_BACK_AFTER seconds after the try ended ("never": it keeps it). Each try says how much it found free as it started.
+GPU_TRY = r'''
+import json, os, subprocess, sys
+spec_file, outcome_file = sys.argv[-3:-1]
+spec, gpus_file = json.loads(open(spec_file).read()), os.environ["FAKE_NVML"][1:]
+gpus = json.loads(open(gpus_file).read())
+print(f"evalkit: try {len(spec['attempts']) + 1} found {gpus[0]['free'] >> 30} GiB free", file=sys.stderr, flush=True)
+WRITE = ("import os, sys, time; time.sleep(float(sys.argv[3])); open(sys.argv[1] + '.new', 'w').write(sys.argv[2]); "
+         "os.replace(sys.argv[1] + '.new', sys.argv[1])")
+if spec["attempts"]:
+    run_dir = os.path.join(spec["config"]["output_dir"], spec["config"]["model_name"], "run1")
+    os.makedirs(run_dir)
+    outcome = {"status": "ok", "run_dir": run_dir}
+else:
+    held = [dict(gpus[0], free=9 << 30)]
+    subprocess.run([sys.executable, "-c", WRITE, gpus_file, json.dumps(held), "0"], check=True)
+    if os.environ["GIVE_BACK_AFTER"] != "never":
+        subprocess.Popen([sys.executable, "-c", WRITE, gpus_file, json.dumps(gpus), os.environ["GIVE_BACK_AFTER"]],
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    outcome = {"status": "error", "message": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+open(outcome_file, "w").write(json.dumps(outcome))
+'''
+
+
+@pytest.fixture
+def gpu_tries(tmp_path, monkeypatch):
+    """A supervisor on one faked H100 with 79 GiB free, whose tries are GPU_TRY; returns the config to run."""
+    from evalkit.run import supervise as module
+    from tests.fake_gpus import on_fake_gpus
+
+    on_fake_gpus(monkeypatch, tmp_path / "machine", [])
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps([{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0a0b", "total": 80 << 30,
+                                 "free": 79 << 30}]))
+    monkeypatch.setenv("FAKE_NVML", f"@{nvml}")
+    (tmp_path / "machine" / "dev" / "nvidia0").touch()
+    monkeypatch.setattr(module.preflight, "check_devices", lambda *args: None)
+    monkeypatch.setattr(module.preflight, "check_model", lambda cfg, *args: cfg.gpu_memory_utilization)
+    monkeypatch.setattr(module.preflight, "resolve_model_path", lambda path: path)
+    script, python = tmp_path / "gpu_try.py", tmp_path / "python"
+    script.write_text(GPU_TRY)
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    return cfg(output_dir=str(tmp_path / "result"))
+
+
+def test_the_next_try_starts_once_the_last_tries_gpu_memory_is_back(gpu_tries, capsys, monkeypatch):
+    monkeypatch.setenv("GIVE_BACK_AFTER", "1.5")
+    supervise(gpu_tries)
+    shown = capsys.readouterr().err
+    assert "evalkit: try 1 found 79 GiB free" in shown
+    assert "evalkit: try 2 found 79 GiB free" in shown, shown
+    assert "after the try ended" not in shown
+
+
+def test_gpu_memory_that_does_not_come_back_is_waited_for_a_bounded_time_and_said(gpu_tries, capsys, monkeypatch):
+    from evalkit.run import supervise as module
+
+    monkeypatch.setenv("GIVE_BACK_AFTER", "never")
+    monkeypatch.setattr(module, "GPU_MEMORY_WAIT", 1.0)
+    supervise(gpu_tries)
+    shown = capsys.readouterr().err
+    assert ("evalkit: GPU 0 (NVIDIA H100 80GB HBM3) has 9.0 GiB free 1 s after the try ended, 79.0 GiB before the "
+            "run: another process holds the rest, or one of the try's still ends; what follows fits itself to what "
+            "is free") in shown, shown
+    assert "evalkit: try 2 found 9 GiB free" in shown
 
 
 def test_attach_log_moves_the_log_and_never_replaces_a_file(tmp_path):

@@ -6,8 +6,10 @@ When a try fails for lack of memory it is retried with smaller settings (:func:`
 ``oom_retry.*``); answers already computed are reused from the request store, so a retry redoes no
 finished work. A try stopped by a signal from outside is not retried (:class:`RunStopped`); any other
 failure stops at once with its message. After every try the whole process group is killed and waited for
-until it is empty (evalkit/engine/machine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it and the
-next try finds its memory free. Ctrl-C and SIGTERM send SIGTERM to the try's group (the try records "stopped"
+until it is empty (evalkit/engine/machine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it, and
+then, on GPUs, waited for until NVML shows each GPU's memory free again as before the first try, at most
+``GPU_MEMORY_WAIT`` seconds (engine processes outside the group, a data-parallel actor's, may hold it a little
+longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C and SIGTERM send SIGTERM to the try's group (the try records "stopped"
 and kills its group) and never wait in the handler: the main thread sits in the try's ``wait()``, which then
 returns, and ends the run in its own time (the group gone, the try's temporary folder removed). A try whose
 supervisor dies kills its own group when the pipe it watches closes (evalkit/run/attempt.py).
@@ -36,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.engine.machine import forks, preflight
+from evalkit.engine.machine import forks, gpus, preflight
 from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
 from evalkit.engine.backoff import classify, next_settings, root_cause, weights_failure
 from evalkit.engine.machine.process_group import end_group, signal_group
@@ -67,6 +69,7 @@ class Outcome:
 
 
 STOP_GRACE = 10.0  # seconds a signalled try has to end its group before SIGKILL
+GPU_MEMORY_WAIT = 60.0  # seconds, at most, the GPUs' memory has to come back after a try before the run goes on
 
 
 def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outcome]) -> tuple[Outcome, list]:
@@ -157,7 +160,9 @@ class Attempt:
     def _end(self) -> None:
         """Kill what is left of the try's group (engine processes) and wait until it is empty: then its memory
         is free, and every line it wrote has been read."""
-        end_group(self.process.pid, leader=self.process, first=signal.SIGKILL, grace=STOP_GRACE)
+        if not end_group(self.process.pid, leader=self.process, first=signal.SIGKILL, grace=STOP_GRACE):
+            print(f"evalkit: processes of the try outlived SIGKILL by {2 * STOP_GRACE:g} s (stuck in the kernel, "
+                  "in a driver call?); their memory may not be free", file=sys.stderr, flush=True)
         self.ended = True
         self.reader.join(timeout=5)
 
@@ -221,7 +226,8 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     outcome: Outcome | None = None
     try:
         terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
-        outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current, stops))
+        before = [] if cfg.engine == "served" and not cfg.endpoint.serve else gpus.visible_gpus()
+        outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current, stops, before))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -247,11 +253,12 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     return Path(outcome.run_dir)
 
 
-def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Attempt],
-                             stops: list[str]) -> Callable[[EvalConfig, list], Outcome]:
+def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Attempt], stops: list[str],
+                             before: list[gpus.Gpu]) -> Callable[[EvalConfig, list], Outcome]:
     """The attempt function for run_with_retries: each try in a fresh process, its output to the log and
     the terminal, the try under way in current (for the signal handler). Once stops names a signal, no try
-    starts and the one under way ends as stopped (unless it finished its run)."""
+    starts and the one under way ends as stopped (unless it finished its run). After each try, the GPUs of
+    before (read before the first) get their memory back (:func:`wait_for_gpu_memory`)."""
 
     def on_line(line: str) -> None:
         log.write(line)
@@ -273,6 +280,8 @@ def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Atte
             current[0].interrupt()
         outcome = current[0].wait()
         terminal.end()
+        if not stops:  # a stopped run ends now
+            wait_for_gpu_memory(before)
         if stops and outcome.status != "ok":
             return stopped()
         if outcome.status == "memory":
@@ -280,3 +289,14 @@ def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Atte
         return outcome
 
     return attempt
+
+
+def wait_for_gpu_memory(before: list[gpus.Gpu]) -> None:
+    """Wait until each GPU has the memory free that it had in before, at most GPU_MEMORY_WAIT seconds; one line
+    for each that has not. vLLM's engine processes free a GPU's memory only as they end, and some are outside
+    the try's group (a data-parallel actor's lead their own; Ray frees an actor's GPU when it kills it)."""
+    for then, now in gpus.memory_back(before, timeout=GPU_MEMORY_WAIT):
+        print(f"evalkit: GPU {then.index} ({then.name}) has {now.free_bytes / 2**30:.1f} GiB free "
+              f"{GPU_MEMORY_WAIT:g} s after the try ended, {then.free_bytes / 2**30:.1f} GiB before the run: another "
+              "process holds the rest, or one of the try's still ends; what follows fits itself to what is free",
+              file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 
 The GPUs it reports come from the environment variable FAKE_NVML: a JSON list of
 ``{"name", "uuid", "total", "free"}`` objects, or ``"missing"`` for a machine whose libnvidia-ml cannot be loaded
-(nvmlInit fails as nvidia-ml-py's does). Tests put it in ``sys.modules["pynvml"]`` or, for a subprocess,
+(nvmlInit fails as nvidia-ml-py's does); ``@<file>`` reads that JSON from the file at each call. Tests put it in ``sys.modules["pynvml"]`` or, for a subprocess,
 put this folder on PYTHONPATH (tests/gpu_machine/sitecustomize.py). Only the calls evalkit/engine/machine/gpus.py makes are here.
 """
 
@@ -24,7 +24,11 @@ class NVMLError_LibraryNotFound(NVMLError):
 
 
 def _gpus() -> list[dict]:
-    spec = json.loads(os.environ.get("FAKE_NVML", "[]"))
+    spec = os.environ.get("FAKE_NVML", "[]")
+    if spec.startswith("@"):  # read from that file at each call: GPU memory that processes take and give back
+        with open(spec[1:], encoding="utf-8") as gpus:
+            spec = gpus.read()
+    spec = json.loads(spec)
     if spec == "missing":
         raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")
     return spec

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,6 +34,7 @@ NO_NAME = "NVIDIA GPU (name unknown: NVML unavailable)"
 ROOT = "/"
 DRIVER_FILES = ("proc/driver/nvidia", "dev/nvidiactl", "dev/dxg")
 DEVICE_NODE = re.compile(r"^nvidia(\d+)$")
+MEMORY_SLACK = 2**29  # free memory within this of an earlier reading counts as back (other processes move it a little)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,22 @@ def node_gpus(dev: Path, wanted: list[int] | list[str] | None) -> list[Gpu]:
     else:  # UUIDs cannot be checked without NVML: each entry is taken to name one GPU
         indexes = list(range(min(len(wanted), len(numbers))))
     return [Gpu(index=i, name=NO_NAME, uuid=None, total_bytes=None, free_bytes=None) for i in indexes]
+
+
+def memory_back(before: Sequence[Gpu], *, timeout: float, poll: float = 0.25) -> list[tuple[Gpu, Gpu]]:
+    """Wait up to timeout seconds, reading NVML every poll seconds, until each GPU of before (an earlier
+    visible_gpus()) has the memory free again that it had then, less MEMORY_SLACK. Returns (then, now) for each
+    GPU still short when the time is up, [] once all are back. A GPU whose free memory cannot be read, then or
+    now (NVML unavailable), is not waited for."""
+    then = {gpu.uuid: gpu for gpu in before if gpu.uuid and gpu.free_bytes is not None}
+    deadline = time.monotonic() + timeout
+    while True:
+        now = {gpu.uuid: gpu for gpu in visible_gpus() if gpu.uuid in then and gpu.free_bytes is not None}
+        short = [(then[uuid], gpu) for uuid, gpu in now.items()
+                 if gpu.free_bytes < then[uuid].free_bytes - MEMORY_SLACK]
+        if not short or time.monotonic() >= deadline:
+            return short
+        time.sleep(poll)
 
 
 def summary(gpus: list[Gpu], how: str) -> str:
