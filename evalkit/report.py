@@ -16,6 +16,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from evalkit.sweep.points import SweepError
     from evalkit.sweep.report import write_report
+    from evalkit.untrusted import printable
 
     parser = argparse.ArgumentParser(prog="python -m evalkit.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", help="a sweep folder: <output_dir>/.sweeps/<time>")
@@ -26,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         written = write_report(Path(args.sweep_dir), reference=args.reference, tolerance=args.tolerance)
     except SweepError as error:
-        print(f"evalkit.report: error: {error}", file=sys.stderr)
+        print(f"evalkit.report: error: {printable(error)}", file=sys.stderr)
         return 2
     report_md = next(p for p in written if p.name == "report.md")
-    print(report_md.read_text())
+    print(printable(report_md.read_text(), keep="\n"))  # names and outputs from run folders: no terminal control
     print(f"written: {', '.join(p.name for p in written)} in {report_md.parent}")
     return 0
 

@@ -73,3 +73,18 @@ def test_a_sweep_records_no_credential(tmp_path):
     assert (folder / "multirun.yaml").is_file() and (folder / "report.csv").is_file()
     assert files_holding(tmp_path, SECRET) == [] and SECRET not in done.stderr
     assert "endpoint.url=http\\://127.0.0.1\\:9/v1" in sweep_points.read_points(folder)[0].overrides
+
+
+def test_compare_prints_no_terminal_control_from_a_run_folder(tmp_path, capsys):
+    """Two runs whose filter name (as a sender could write it) holds an escape sequence that retitles the
+    terminal: compare's report on the terminal shows it escaped."""
+    from evalkit.compare import cli
+
+    ref, cand = fake_run(tmp_path, "a", FakeEngine()), fake_run(tmp_path, "b", FakeEngine(reply=" 13"))
+    for run in (ref, cand):
+        for file in [run / "results.json", *run.glob("samples_*.jsonl")]:
+            file.write_text(file.read_text().replace("first-integer", "first\\u001b]0;owned\\u0007"))
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 1
+    out = capsys.readouterr().out
+    assert "first\\x1b]0;owned\\x07" in out and not any(c in out for c in "\x1b\x07")

@@ -25,6 +25,7 @@ from evalkit.compare.paired import compare_family, compare_runs
 from evalkit.compare.runs import CompareError, Run, load_run
 from evalkit.compare.verdict import Tolerances
 from evalkit.run import results
+from evalkit.untrusted import printable
 
 
 DESCRIPTION = """\
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                     tolerance=args.tolerance, confidence=confidence, reference=reference,
                                     candidate=candidate, details=details, why=why.get(candidate.path),
                                     family=sum(map(len, tables)), divergence=d)
-            print(text)
+            print(printable(text, keep="\n"))  # names and outputs from run folders: no terminal control
             write_report(reference, candidate, {".md": text, ".html": page}, args.output)
         for d in found:
             if d.verdict and d.verdict.label == "unusable":
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
         return code
     except CompareError as error:
-        print(f"evalkit.compare: error: {error}", file=sys.stderr)
+        print(f"evalkit.compare: error: {printable(error)}", file=sys.stderr)
         return 2
 
 
