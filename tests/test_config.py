@@ -86,3 +86,38 @@ def test_sweeps_are_checked_value_by_value():
     check_overrides(["model=qwen2-7b,llama3-8b", "max_model_len=2048,4096"])
     with pytest.raises(ConfigError, match="unknown model preset 'llama9'"):
         check_overrides(["model=qwen2-7b,llama9"])
+
+
+def schema_paths(node=EvalConfig, prefix=""):
+    """Every key of the schema, nested ones dotted; a free mapping (engine_kwargs) as its own name."""
+    import dataclasses
+    import typing
+
+    for name, kind in typing.get_type_hints(node).items():
+        if dataclasses.is_dataclass(kind):
+            yield from schema_paths(kind, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}"
+
+
+def documented_keys(page):
+    """The keys named in the first column of the tables under "## Keys": `a.{b,c}` is a.b and a.c, `x.<arg>` is x."""
+    import re
+
+    section = page.split("\n## Keys\n", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            for item in re.findall(r"`([^`]+)`", line.split("|")[1]):
+                head, _, rest = item.partition("{")
+                names |= {head + part for part in rest.rstrip("}").split(",")} if rest else {item}
+    return {re.sub(r"\.<[a-z]+>$", "", name) for name in names}
+
+
+def test_every_key_of_the_schema_is_in_the_key_table():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    documented = documented_keys(page)
+    assert not set(schema_paths()) - documented, "keys missing from docs/configuration.md's table"
+    assert not documented - set(schema_paths()) - {"model"}, "keys in the table the schema lacks"
