@@ -185,3 +185,20 @@ def score_requests(engine):
         ids = tuple(engine.encode(p, True))
         requests += [ScoreRequest(ids=ids, start=1), ScoreRequest(ids=ids, start=len(ids) - 1)]
     return requests
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real one-node Slurm on loopback (tests/slurm/local_slurm.py), started once; its tests are skipped with
+    one line where Slurm is not installed."""
+    import shutil
+
+    from tests.slurm.local_slurm import LocalSlurm, missing
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    cluster = LocalSlurm().start()
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(cluster.state, ignore_errors=True)
