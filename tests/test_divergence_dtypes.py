@@ -4,8 +4,11 @@ in float16), the dtypes users run on GPUs.
 * The bound stays a bound: a float32 reference and a bfloat16 candidate traced by the real engines (the candidate
   reading the reference's top ids its own top-20 left out, as a run given ``divergence_reference`` reads them),
   compared as evalkit.compare compares them; at every position the reported KLD is at most the exact KL of the
-  full-vocabulary distributions of the same engines (vLLM: ``logprobs=-1`` steps; HF: the same forward passes
-  log_softmax'ed in float32), and the share it captures is printed.
+  full-vocabulary distributions of the same logits (vLLM: the traces read as the plain uncached prompt rows, and
+  ``prompt_logprobs=-1`` over the same prompts in one call of the same shape; HF: the same forward passes
+  log_softmax'ed in float32), and the share it captures is printed. The ids read apart come from other calls;
+  on a processor whose bfloat16 rounds differently from call to call they may move a position's bound by their
+  rounding (about 1e-6 here), hence the 1e-5 allowed.
 * The whole flow completes in each dtype on the real engine: ``evalkit.compare.noise`` (a run and a rerun in
   another order reading the first's ids), a third run in another order reading the reference's ids, compare of
   it against the reference with ``--noise`` (within noise: exit 0), and the sweep report's divergence section.
@@ -63,11 +66,16 @@ def recorded(name: str, requests, traces, read_at: str = "") -> records.Recorded
     return records.Recorded(name, {"t": positions.build(rows, K)}, run_id=name, read_at=read_at)
 
 
+def traces(engine, requests) -> list:
+    """Each request's trace as the engine reads it uncached (fast=False: vLLM's plain prompt rows, one call)."""
+    return [scored.trace for scored in engine.score(requests, fast=False, top_k=K)]
+
+
 def bound_and_exact(reference, candidate, requests, full) -> tuple[np.ndarray, np.ndarray]:
     """The KLD compare reports at each position of requests (the candidate reading the reference's top ids), and
     the exact KL there from full(engine, requests): each scored position's full log-probabilities, in order."""
-    ref_traces = reference.trace(requests, K)
-    own = dict(zip(requests, candidate.trace(requests, K)))
+    ref_traces = traces(reference, requests)
+    own = dict(zip(requests, traces(candidate, requests)))
     ids = {r: [tuple(t for t, _ in top) for top in trace.top] for r, trace in zip(requests, ref_traces)}
     asks = reference_reads(own, lambda r: ids[r], TraceLog(K, dtype=candidate.logits_dtype))
     reads = list(dict.fromkeys(a for each in asks.values() for a in each if a is not None))
@@ -88,24 +96,29 @@ def assert_a_bound(bound: np.ndarray, exact: np.ndarray, what: str) -> None:
     print(f"\n{what}: {len(bound)} positions, mean KLD {bound.mean():.4g} against the exact {exact.mean():.4g} "
           f"({share:.1%} of it); the largest excess at a position {float((bound - exact).max()):.2g}")
     assert (exact > 0).all()  # bfloat16 moves every position: the bound has something to miss
-    assert (bound <= exact + 1e-6).all(), float((bound - exact).max())
+    assert (bound <= exact + 1e-5).all(), float((bound - exact).max())
     assert 0.5 < share <= 1.0
 
 
 def vllm_full(engine, requests) -> np.ndarray:
-    """Each scored position's full log-probabilities on a vLLM engine started with max_logprobs=-1: the one-token
-    step after its context, asked for every id."""
+    """Each scored position's full log-probabilities on a vLLM engine started with max_logprobs=-1: every
+    request's prompt rows with every id, uncached, in one call as the plain trace sends them."""
     from vllm import SamplingParams
 
-    contexts = [r.ids[:p] for r in requests for p in range(r.start, len(r.ids))]
     vocab = engine.llm.llm_engine.model_config.get_vocab_size()
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1, detokenize=False, flat_logprobs=True)
-    outs = engine.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params, use_tqdm=False)
-    full = np.full((len(contexts), vocab), -np.inf)
-    for row, out in zip(full, outs):
-        flat = out.outputs[0].logprobs
-        ids, values = np.asarray(flat.token_ids), np.asarray(flat.logprobs)
-        row[ids] = values
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1, detokenize=False, flat_logprobs=True,
+                            skip_reading_prefix_cache=True)
+    outs = engine.llm.generate([{"prompt_token_ids": list(r.ids)} for r in requests], params, use_tqdm=False)
+    rows = []
+    for r, out in zip(requests, outs):
+        flat = out.prompt_logprobs  # entry 0 is the first token's None; then one row per position, target first
+        for p in range(r.start, len(r.ids)):
+            first, end = flat.start_indices[p], flat.end_indices[p]
+            assert flat.token_ids[first] == r.ids[p]
+            row = np.full(vocab, -np.inf)
+            row[np.asarray(flat.token_ids[first + 1:end])] = flat.logprobs[first + 1:end]
+            rows.append(row)
+    full = np.stack(rows)
     assert np.isfinite(full).all()  # every id of the vocabulary was returned
     return full
 
