@@ -165,3 +165,54 @@ def test_the_sweep_report_calls_a_point_with_a_nan_value_not_comparable(tmp_path
     assert verdicts[1].startswith("not comparable: t/acc (none): the candidate's value is null, NaN or infinite "
                                   "on documents 7;")
     assert list(verdicts[2].verdict) == ["worse"] and len(ref) == n
+
+
+@pytest.mark.parametrize("n, verdict", [(2, "inconclusive"), (3, "inconclusive"), (4, "inconclusive"), (5, "worse"),
+                                        (10, "worse"), (30, "worse")])
+def test_a_mean_of_few_documents_is_worse_only_where_an_exact_test_can_say_so(tmp_path, n, verdict):
+    """Every document 0.03 lower (scores around -0.5: absolute, not in [0, 1]): the paired bootstrap called 3 such
+    documents worse at p about 1e-4; the sign-flip test's p-value cannot go below 2^-n (1/8 at 3, 1/16 at 4, 1/32 at 5)."""
+    ref = -0.5 + np.random.default_rng(n).uniform(-0.3, 0.3, n)
+    row = row_of(*value_pair(tmp_path, ref, ref - 0.03))
+    floor = 2.0 ** -n if n <= 16 else 1 / 10_001  # every pattern up to 16 documents, else 10,000 drawn
+    assert row.method == "sign-flip" and row.p_floor == pytest.approx(floor) and row.verdict == verdict
+    assert row.p_worse == pytest.approx(floor)  # every pattern but the observed one is less extreme
+
+
+@pytest.mark.parametrize("n", [3, 10, 30, 100])
+def test_a_bounded_mean_is_not_equivalent_on_documents_that_could_hide_a_drop(tmp_path, n):
+    """Per-document F1 in [0.9, 1] moving by at most 0.005: the bootstrap showed 10 such documents equivalent
+    within 0.02, though 10 % of documents dropping to 0 would go unseen a third of the time. Betting shows
+    equivalence only from about 200 documents (a 0/1 row: 149); nothing is ever worse here."""
+    rng = np.random.default_rng(n)
+    ref = rng.uniform(0.9, 1.0, n)
+    row = row_of(*value_pair(tmp_path, ref, np.clip(ref + rng.uniform(-0.005, 0.005, n), 0, 1)))
+    assert row.method == "betting" and row.verdict == "inconclusive" and row.ci_low < -0.02
+
+
+@pytest.mark.parametrize("n", [400, 1000])
+def test_a_bounded_mean_of_enough_documents_is_equivalent_or_worse(tmp_path, n):
+    rng = np.random.default_rng(n)
+    ref = rng.uniform(0.9, 1.0, n)
+    same = row_of(*value_pair(tmp_path / "same", ref, np.clip(ref + rng.uniform(-0.005, 0.005, n), 0, 1)))
+    assert same.method == "betting" and same.verdict == "equivalent" and -0.02 < same.ci_low < same.ci_high < 0.02
+    drop = row_of(*value_pair(tmp_path / "drop", ref, np.where(rng.random(n) < 0.1, 0.0, ref)))
+    assert drop.verdict == "worse" and drop.ci_high < -0.02
+
+
+@pytest.mark.parametrize("n", [5, 12, 40])
+def test_the_sign_flip_p_values_are_scipys(n):
+    from scipy.stats import permutation_test
+
+    from evalkit.compare import means
+
+    d = np.random.default_rng(n).normal(-0.01, 0.05, n)
+    test = means.sign_flip(d, draws=20_000, seed=0)
+    for bound in (-0.02, 0.0, 0.02):
+        for side, alternative in (("below", "less"), ("above", "greater")):
+            theirs = permutation_test((d - bound,), np.mean, permutation_type="samples", alternative=alternative,
+                                      n_resamples=np.inf if n <= 16 else 20_000, random_state=0).pvalue
+            assert test.p(bound, side) == pytest.approx(theirs, abs=1e-12 if n <= 16 else 0.01)
+    low, high = test.limits(0.05)  # the interval the tests invert, exactly
+    assert test.p(low - 1e-9, "above") < 0.05 <= test.p(low, "above")
+    assert test.p(high + 1e-9, "below") < 0.05 <= test.p(high, "below")

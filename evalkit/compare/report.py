@@ -77,7 +77,8 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
              "of `worse` rejects alone, inside ±tolerance exactly when its two tests of equivalence do; Holm over "
              f"{over} asks more of each row, so a row inside can still be `inconclusive` (read `p_equivalent_holm`). "
              "Method `tango`: 0/1 metrics, exact unconditional tests ordered by Tango's score, at every size; "
-             "`bootstrap`: the mean difference, paired bootstrap; `bootstrap <aggregation>`: the metric's own "
+             "`betting`: means of values in [0, 1], valid at every size; `sign-flip`: other means, exact sign-flip "
+             "test; `bootstrap <aggregation>`: the metric's own "
              "lm-eval aggregation, bootstrapped; `delta <aggregation>`: perplexities, analytic"]
     if 0 < tolerance < 1:
         needed = proportions.documents_needed(tolerance, confidence=confidence)

@@ -3,8 +3,9 @@ interval and one-sided p-values it gives (compare_paired, Comparison). Pure func
 
 * 0/1 metrics averaged over documents: Tango's score interval and McNemar's exact test
   (evalkit/compare/proportions.py), with the exact one-sided tests of evalkit/compare/tost.py.
-* Everything else: the paired bootstrap (evalkit/compare/bootstrap.py) of the mean difference, or for
-  corpus-level metrics of the metric's own aggregation.
+* Other means over documents: tests that hold at every size (evalkit/compare/means.py): betting where every
+  value lies in [0, 1], else the sign-flip test.
+* Everything else: the paired bootstrap (evalkit/compare/bootstrap.py) of the metric's own aggregation.
 * The p-values of the one-sided tests against the tolerance (evalkit/compare/tost.py) go with each interval;
   evalkit/compare/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
 * A relative comparison (unbounded metrics: perplexity, BLEU, ...) reads (candidate - reference) / |reference|,
@@ -26,8 +27,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from evalkit.compare import corpus, ratio, tost
-from evalkit.compare.bootstrap import aggregate_statistics, bootstrap_means, resamples_for
+from evalkit.compare import corpus, means, ratio, tost
+from evalkit.compare.bootstrap import aggregate_statistics, resamples_for
 from evalkit.compare.interval import Interval, orient
 from evalkit.compare.proportions import mcnemar_exact
 
@@ -73,14 +74,15 @@ class Comparison:
     mcnemar_b: int | None  # 0/1 metrics: documents right only in the reference
     mcnemar_c: int | None  # ... right only in the candidate
     mcnemar_p: float | None
-    method: str | None  # "tango", "bootstrap" (mean difference) or "bootstrap <aggregation>"
+    method: str | None  # "tango", "betting", "sign-flip", "delta <aggregation>" or "bootstrap <aggregation>"
     p_worse: float  # one-sided p-values (tost_p_values), before any adjustment for the number of rows
     p_better: float
     p_equivalent: float
     p_lower: float
     p_higher: float
     note: str  # why a reading is weaker than it looks ("" when nothing to say)
-    p_floor: float = 0.0  # the smallest p-value the method can give: 1 / (resamples + 1) for a bootstrap, else 0
+    p_floor: float = 0.0  # the smallest p-value the method can give: 1 / (draws + 1) for a bootstrap or drawn
+    # sign-flips, 2^-n for enumerated ones, else 0
 
 
 def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: float,
@@ -104,6 +106,36 @@ def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, 
     return interval, tost_p_values(lambda t: tost.bootstrap_p(statistics, t, "below"),
                                    lambda t: tost.bootstrap_p(statistics, t, "above"),
                                    tolerance=tolerance, higher_is_better=higher_is_better)
+
+
+def is_bounded(*runs: np.ndarray) -> bool:
+    """Every value of both runs in [0, 1]: the metric is read as bounded there (F1, ROUGE, a share)."""
+    return all(bool(((values >= 0.0) & (values <= 1.0)).all()) for values in runs)
+
+
+def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool, draws: int, seed: int,
+                 tolerance: float, confidence: float, higher_is_better: bool | None
+                 ) -> tuple[str, Interval, dict[str, float], float]:
+    """(method, interval, p-values, p_floor) of a mean of per-document values, by tests that hold at every n
+    (means.py): betting where every value lies in [0, 1], else the sign-flip test. A relative row reads the
+    differences over |the reference's mean| (its tolerance a fraction of that score)."""
+    delta, alpha = candidate - reference, 1.0 - confidence
+    scale = abs(float(reference.mean())) if relative else 1.0
+    diff = float(delta.mean()) / scale
+    if not relative and is_bounded(reference, candidate):
+        below = lambda t: means.betting_p(delta, t, "below", alpha=alpha)  # noqa: E731
+        above = lambda t: means.betting_p(delta, t, "above", alpha=alpha)  # noqa: E731
+        low = tost._limit(lambda t: above(t) < alpha, above, alpha, (-tolerance, 0.0, tolerance), lower=True)
+        high = tost._limit(lambda t: below(t) < alpha, below, alpha, (-tolerance, 0.0, tolerance), lower=False)
+        method, floor = "betting", 0.0
+    else:
+        test = means.sign_flip(delta, draws=draws, seed=seed)
+        below = lambda t: test.p(t * scale, "below")  # noqa: E731
+        above = lambda t: test.p(t * scale, "above")  # noqa: E731
+        low, high = (x / scale for x in test.limits(alpha))
+        method, floor = "sign-flip", test.floor
+    interval = orient(Interval(diff, low, high, 2 * confidence - 1), higher_is_better)
+    return method, interval, tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better), floor
 
 
 def delta_reading(reading: ratio.Reading, *, tolerance: float, confidence: float,
@@ -138,7 +170,7 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
     """The interval and the one-sided p-values for one metric's paired per-document values.
 
     by_mean (the metric's aggregation is the mean) with 0/1 values: Tango's interval, McNemar's test and the
-    exact p-values (tost.py); with other numbers: the bootstrap of the mean difference; anything else
+    exact p-values (tost.py); with other numbers: mean_reading (betting or sign-flip, means.py); anything else
     (perplexity's (ll, words), BLEU's (ref, pred), a non-mean aggregation) or relative (tolerance a fraction
     of the reference's score): the bootstrap of the aggregation itself, except analytic (aggregate is lm-eval's
     perplexity-family aggregation aggregate_name): the delta method (ratio.py). confidence is 1 - alpha: the
@@ -158,12 +190,10 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
             method = "tango"
             interval, mcnemar, p = _tango(np.asarray(reference, dtype=float), np.asarray(candidate, dtype=float),
                                           **settings)
-        elif by_mean and not relative and all_scalar(reference, candidate):
-            method, delta = "bootstrap", np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
-            count = max(iterations, needed)
-            interval, p = bootstrap_reading(float(delta.mean()),
-                                            bootstrap_means(delta, iterations=count, seed=seed), **settings)
-            floor = 1.0 / (count + 1)
+        elif by_mean and all_scalar(reference, candidate) and not (relative and scores[0] == 0):
+            method, interval, p, floor = mean_reading(np.asarray(reference, dtype=float),
+                                                      np.asarray(candidate, dtype=float), relative=relative,
+                                                      draws=max(iterations, needed), seed=seed, **settings)
         elif analytic and (read := _delta(reference, candidate, aggregate_name, scores, relative=relative,
                                           **settings)) is not None:
             method, (interval, p) = f"delta {aggregate_name}", read

@@ -119,7 +119,7 @@ def resolution_notes(rows: pd.DataFrame, alpha: float) -> list[str]:
     m, out = len(rows), []
     for floor, note, shown in zip(floors.fillna(0.0), notes.fillna(""), rows["verdict"]):
         limited = floor * m >= alpha and shown not in ("worse", "changed", "better")
-        words = (f"resolution: its p-values cannot go below {floor:.2g} (1 / (resamples + 1)), and Holm over {m} "
+        words = (f"resolution: its p-values cannot go below {floor:.2g} (its method's smallest), and Holm over {m} "
                  f"rows needs {alpha / m:.2g}: this row cannot be shown worse, better or equivalent here")
         out.append("; ".join(filter(None, [note, words if limited else ""])))
     return out
