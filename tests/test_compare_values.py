@@ -216,3 +216,16 @@ def test_the_sign_flip_p_values_are_scipys(n):
     low, high = test.limits(0.05)  # the interval the tests invert, exactly
     assert test.p(low - 1e-9, "above") < 0.05 <= test.p(low, "above")
     assert test.p(high + 1e-9, "below") < 0.05 <= test.p(high, "below")
+
+
+@pytest.mark.parametrize("n", [60, 400])
+def test_a_tolerance_for_every_task_and_metric_is_honoured(tmp_path, n):
+    """--tolerance-for '*/*=0.5' was accepted and ignored: a 30-point drop stayed worse."""
+    ref = [1.0] * n
+    cand = [1.0] * (n - int(0.3 * n)) + [0.0] * int(0.3 * n)
+    ref_dir, cand_dir = value_pair(tmp_path, ref, cand, metric="acc")
+    assert cli.main([str(ref_dir), str(cand_dir)]) == 1
+    assert cli.main([str(ref_dir), str(cand_dir), "--tolerance-for", "*/*=0.5"]) == 0
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref_dir, cand_dir)), tolerance=cli.tolerances_from(
+        type("Args", (), {"tolerance": 0.02, "relative_tolerance": 0.02, "tolerance_for": ["*/*=0.5"]})))
+    assert list(table.tolerance) == [0.5] and table.verdict[0] in ("lower", "inconclusive")

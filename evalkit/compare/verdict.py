@@ -56,7 +56,7 @@ class Tolerances:
                 if not any(t in ("*", task) and m in ("*", metric) for task, metric in rows)]
 
     def of(self, task: str, metric: str, reference_score: float) -> Tolerance:
-        for key in ((task, metric), (task, "*"), ("*", metric)):
+        for key in ((task, metric), (task, "*"), ("*", metric), ("*", "*")):
             if key in self.overrides:
                 return self.overrides[key]
         outside = not math.isnan(reference_score) and not -1.0 <= reference_score <= 1.0
