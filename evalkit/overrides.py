@@ -23,10 +23,16 @@ NUMBERS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six
 GROUPS = ["model"]  # config groups: top-level keys that are no field of the schema
 
 
+# Hydra's options that take the next word as their value (hydra/_internal/utils.py, get_args_parser)
+VALUED_OPTIONS = {"-c", "--cfg", "-p", "--package", "-i", "--info", "-cp", "--config-path", "-cn", "--config-name",
+                  "-cd", "--config-dir", "-sc", "--shell-completion", "--experimental-rerun"}
+
+
 def arguments_to_check(argv: list[str]) -> list[str]:
     """The overrides among a command line's arguments: ``key=value`` words, not options (``-m``, ``--cfg job``,
-    ``--config-name=x``) nor the values options take."""
-    return [a for a in argv if "=" in a and not a.startswith("-")]
+    ``--config-name=x``) nor the values options take (``-sc install=bash``)."""
+    after_option = [False] + [a in VALUED_OPTIONS for a in argv[:-1]]
+    return [a for a, value in zip(argv, after_option) if "=" in a and not a.startswith("-") and not value]
 
 
 def check_overrides(overrides: list[str]) -> None:

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m evalkit.report") -> int:
     from evalkit.sweep.points import SweepError
     from evalkit.sweep.report import write_report
     from evalkit.untrusted import printable
 
-    parser = argparse.ArgumentParser(prog="python -m evalkit.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", help="a sweep folder: <output_dir>/.sweeps/<time>")
     parser.add_argument("--reference", type=int, default=None,
                         help="the point every other point is compared with (default: the first completed point)")
@@ -36,4 +36,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.stderr.isatty():  # said to a person; a script reading stderr sees what it always saw
+        print("evalkit: note: `python -m evalkit.report` is `evalkit report` (the same arguments)", file=sys.stderr)
     raise SystemExit(main())

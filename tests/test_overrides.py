@@ -48,8 +48,8 @@ def test_good_overrides_pass():
 
 
 def test_options_and_their_values_are_not_overrides():
-    assert arguments_to_check(["--cfg", "job", "-m", "dtype=float32", "--config-name=x", "-p", "tasks"]) == \
-        ["dtype=float32"]
+    assert arguments_to_check(["--cfg", "job", "-m", "dtype=float32", "--config-name=x", "-p", "tasks", "-sc",
+                               "install=bash"]) == ["dtype=float32"]
 
 
 def run(*args):

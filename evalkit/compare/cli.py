@@ -169,10 +169,10 @@ def exit_code(tables: list[pd.DataFrame], found: list[between.Divergence]) -> in
     return 2 if "unusable" in labels else max(verdict.gate(tables), int("beyond noise" in labels))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare") -> int:
     """Exit 0, or 1 when a row of any candidate is worse (or changed) family-wise at --alpha or a divergence is
     beyond noise, or 2 on unusable input."""
-    parser = argparse.ArgumentParser(prog="python -m evalkit.compare", description=DESCRIPTION, epilog=EPILOG,
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     locate.add_arguments(parser)

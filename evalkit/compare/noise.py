@@ -72,4 +72,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare.n
 
 
 if __name__ == "__main__":
+    if sys.stderr.isatty():  # said to a person; a script reading stderr sees what it always saw
+        print("evalkit: note: `python -m evalkit.compare.noise` is `evalkit noise` (the same arguments)",
+              file=sys.stderr)
     raise SystemExit(main())

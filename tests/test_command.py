@@ -1,0 +1,114 @@
+"""The one command (evalkit/cli.py): `evalkit --help` lists run, compare, noise and report one line each; each
+subcommand reaches its entry point with the same arguments; the old forms keep working, and say once, to a
+person at a terminal, which command replaces them. No engine starts.
+
+Run: pytest tests/test_command.py
+"""
+
+import os
+import pty
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def evalkit(*args, env=None):
+    """The console script `evalkit ARGS`, as pyproject.toml installs it."""
+    return subprocess.run([sys.executable, "-m", "evalkit.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_the_console_script_is_the_command():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"evalkit": "evalkit.cli:main"}
+
+
+def test_help_lists_each_command_on_one_line():
+    done = evalkit("--help")
+    assert done.returncode == 0 and done.stdout.startswith("usage: evalkit COMMAND")
+    listed = [line.split()[0] for line in done.stdout.split("commands:\n")[1].split("\n\n")[0].splitlines()]
+    assert listed == ["run", "compare", "noise", "report"]
+    assert evalkit().returncode == 2  # no command: the list, as a usage error
+
+
+def test_an_unknown_command_names_the_closest():
+    done = evalkit("comapre", "a", "b")
+    assert done.returncode == 2 and done.stderr.strip() == ("evalkit: error: unknown command 'comapre' (did you "
+                                                            "mean compare?); commands: run, compare, noise, report "
+                                                            "(evalkit --help)")
+
+
+def test_run_is_python_m_evalkit():
+    done = evalkit("run", "endpoint.ulr=x")
+    assert done.returncode == 2 and done.stderr.startswith("evalkit: error: unknown config key 'endpoint.ulr'")
+    job = evalkit("run", "limit=3", "--cfg", "job")
+    assert job.returncode == 0 and "limit: 3" in job.stdout
+    old = subprocess.run([sys.executable, "-m", "evalkit", "limit=3", "--cfg", "job"], capture_output=True,
+                         text=True, timeout=120)
+    assert old.returncode == 0 and old.stdout == job.stdout and not old.stderr
+    assert "evalkit: error:" not in evalkit("run", "--help").stderr
+
+
+def test_the_first_console_form_runs_and_says_the_new_one():
+    done = evalkit("limit=3", "--cfg", "job")
+    assert done.returncode == 0 and "limit: 3" in done.stdout
+    assert done.stderr == "evalkit: note: `evalkit key=value ...` is `evalkit run key=value ...`\n"
+
+
+@pytest.mark.parametrize("command, usage", [
+    ("compare", "usage: evalkit compare "), ("noise", "usage: evalkit noise "), ("report", "usage: evalkit report "),
+])
+def test_each_command_has_its_help_under_its_name(command, usage):
+    done = evalkit(command, "--help")
+    assert done.returncode == 0 and done.stdout.startswith(usage), done.stdout[:300] + done.stderr[-2000:]
+
+
+def test_compare_and_report_refuse_bad_input_as_their_modules_do(tmp_path):
+    compared = evalkit("compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert compared.returncode == 2 and compared.stderr.startswith("evalkit.compare: error: ")
+    reported = evalkit("report", str(tmp_path))
+    assert reported.returncode == 2 and reported.stderr.startswith("evalkit.report: error: ")
+    noise = evalkit("noise", "cluster.adress=auto")
+    assert noise.returncode == 2 and "did you mean cluster.address?" in noise.stderr
+
+
+def at_a_terminal(*args):
+    """python ARGS with stderr on a terminal: (exit code, what reached the terminal)."""
+    leader, follower = pty.openpty()
+    done = subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=follower, timeout=120)
+    os.close(follower)
+    text = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        text += chunk
+    os.close(leader)
+    return done.returncode, text.decode()
+
+
+@pytest.mark.parametrize("module, command", [
+    ("evalkit.compare", "evalkit compare"), ("evalkit.compare.noise", "evalkit noise"),
+    ("evalkit.report", "evalkit report"),
+])
+def test_an_old_module_path_works_and_says_once_what_replaces_it(tmp_path, module, command):
+    code, said = at_a_terminal("-m", module, "--help")
+    assert code == 0 and said.count(f"is `{command}`") == 1, said
+    piped = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and not piped.stderr  # a script reading stderr sees what it always saw
+
+
+def test_completion_of_runs_keys_reads_the_line_without_the_command():
+    env = {**os.environ, "COMP_LINE": "evalkit run max_model_", "COMP_POINT": "22"}
+    done = evalkit("-sc", "query=bash", env=env)
+    assert done.returncode == 0 and "max_model_len=" in done.stdout, done.stderr[-2000:]
+    install = evalkit("run", "-sc", "install=bash")
+    assert install.returncode == 0 and "complete -o nospace" in install.stdout
