@@ -88,3 +88,22 @@ def test_compare_prints_no_terminal_control_from_a_run_folder(tmp_path, capsys):
     assert cli.main([str(ref), str(cand)]) == 1
     out = capsys.readouterr().out
     assert "first\\x1b]0;owned\\x07" in out and not any(c in out for c in "\x1b\x07")
+
+
+@pytest.mark.parametrize("name", ["../../../{other}/{file}", "{absolute}"])
+def test_a_samples_file_named_out_of_the_run_folder_is_refused(tmp_path, capsys, name):
+    """results.json naming another folder's samples file (or any file) by .. or an absolute path: compare stops
+    in one line, exit 2, and reads nothing there."""
+    from evalkit.compare import cli
+
+    ref, cand = fake_run(tmp_path, "a", FakeEngine()), fake_run(tmp_path, "b", FakeEngine())
+    data = json.loads((cand / "results.json").read_text())
+    samples = data["evalkit"]["files"]["samples"]
+    task = next(iter(samples))
+    own = json.loads((ref / "results.json").read_text())["evalkit"]["files"]["samples"][task]
+    samples[task] = name.format(other=ref.relative_to(tmp_path), file=own, absolute=ref / own)
+    (cand / "results.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "leads out of" in err[0] and "a run folder names only its own files" in err[0], err

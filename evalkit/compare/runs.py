@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.run.results import sample_files
+from evalkit.untrusted import OutsideFolder
 
 
 class CompareError(ValueError):
@@ -65,6 +66,8 @@ def load_run(path: str | Path) -> Run:
     results = _json(_text(results_file), str(results_file))
     try:
         files = sample_files(folder, results)
+    except OutsideFolder as error:
+        raise CompareError(f"{results_file}: samples file {error}; a run folder names only its own files") from None
     except (AttributeError, TypeError):
         files = None
     if not isinstance(results, dict) or not isinstance(files, dict):

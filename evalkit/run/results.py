@@ -29,6 +29,7 @@ import pandas as pd
 from evalkit.config import ConfigError
 from evalkit.contracts import RequestRecord
 from evalkit.run import positions, recording
+from evalkit.untrusted import inside
 
 
 class OutputError(ConfigError):
@@ -213,9 +214,10 @@ def lm_eval_date_id() -> str:
 
 
 def sample_files(run_dir: Path, results: dict[str, Any]) -> dict[str, Path]:
-    """task -> its samples file in a run folder, as the run's results.json (results) names them."""
+    """task -> its samples file in a run folder, as the run's results.json (results) names them; OutsideFolder
+    where a name leads out of the folder (absolute, .., a link elsewhere): a run folder names only its own files."""
     names = (results.get("evalkit") or {}).get("files", {}).get("samples", {})
-    return {task: Path(run_dir) / name for task, name in names.items()}
+    return {task: inside(Path(run_dir), name) for task, name in names.items()}
 
 
 def read_samples(run_dir: Path, task: str) -> list[dict[str, Any]]:
