@@ -227,6 +227,39 @@ def test_a_noise_run_without_a_record_is_unusable_exit_2_in_one_line(make, capsy
     assert "**unusable** (exit 2)" in captured.out
 
 
+def test_a_candidate_without_a_record_against_a_noise_pair_is_unusable_exit_2_in_one_line(make, capsys):
+    """--noise asks for the divergence verdict: a candidate that recorded none cannot get it, and that is said,
+    not skipped (it printed "none" and exited 0). Where no run recorded one, --noise is the accuracy noise only."""
+    ref = make("ref", {"evalkit_facts": facts_rows()})
+    cand = make("cand", None)
+    noise = make("noise", {"evalkit_facts": facts_rows(lambda d: 0.01)})
+    assert cli.main([str(ref), str(cand), "--noise", str(noise)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("evalkit.compare: error: the divergence of m/cand against noise: "
+                                               "run m/cand recorded no divergence"), err
+    assert "Divergence: none: run m/cand recorded no divergence" in captured.out
+    assert "**unusable** (exit 2)" in captured.out
+    bare = [make(name, None) for name in ("ref0", "cand0", "noise0")]
+    assert cli.main([str(bare[0]), str(bare[1]), "--noise", str(bare[2])]) == 0
+    assert "Divergence: none: neither run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("documents, candidates, usable", [(7, 1, True), (7, 2, False), (8, 2, True),
+                                                           (8, 3, False), (9, 3, True), (10, 20, False), (11, 20, True)])
+def test_too_few_documents_for_the_family_s_adjustment_are_unusable(documents, candidates, usable):
+    """Every document moved further on every candidate: p = 2^-N each. Alone, 7 documents reach 0.01; with m
+    candidates Holm's smallest adjusted p is m 2^-N, so the family needs min_documents(alpha / m) (8 for 2 or 3,
+    11 for 20), and a candidate below it is unusable, not within noise."""
+    p = 2.0 ** -documents
+    each = verdict.NoiseVerdict("beyond noise", p, 0.01, documents, documents, 1.0, 0.0, "t")
+    adjusted = verdict.family([each] * candidates, alpha=0.01)
+    assert {v.label for v in adjusted} == ({"beyond noise"} if usable else {"unusable"}), adjusted[0].reason
+    if not usable:
+        assert f"fewer than the {verdict.min_documents(0.01 / candidates)} that {candidates} candidates" in \
+            adjusted[0].reason
+
+
 def test_bad_noise_options_are_refused(make, capsys):
     ref, cand, noise = noise_case(make, lambda d: 0.0)
     assert cli.main([str(ref), str(cand), "--noise", str(noise), str(noise), str(noise)]) == 2

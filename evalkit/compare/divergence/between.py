@@ -225,10 +225,13 @@ def against_noise(found: Divergence, ref: records.Recorded, cand: records.Record
                   noise: tuple[records.Recorded, records.Recorded], *, alpha: float) -> Divergence:
     """found with the verdict against the noise pair's own divergence (the second noise run against the
     first), all of it at the smallest top-k any of the runs recorded; unusable, in one line, where the noise
-    runs recorded none. Where the noise runs did not read the reference's ids as the candidate did, found is
+    runs recorded none, or the candidate none while the reference or a noise run did (the check asked for would
+    be skipped in silence). Where the noise runs did not read the reference's ids as the candidate did, found is
     measured again without the candidate's (records.given_policy), the table too."""
     if found.missing:
-        return found
+        recorded = [run.run for run in (ref, *noise) if not run.missing]
+        # the verdict asked for cannot be given: unusable, where the other runs show a record was meant
+        return replace(found, verdict=_unusable(found.missing, alpha)) if recorded else found
     lacking = _lacking(list(noise), "make the noise run with the same divergence_top_k as the reference")
     if lacking:
         return replace(found, verdict=_unusable(lacking, alpha))

@@ -88,7 +88,7 @@ def lines(d: Divergence) -> list[str]:
 def markdown(d: Divergence) -> list[str]:
     """The section of the text report: one line where there is no table."""
     if d.missing:
-        return [f"Divergence: none: {d.missing}", ""]
+        return [f"Divergence: none: {d.missing}", *([verdict_line(d)] if d.verdict else []), ""]
     body = [COLUMNS, *rows(d)]
     table = ["| " + " | ".join(r) + " |" for r in body[:1]] + ["|" + "---|" * len(COLUMNS)] + \
         ["| " + " | ".join(r) + " |" for r in body[1:]]

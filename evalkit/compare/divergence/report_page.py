@@ -108,7 +108,9 @@ def section(d: Divergence | None) -> str:
     if d is None:
         return ""
     if d.missing:
-        return f"<h2 id=divergence>Divergence</h2>\n<p class=none>{page.escape(d.missing)}</p>"
+        verdict = page.escape(report.verdict_line(d).removeprefix("- ").replace("**", "")) if d.verdict else ""
+        return (f"<h2 id=divergence>Divergence</h2>\n<p class=none>{page.escape(d.missing)}</p>" +
+                (f"\n<p class=none>{verdict}</p>" if verdict else ""))
     items = page.markdown_html("\n".join(report.lines(d)))  # the text report's lines, a list
     cells = [[page.cell(value, css="" if i == 0 else "num") for i, value in enumerate(r)] for r in report.rows(d)]
     table = page.table(report.COLUMNS, cells, numeric=set(report.COLUMNS[1:]),

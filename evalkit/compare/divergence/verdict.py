@@ -122,13 +122,25 @@ def noise_verdict(candidate: Mapping[Hashable, float], noise: Mapping[Hashable, 
 
 def family(verdicts: list[NoiseVerdict], *, alpha: float = ALPHA) -> list[NoiseVerdict]:
     """Several candidates' verdicts as one family: each usable one's label from its Holm-adjusted p-value, so
-    the chance that any candidate of one process is called beyond noise stays at most alpha."""
+    the chance that any candidate of one process is called beyond noise stays at most alpha. A candidate whose
+    documents could not reach alpha after the adjustment (fewer than min_documents(alpha / m) for m candidates
+    tested) is unusable, as one alone is below min_documents(alpha)."""
     tested = [i for i, v in enumerate(verdicts) if v.label != "unusable"]
     if len(tested) < 2:
         return list(verdicts)
-    adjusted = holm(np.array([verdicts[i].p_value for i in tested]))
     out = list(verdicts)
+    needed = min_documents(alpha / len(tested))  # Holm's smallest adjusted p is m 2^-N: it must reach alpha
+    for i in tested:
+        if verdicts[i].documents < needed:
+            out[i] = replace(verdicts[i], label="unusable", p_value=math.nan,
+                             reason=f"{verdicts[i].documents} documents in common, fewer than the {needed} that "
+                                    f"{len(tested)} candidates against one noise run need to ever reach "
+                                    f"alpha={alpha:g} after Holm's adjustment (2^-N x {len(tested)}); compare "
+                                    "more documents or fewer candidates")
+    adjusted = holm(np.array([verdicts[i].p_value for i in tested]))
     for i, p in zip(tested, adjusted):
+        if out[i].label == "unusable":
+            continue
         out[i] = replace(verdicts[i], label="beyond noise" if p <= alpha else "within noise",
                          reason=f"{verdicts[i].reason}; Holm-adjusted over {len(tested)} candidates: p={p:.3g}")
     return out
