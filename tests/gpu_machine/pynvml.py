@@ -71,3 +71,9 @@ def nvmlDeviceGetUUID(handle: dict) -> str:
 
 def nvmlDeviceGetMemoryInfo(handle: dict) -> SimpleNamespace:
     return SimpleNamespace(total=handle["total"], free=handle["free"], used=handle["total"] - handle["free"])
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    """The newest CUDA the driver supports, as NVML gives it (12040 for 12.4): FAKE_NVML_CUDA, else 13000."""
+    _gpus()
+    return int(os.environ.get("FAKE_NVML_CUDA", "13000"))

@@ -16,13 +16,15 @@ otherwise puts the fastest first, which differs only on a machine with GPUs of d
 
 Standard library only (nvidia-ml-py is imported inside the functions), so that install.sh can run it as a plain
 script and detect GPUs exactly as a run does: ``python3 evalkit/engine/machine/gpus.py`` prints one line,
-``N <name>; <name> (how: nvml|device nodes|none: <why>)``.
+``N <name>; <name> (how: nvml|device nodes|none: <why>)``; with ``--driver-cuda``, the newest CUDA version the
+driver supports (``13.0``), or ``unknown``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +194,24 @@ def memory_back(before: Sequence[Gpu], *, timeout: float, poll: float = 0.25) ->
         time.sleep(poll)
 
 
+def driver_cuda() -> tuple[int, int] | None:
+    """The newest CUDA version the NVIDIA driver supports, (13, 0), through NVML (no CUDA call, no context);
+    None where NVML cannot be read (no driver, or no nvidia-ml-py)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            version = int(pynvml.nvmlSystemGetCudaDriverVersion())  # 12040 for 12.4
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
+    return version // 1000, version % 1000 // 10
+
+
 def summary(gpus: list[Gpu], how: str) -> str:
     """"2 NVIDIA H100 80GB HBM3; NVIDIA H100 80GB HBM3 (how: nvml)"."""
     names = "; ".join(gpu.name for gpu in gpus)
@@ -244,4 +264,8 @@ def pool_gpus(engines: Sequence[Sequence[str] | None]) -> list[str] | None:
 
 if __name__ == "__main__":
     ROOT = os.environ.get("EVALKIT_GPU_ROOT", ROOT)  # tests/test_install.py: a GPU machine recreated in a folder
-    print(summary(*discover()))
+    if sys.argv[1:] == ["--driver-cuda"]:
+        found = driver_cuda()
+        print(f"{found[0]}.{found[1]}" if found else "unknown")
+    else:
+        print(summary(*discover()))
