@@ -9,8 +9,10 @@
   new run folder), the failed one is tried again and fails again;
 * the task's prompt edited (a custom task in tasks_dirs), and its first point swept again: it runs again, saying
   why in one line, and its new run holds the new prompt.
-The task is a copy of evalkit_facts in a tasks_dirs folder of the test's own (sweep_facts). Three engine starts
-in all (about 30 s each here); the submitit launcher: tests/test_launcher_engine.py.
+The task is a copy of evalkit_facts in a tasks_dirs folder of the test's own (sweep_facts). Every sweep runs in
+CUDA vLLM's process model (tests/forked_engine: each point's EngineCore forked from the process that runs the
+point, in a process of its own), as a GPU sweep runs. Three engine starts in all (about 30 s each here); the
+submitit launcher: tests/test_launcher_engine.py.
 Run: pytest -m engine -s tests/test_sweep.py
 """
 
@@ -29,7 +31,7 @@ import pytest
 from evalkit.config import TASKS_DIR
 from evalkit.run.results import read_samples
 from evalkit.sweep.points import read_points
-from tests.conftest import EAGER, run_dirs
+from tests.conftest import EAGER, FORKED_ENGINE, run_dirs
 
 pytestmark = pytest.mark.engine
 MODEL = "smollm2-135m-instruct"
@@ -44,13 +46,23 @@ def custom_task(folder):
     return folder
 
 
+def forked(record: Path) -> dict[str, str]:
+    """The environment of a sweep whose engines run as CUDA vLLM's do (the forked_engine fixture's), each fork
+    recorded in record."""
+    import os
+
+    path = os.pathsep.join(p for p in (FORKED_ENGINE, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+            "EVALKIT_TEST_FORK_RECORD": str(record)}
+
+
 def sweep(out, *launcher, lengths="1024,2048,100000"):
-    """The sweep, its output, its sweep folder and its seconds."""
+    """The sweep, its output, its sweep folder and its seconds; its engines forked (out/../forks.jsonl)."""
     before = set((out / ".sweeps").iterdir()) if (out / ".sweeps").is_dir() else set()
     cmd = [sys.executable, "-m", "evalkit", "-m", *launcher, "tasks=[sweep_facts]", f"tasks_dirs=[{out.parent / 'tasks'}]",
            "limit=3", f"output_dir={out}", f"max_model_len={lengths}", "gpu_memory_utilization=0.25", EAGER]
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=forked(out.parent / "forks.jsonl"))
     (folder,) = set((out / ".sweeps").iterdir()) - before
     return done, folder, time.perf_counter() - started
 
@@ -97,6 +109,15 @@ def test_two_points_run_one_fails_and_the_sweep_reports_it(sweeps):
     failed = table[table.point == 2].iloc[0]
     assert failed.status == "failed" and failed.error == points[2].error and pd.isna(failed.value)
     assert "| verdict" in (folder / "report.md").read_text()
+
+
+def test_each_point_s_engine_forked_as_on_cuda(sweeps):
+    """Two engine starts in the first sweep and one in the third, each a process forked from the one that ran
+    its point after vLLM asked for a process context (tests/forked_engine/sitecustomize.py)."""
+    lines = [json.loads(line) for line in (sweeps["out"].parent / "forks.jsonl").read_text().splitlines()]
+    asked = {r["pid"] for r in lines if r["kind"] == "context"}
+    engines = [r for r in lines if r["kind"] == "fork" and r["parent"] in asked]
+    assert len({r["parent"] for r in engines}) >= 3, lines
 
 
 def test_the_ray_launcher_runs_the_points_at_once_and_shows_their_own_lines(sweeps):
