@@ -82,8 +82,9 @@ def top_list_fault(token: int, value: float, top: Sequence[tuple[int, float]], t
     (token id, log-probability). None where it can: the entries distinct and best first, the token's value that
     of its own entry where listed, and not above the last entry where not listed (it would have been listed).
     tolerance: how far apart one value read twice from one row may be. The engine's reads (trace_reads.py) and
-    the harness's check of every trace (tracing.py) share it. unlisted: the tolerance of the last test where the
-    token's value may come from another engine call than its top entries (apart_tolerance); tolerance if None."""
+    the harness's check of every trace (divergence_traces.py) share it. unlisted: the tolerance of the last test
+    where the token's value may come from another engine call than its top entries (apart_tolerance); tolerance
+    if None."""
     ids = [t for t, _ in top]
     if len(set(ids)) != len(ids):
         return f"repeats a token among its top entries {ids}"
@@ -222,7 +223,7 @@ class RequestRecord:
     clamped: bool = False  # max_tokens was lowered to fit max_model_len
     truncated_tokens: int = 0  # prompt tokens dropped from the left under overflow=truncate_left
     extra: dict[str, Any] = field(default_factory=dict)
-    # with divergence_top_k > 0, what was traced for the run's divergence record (evalkit/harness/tracing.py), as
-    # (request number in its document, the traced request, its trace): one, or one per rolling window. Written to
-    # the divergence record, not to the samples
+    # with divergence_top_k > 0, what was traced for the run's divergence record (evalkit/harness/divergence_traces.py),
+    # as (request number in its document, the traced request, its trace): one, or one per rolling window. Written
+    # to the divergence record, not to the samples
     traced: list[tuple[int, ScoreRequest, TokenTrace]] = field(default_factory=list, repr=False)

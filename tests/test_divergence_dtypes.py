@@ -35,7 +35,7 @@ from evalkit.compare.noise import measure
 from evalkit.config import TASKS_DIR, compose_config
 from evalkit.contracts import ScoreRequest
 from evalkit.engine.wrapper import Lent
-from evalkit.harness.tracing import TraceLog, reference_reads, with_given
+from evalkit.harness.divergence_traces import TraceLog, reference_reads, with_given
 from evalkit.run import positions
 from evalkit.run.evaluate import evaluate
 from evalkit.run.positions import Row

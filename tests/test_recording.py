@@ -1,5 +1,5 @@
-"""A run's divergence record (evalkit/harness/tracing.py, evalkit/run/recording.py, the request store's traces) on
-the deterministic fake engine: which positions each kind records, the checks on an engine's traces, resume,
+"""A run's divergence record (evalkit/harness/divergence_traces.py, evalkit/run/recording.py, the request store's
+traces) on the deterministic fake engine: which positions each kind records, the checks on an engine's traces, resume,
 divergence_top_k=0 and bad values. The real engine's record: tests/test_recording_engine.py.
 Run: pytest tests/test_recording.py"""
 
@@ -15,7 +15,7 @@ import pytest
 from evalkit.config import ConfigError, EvalConfig, compose_config, validate
 from evalkit.contracts import Scored, ScoreRequest, TokenTrace
 from evalkit.harness.lm import EvalkitLM
-from evalkit.harness.tracing import TraceError, check, score_gap
+from evalkit.harness.divergence_traces import TraceError, check, score_gap
 from evalkit.run import positions
 from evalkit.run.results import read_samples
 from evalkit.store.requests import RequestStore, ResumableEngine

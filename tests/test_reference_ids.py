@@ -1,6 +1,6 @@
 """A candidate run reading a reference run's top ids (divergence_reference, evalkit/run/reference.py and
-evalkit/harness/tracing.py) on the deterministic fake engine: which ids are asked where, the checks on what the
-engine reads, an engine that cannot read ids, and bad references. The real engines' reads:
+evalkit/harness/divergence_traces.py) on the deterministic fake engine: which ids are asked where, the checks on
+what the engine reads, an engine that cannot read ids, and bad references. The real engines' reads:
 tests/engine/*/ (read_ids). Run: pytest tests/test_reference_ids.py"""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 
 from evalkit.config import ConfigError, EvalConfig, validate
 from evalkit.contracts import IdsRead, ScoreRequest, TokenTrace
-from evalkit.harness.tracing import TraceError, TraceLog, reference_reads, with_given
+from evalkit.harness.divergence_traces import TraceError, TraceLog, reference_reads, with_given
 from evalkit.run import positions, reference
 from evalkit.run.evaluate import evaluate
 from tests.fake_engine import FakeEngine

@@ -12,7 +12,7 @@ ceiling, unfinished reasoning), the README says so ("Differences from lm-eval").
 Every request goes through the length budget (``budget.py``) and leaves a :class:`RequestRecord`, which the
 results stage merges into the per-sample output: raw text, finish reason, token counts, clamps, truncations.
 With ``divergence_top_k`` > 0, each engine call also asks for the traces of what it scores or generates
-(``tracing.py``: in the same pass where the engine can), kept on the records for the divergence record.
+(``divergence_traces.py``: in the same pass where the engine can), kept on the records for the divergence record.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from evalkit.harness.budget import plan_generation, plan_score
 from evalkit.contracts import Engine, GenRequest, IdsRead, RequestProgress, RequestRecord, ScoreRequest, TokenTrace
 from evalkit.harness.lm_eval_compat import encode_pairs
-from evalkit.harness.tracing import (Item, ReferenceIds, TraceError, TraceLog, given_traces, keep, outputs,
-                                     reference_reads, scored_positions, with_given)
+from evalkit.harness.divergence_traces import (Item, ReferenceIds, TraceError, TraceLog, given_traces, keep,
+                                               outputs, reference_reads, scored_positions, with_given)
 
 
 def strip_thinking(text: str, end_marker: str) -> str:
@@ -189,7 +189,7 @@ class EvalkitLM(TemplateLM):
         self.records[(instance.task_name, instance.doc_id)].append(record)
 
     def _trace(self, kind: str, items: list[Item], given: dict[ScoreRequest, TokenTrace]) -> None:
-        """With divergence_top_k > 0: the items' traces, checked and kept on the records (tracing.keep). given
+        """With divergence_top_k > 0: the items' traces, checked and kept on the records (divergence_traces.keep). given
         holds those the engine answered in the same pass as the scores or generations; the others are traced in
         one more call (each distinct request once, in _submit's order, so a noise run's traces see other
         batches too)."""

@@ -1,7 +1,7 @@
 """The divergence record of a run, task by task, from the harness's request records (pure: results.py writes it).
 
-Each record's traces (evalkit/harness/tracing.py) become :class:`~evalkit.run.positions.Row`s, one per traced
-request: lm-eval's document and request number, the kind, the positions scored, and the ids read apart at them
+Each record's traces (evalkit/harness/divergence_traces.py) become :class:`~evalkit.run.positions.Row`s, one per
+traced request: lm-eval's document and request number, the kind, the positions scored, and the ids read apart at them
 where the run was given a reference (``TokenTrace.given``). ``positions.build`` then checks every row against its
 request as it makes the columns.
 """

@@ -25,7 +25,7 @@ from evalkit.contracts import ScoreRequest
 from evalkit.engine.logprob_reads import BadRead
 from evalkit.engine.trace_reads import next_token_trace, next_top, trace_from_rows, unlisted
 from evalkit.engine.vllm.trace import plan_rows
-from evalkit.harness.tracing import check
+from evalkit.harness.divergence_traces import check
 
 K = 5
 VOCAB = 40

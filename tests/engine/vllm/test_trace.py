@@ -12,7 +12,7 @@ import pytest
 
 from evalkit.contracts import ScoreRequest
 from evalkit.engine.vllm.trace import plain_traces
-from evalkit.harness.tracing import check
+from evalkit.harness.divergence_traces import check
 from tests.engine.vllm.test_engine import counted, few_shot_questions
 
 pytestmark = pytest.mark.engine

@@ -11,7 +11,7 @@ from evalkit.contracts import ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import BadRead
 from evalkit.engine.trace_reads import trace_from_rows
 from evalkit.engine.vllm.trace_paths import covered_trace, covering_reads, unlisted_last_steps
-from evalkit.harness.tracing import check
+from evalkit.harness.divergence_traces import check
 from tests.engine.test_trace_reads import HIT_BEFORE_ROWS, IDS, K, LOGITS, NO_HIT, reference, v1_layout, v2_layout
 
 
