@@ -9,7 +9,7 @@ read at about what fast scoring costs: from the prefix cache, computing only wha
   asks for them (``vllm/v1/sample/sampler.py``: "prefer logprob_token_ids").
 * **The rest** (longer continuations, rolling windows, greedy outputs after their prompts): prompt rows
   (``prompt_logprobs=k``, both runners compute a row at every position they compute) from the request's first
-  scored position on, of as few prompts as cover the requests (``trace_paths.covering_reads``: choices that end
+  scored position on, of as few prompts as cover the requests (``covering_reads.covering_reads``: choices that end
   after one context, or after one that another choice extends, share one prompt's rows; a last token that row
   leaves out of its top-k is read with the one-token ones' ``logprob_token_ids``). On evalkit_bench_mc (120
   choices of 2 or 3 tokens behind ~250-token contexts) that is 63 reads where one per choice took 120, each
@@ -41,7 +41,7 @@ from evalkit.engine.trace_reads import Top, next_token_trace, next_top, trace_fr
 from evalkit.engine.vllm import next_token
 from evalkit.engine.vllm.path_reads import shared_lengths
 from evalkit.engine.vllm.second_read import second_read
-from evalkit.engine.vllm.trace_paths import covered_trace, covering_reads, last_step, unlisted_last_steps
+from evalkit.engine.vllm.covering_reads import covered_trace, covering_reads, last_step, unlisted_last_steps
 
 
 @dataclass(frozen=True)
