@@ -4,7 +4,7 @@ Prompts are built here with the local tokenizer, exactly as for the offline engi
 ``/v1/completions``. A probe checks the server before anything is scored and finds which API it is read
 through (``served/probe.py``); the engine then hands every batch to that API's reader: vLLM's fields
 (``served/body.py``: the bodies, the reads that check each answer, chains or whole prompt reads; with the
-divergence record's traces read in the same requests, ``served/traced.py``) or, for a server that ignores them,
+divergence record's traces read in the same requests, ``served/traced_requests.py``) or, for a server that ignores them,
 the OpenAI API alone (``served/openai.py``: echo; its traces in a call of their own). Both send through
 ``served/batch.py`` (each answer checked, a failed request never scored) and its HTTP pool and retries
 (``served/http.py``). A continuation with nothing to score is answered here and never sent.
@@ -23,7 +23,7 @@ from evalkit.engine.served.body import PROMPTS_PER_REQUEST, salt
 from evalkit.engine.served.http import Client, without_credentials
 from evalkit.engine.served.openai import OpenAIApi
 from evalkit.engine.served.probe import ServerRefused, early_probe, probe, server_defaults
-from evalkit.engine.served.traced import TracedVLLMApi
+from evalkit.engine.served.traced_requests import TracedVLLMApi
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 
 __all__ = ["ServedEngine", "ServedError", "ServerRefused"]
@@ -84,7 +84,7 @@ class ServedEngine(TokenizerSide):
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
                  top_k: int = 0) -> list[Generation]:
         """With top_k > 0, through vLLM's fields, each greedy generation with the trace of its steps (the top_k of
-        each, read in the same request: served/traced.py); through the OpenAI API alone, none (trace None)."""
+        each, read in the same request: served/traced_requests.py); through the OpenAI API alone, none (trace None)."""
         return self.reader.generate(requests, progress, top_k)
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,

@@ -1,8 +1,8 @@
 """engine=served, the divergence record's traces read in the same requests as the answers
-(evalkit/engine/served/traced.py), without a server: each generated step's top list written by vLLM 0.32's own
+(evalkit/engine/served/traced_requests.py), without a server: each generated step's top list written by vLLM 0.32's own
 code (its output processor's ``append_logprobs_for_next_position`` and its completion server's
 ``_create_completion_logprobs``), read back and checked token by token; a score and its trace from one response.
-The real server: tests/engine/served/test_served.py. Run: pytest tests/engine/served/test_served_traced.py
+The real server: tests/engine/served/test_served.py. Run: pytest tests/engine/served/test_served_traced_requests.py
 """
 
 import json
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from evalkit.contracts import GenRequest, ScoreRequest, TokenTrace
-from evalkit.engine.served import traced
+from evalkit.engine.served import traced_requests
 from evalkit.engine.served.body import ServedReadError, read_prompt_logprobs
 from tests.engine.served.test_served_units import vllm_response
 
@@ -46,23 +46,23 @@ def generated(steps=STEPS, own=OWN, token_ids=None, top_k=K):
 
 
 def test_a_greedy_generation_reads_the_top_list_of_each_of_its_output_tokens():
-    generation = traced.read_traced_generation(GREEDY, generated(), K)
+    generation = traced_requests.read_traced_generation(GREEDY, generated(), K)
     assert generation.token_ids == (5, 9, 3) and generation.output_tokens == 3
     assert generation.trace == TokenTrace(logprobs=(-0.1, -1.2, -4.5), top=tuple(tuple(top) for _, _, top in STEPS))
-    assert traced.read_traced_generation(GREEDY, generated(), 0).trace is None  # not asked: not read
+    assert traced_requests.read_traced_generation(GREEDY, generated(), 0).trace is None  # not asked: not read
     sampled = GenRequest(prompt_ids=(1, 2), max_tokens=3, sampling=(("temperature", 0.8),))
-    assert traced.read_traced_generation(sampled, generated(), K).trace is None
+    assert traced_requests.read_traced_generation(sampled, generated(), K).trace is None
 
 
 def test_only_a_greedy_request_asks_for_its_steps_and_vllm_accepts_the_body():
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    body = traced.traced_generate_body(GREEDY, "m", K)
+    body = traced_requests.traced_generate_body(GREEDY, "m", K)
     assert (body["logprobs"], body["return_tokens_as_token_ids"]) == (K, True)
     assert CompletionRequest(**body).to_sampling_params(3, {}).logprobs == K
     sampled = GenRequest(prompt_ids=(1, 2), max_tokens=3, sampling=(("temperature", 0.8),))
-    assert "logprobs" not in traced.traced_generate_body(sampled, "m", K)
-    assert "logprobs" not in traced.traced_generate_body(GREEDY, "m", 0)
+    assert "logprobs" not in traced_requests.traced_generate_body(sampled, "m", K)
+    assert "logprobs" not in traced_requests.traced_generate_body(GREEDY, "m", 0)
 
 
 def spoiled(edit):
@@ -89,14 +89,14 @@ def spoiled(edit):
 ])
 def test_a_step_that_does_not_answer_its_output_token_fails_the_read(response, message):
     with pytest.raises(ServedReadError, match=message) as error:
-        traced.read_traced_generation(GREEDY, response, K)
+        traced_requests.read_traced_generation(GREEDY, response, K)
     assert "\n" not in str(error.value)
 
 
 def test_a_score_and_its_trace_come_from_one_response():
     request = ScoreRequest(ids=(1, 7, 8), start=1)
     rows = [{7: (-0.5, 1), 6: (-1.5, 2)}, {8: (-2.0, 2), 9: (-1.0, 1), 4: (-3.0, 3)}]
-    scored = traced.read_traced_score(request, vllm_response(request.ids, rows), 2)
+    scored = traced_requests.read_traced_score(request, vllm_response(request.ids, rows), 2)
     assert (scored.logprob, scored.is_greedy) == (-2.5, False)
     assert scored.trace == TokenTrace(logprobs=(-0.5, -2.0), top=(((7, -0.5), (6, -1.5)), ((9, -1.0), (8, -2.0))))
     assert sum(scored.trace.logprobs) == scored.logprob == read_prompt_logprobs(request, vllm_response(request.ids,
