@@ -133,12 +133,12 @@ def model_folder(cfg: EvalConfig, recorded: str | None, *, overridden: bool, sid
     """The folder to load: the recorded one while it is a folder of this machine, else vllm_path resolved again
     (an embedded model, or a path given with the flag); a one-line LocateError saying what to pass otherwise.
     A hub id the run names is never fetched on its word: the user passes it."""
-    from evalkit.engine.machine import embedded, preflight
+    from evalkit.engine.machine import model_download, preflight
 
     flag = FLAGS[side]
     if not overridden and local_folder(recorded):
         return recorded
-    if overridden or embedded.is_embedded(cfg.vllm_path):
+    if overridden or model_download.is_embedded(cfg.vllm_path):
         try:
             return preflight.resolve_model_path(cfg.vllm_path)
         except ConfigError as error:

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from evalkit.engine.machine import embedded, environment, gpus
+from evalkit.engine.machine import environment, gpus, model_download
 from evalkit.engine.machine.gpus import Gpu
 from evalkit.config import ConfigError, EvalConfig, devices_needed, devices_per_engine, installed_vllm_build
 
@@ -37,8 +37,8 @@ GIB = 2**30
 
 def resolve_model_path(vllm_path: str) -> str:
     """A local folder for vllm_path (fetching the embedded model on first use), or a hub id as given."""
-    if embedded.is_embedded(vllm_path):
-        return embedded.materialize(vllm_path)
+    if model_download.is_embedded(vllm_path):
+        return model_download.materialize(vllm_path)
     path = Path(vllm_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
