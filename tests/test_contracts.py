@@ -15,14 +15,14 @@ from evalkit.engine.hf.engine import HFEngine
 from evalkit.store.requests import RequestStore, ResumableEngine
 from evalkit.engine.served.engine import ServedEngine
 from evalkit.engine.vllm.engine import VLLMEngine
-from evalkit.engine.wrapper import Lent, Wrapped
+from evalkit.engine.wrapper import Deferred, Lent, Wrapped
 from benchmarks._evalkit_side import RecordingEngine
 from tests.fake_engine import FakeEngine
 
 METHODS = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
 MEMBERS = [*Engine.__annotations__, *METHODS]  # the attributes (max_model_len) and the methods
 WRAPPERS = [Wrapped, Lent, ResumableEngine, RecordingEngine]
-CLASSES = [VLLMEngine, HFEngine, ServedEngine, DataParallelEngine, FakeEngine, *WRAPPERS]
+CLASSES = [VLLMEngine, HFEngine, ServedEngine, DataParallelEngine, FakeEngine, Deferred, *WRAPPERS]
 
 
 def test_the_contract_names_trace_and_the_scoring_counts():

@@ -21,9 +21,12 @@ from evalkit.engine.machine import preflight
 from evalkit.run import reference, results
 from evalkit.run.progress import Progress
 from evalkit.run.sources import task_sources
+from evalkit.store import replay
 from evalkit.store.fingerprint import fingerprint as model_fingerprint
 from evalkit.store.requests import RequestStore, ResumableEngine
 from evalkit.engine.factory import start_engines
+from evalkit.engine.tokenizer import load_tokenizer
+from evalkit.engine.wrapper import Deferred
 from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
@@ -137,6 +140,32 @@ def prompting(cfg: EvalConfig, lm: EvalkitLM) -> results.Prompting:
             "temperature_override": cfg.temperature, "sampling_kwargs": dict(cfg.sampling_kwargs)}
 
 
+def started(cfg: EvalConfig, model_dir: str, engine_factory: EngineFactory) -> Engine:
+    """engine_factory's engine for cfg; EngineStartError in one line where it does not start."""
+    try:
+        return engine_factory(cfg, model_dir)
+    except ConfigError:
+        raise
+    except Exception as error:
+        raise EngineStartError(f"the {cfg.engine} engine did not start ({type(error).__name__}: {error}); "
+                               "its own log above names the cause") from error
+
+
+def deferred(cfg: EvalConfig, model_dir: str) -> Deferred | None:
+    """A run's own vLLM engine (the default engine_factory) as one started only when an answer is missing from
+    the request store, where an earlier run of this very config left its store here (evalkit.store.replay);
+    None where there is none, or the run keeps no store (resume=false)."""
+    if not cfg.resume or cfg.engine != "vllm":
+        return None
+    stored = replay.stored_engine(cfg.output_dir, cfg.model_name, asdict(cfg), model_dir)
+    if stored is None:
+        return None
+    tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,
+                               add_bos_token=cfg.add_bos_token, with_vllm=False)
+    return Deferred(lambda: started(cfg, model_dir, start_engines), description=stored[0], tokenizer=tokenizer,
+                    max_model_len=cfg.max_model_len, trust_remote_code=cfg.trust_remote_code)
+
+
 def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, check_devices: bool = True,
              attempts: list[dict[str, Any]] | None = None, started_at: float | None = None) -> Path:
     """Run cfg end to end and return the run folder. Raises ConfigError on bad input, before the engine starts.
@@ -150,13 +179,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     sources = task_sources(names=list(cfg.tasks), tasks_dirs=list(cfg.tasks_dirs), task_data=dict(cfg.task_data))
     run_id = results.new_run_id()
     against = reference.load(cfg.divergence_reference) if cfg.divergence_reference else None
-    try:
-        engine = engine_factory(cfg, model_dir)
-    except ConfigError:
-        raise
-    except Exception as error:
-        raise EngineStartError(f"the {cfg.engine} engine did not start ({type(error).__name__}: {error}); "
-                               "its own log above names the cause") from error
+    engine = (deferred(cfg, model_dir) if engine_factory is start_engines else None) or \
+        started(cfg, model_dir, engine_factory)
     watch.lap("engine_start")
     try:
         description = engine.describe()
@@ -177,6 +201,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         outcome = score_with_lm_eval(cfg, lm, manager, tasks)
         scoring = Counter(engine.scoring_counts())
         scoring.subtract(scoring_before)
+        description = engine.describe()  # a deferred engine's own, where a missing answer started it
         watch.lap("evaluate")
     finally:
         engine.close()

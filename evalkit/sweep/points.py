@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from evalkit.untrusted import environment, printable, scrubbed
+from evalkit.store.replay import described_here, machine_here, plain  # noqa: F401 (the sweep's names for them)
+from evalkit.untrusted import printable, scrubbed
 
 POINT_FILE = "point.json"
 FINAL = ("ok", "failed", "skipped")  # the statuses of a point that is done
@@ -164,42 +163,6 @@ def distinct_overrides(points: list[PointRecord]) -> dict[int, str]:
     """point -> the overrides that set it apart (those shared by every point left out), as one string."""
     common = set.intersection(*(set(p.overrides) for p in points)) if len(points) > 1 else set()
     return {p.num: " ".join(o for o in p.overrides if o not in common) for p in points}
-
-
-def plain(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as results.json holds it (a JSON round trip), so the two compare equal."""
-    return json.loads(json.dumps(config, default=str))
-
-
-READ_MACHINE = ("import json; from evalkit.engine.machine.environment import hardware, library_versions; "
-           "print(json.dumps({'versions': library_versions(), 'hardware': hardware()}))")
-
-
-def machine_here() -> dict[str, Any]:
-    """The versions and hardware an engine here describes, read by describe()'s own functions in a short-lived
-    process: naming the GPUs starts CUDA, which the sweep's process must not hold while its points run."""
-    done = subprocess.run([sys.executable, "-c", READ_MACHINE], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def described_here(recorded: dict[str, Any], machine: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What this point's engine would describe (Engine.describe()), without starting it: a completed run's
-    description (its engine arguments, model runner and tuning choices, which an equal config decides on equal
-    versions, hardware and environment) with the versions and hardware of this machine (:func:`machine_here`)
-    and the vLLM environment of this process; a served run's weights, where evalkit started its server, as they
-    are now."""
-    here = {**recorded, **(machine or machine_here())}
-    deployment = recorded.get("deployment")
-    if isinstance(deployment, dict) and "weights" in deployment and recorded.get("model_dir"):
-        from evalkit.engine.served.probe import weights_identity  # a served run on a server evalkit started
-
-        here["deployment"] = {**deployment, **weights_identity(started_from=recorded["model_dir"], deployment_id=None,
-                                                                keeps_answers=False, url="")}  # the weights now
-    if "environment" in recorded:  # vLLM's: the VLLM_* variables it starts under, with those tuning set
-        tuned = {c["setting"].split(".", 1)[1]: str(c["value"]) for c in recorded.get("choices") or []
-                 if str(c.get("setting", "")).startswith("env.")}
-        here["environment"] = {**environment(dict(os.environ), "VLLM_"), **tuned}
-    return here
 
 
 def completed_run(output_dir: str, model_name: str, config: dict[str, Any]) -> Path | None:

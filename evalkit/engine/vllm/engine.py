@@ -199,7 +199,8 @@ class VLLMEngine(TokenizerSide):
         of the visible ``hardware.gpus``); the scheduling vLLM resolved, which is not in the key but is not
         numerically neutral on GPUs unless VLLM_BATCH_INVARIANT=1 (evalkit/store/fingerprint.py)."""
         description = {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
-                       "model_runner": self.runner, "environment": dict(self.environment),
+                       "model_runner": self.runner, "logits_dtype": self.logits_dtype,
+                       "environment": dict(self.environment),
                        "versions": library_versions(), "hardware": hardware(),
                        "start_seconds": dict(self.start_seconds)}
         return {**description, "engine_gpus": engine_gpus_of(description),
