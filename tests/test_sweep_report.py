@@ -361,6 +361,29 @@ def test_the_sweep_report_agrees_with_compare_over_all_points(tmp_path, capsys, 
     assert not collapse or shown[3] == "worse"
 
 
+@pytest.mark.parametrize("copies", [2, 9])
+def test_points_that_change_nothing_do_not_dilute_one_that_does(tmp_path, capsys, copies):
+    """One point losing 8 of 100 documents (p 0.009, `worse` alone) beside points that reproduce the reference on
+    every document: `worse` in the report and in `python -m evalkit.compare` alike (which exits 1; the sweep
+    report exits on failed points only); the copies' rows cannot be worse, so they do not count (on Holm over
+    every point it was `inconclusive`, exit 0)."""
+    from tests.test_compare_verdicts import hand_run
+
+    folder = tmp_path / ".sweeps" / "20260101-100000"
+    runs = [hand_run(tmp_path / "m" / "ref", {"t": (8, 0, 100)}, side="ref")]
+    runs += [hand_run(tmp_path / "m" / f"p{n}", {"t": (8, 0, 100)}, side="cand" if n == 1 else "ref")
+             for n in range(1, copies + 2)]
+    for num, run in enumerate(runs):
+        write_point(folder / str(num), replace(record(num, "ok", run), overrides=[f"seed={num}"]))
+    assert report_main([str(folder)]) == 0
+    table = pd.read_csv(folder / "report.csv").set_index("point")
+    capsys.readouterr()
+    assert cli_main([str(r) for r in runs]) == 1
+    shown = {n: v for n, v in table.verdict.items() if n}
+    assert shown == dict(zip(range(1, copies + 2), compare_verdicts(capsys.readouterr().out)))
+    assert shown == {1: "worse", **{n: "inconclusive" for n in range(2, copies + 2)}}
+
+
 def cli_main(argv):
     from evalkit.compare.cli import main
 

@@ -230,5 +230,5 @@ def compare_family(reference: Run, candidates: list[Run], *, tolerance: float | 
 
 ROW_COLUMNS = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high", "tolerance",
                "relative", "higher_is_better", "mcnemar_b", "mcnemar_c", "mcnemar_p", "method", "p_worse", "p_better",
-               "p_equivalent", "p_lower", "p_higher", "p_floor", "note", "p_worse_holm", "p_equivalent_holm",
+               "p_equivalent", "p_lower", "p_higher", "p_floor", "changed", "note", "p_worse_holm", "p_equivalent_holm",
                "verdict"]

@@ -162,7 +162,7 @@ def stratified_row(results: dict[str, Any], group: str, tasks: list[str], metric
     return {"reference": scores[0], "candidate": scores[1], "diff": interval.diff, "ci_low": interval.low,
             "ci_high": interval.high, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None, "method": method,
             **p, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative,
-            "note": "", "p_floor": floor}
+            "note": "", "p_floor": floor, "changed": sum(r != c for ref, cand in pairs for r, c in zip(ref, cand))}
 
 
 def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group: str, key: str, *,

@@ -83,6 +83,7 @@ class Comparison:
     note: str  # why a reading is weaker than it looks ("" when nothing to say)
     p_floor: float = 0.0  # the smallest p-value the method can give: 1 / (draws + 1) for a bootstrap or drawn
     # sign-flips, 2^-n for enumerated ones, else 0
+    changed: int | None = None  # documents whose values differ between the runs
 
 
 def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: float,
@@ -91,9 +92,14 @@ def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: f
     n = len(ref)
     low, high = tost.tango_limits(b, c, n, 1.0 - confidence, points=(-tolerance, 0.0, tolerance))  # what they test
     interval = orient(Interval((c - b) / n, low, high, 2 * confidence - 1), higher_is_better)
-    return interval, (b, c, p), tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below"),
-                                              lambda t: tost.tango_p(b, c, n, t, "above"),
-                                              tolerance=tolerance, higher_is_better=higher_is_better)
+    p_values = tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below"), lambda t: tost.tango_p(b, c, n, t, "above"),
+                             tolerance=tolerance, higher_is_better=higher_is_better)
+    if b + c:  # worse and better given that some document changed, as verdict.decide's screen needs
+        given = tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below", True) if t < 0 else math.nan,
+                              lambda t: tost.tango_p(b, c, n, t, "above", True) if t > 0 else math.nan,
+                              tolerance=tolerance, higher_is_better=higher_is_better)
+        p_values.update(p_worse=given["p_worse"], p_better=given["p_better"])
+    return interval, (b, c, p), p_values
 
 
 def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, confidence: float,
@@ -180,6 +186,7 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
     nan, notes = math.nan, [] if higher_is_better is not None else [
         "direction unknown (higher_is_better null): diff is candidate - reference, unoriented"]
     scores, mcnemar, method, floor = (nan, nan), (None, None, None), None, 0.0
+    changed = sum(r != c for r, c in zip(reference, candidate))
     needed = resamples_for(family, 1.0 - confidence)
     try:
         if aggregate is None:
@@ -208,10 +215,10 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
             floor = 1.0 / (count + 1)
     except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError) as error:
         return Comparison(*scores, nan, nan, nan, *mcnemar, method, **NO_EVIDENCE,
-                          note="; ".join(notes + [f"not compared: {error}"]))
+                          note="; ".join(notes + [f"not compared: {error}"]), changed=changed)
     if math.isnan(interval.low) or math.isnan(interval.high):
         notes.append("no interval: the values or their aggregation are NaN")
     elif not interval.high > interval.low:
         notes.append("zero-width interval: the paired differences never vary, which is no evidence of equivalence")
     return Comparison(*scores, interval.diff, interval.low, interval.high, *mcnemar, method, **p,
-                      note="; ".join(notes), p_floor=floor)
+                      note="; ".join(notes), p_floor=floor, changed=changed)

@@ -116,32 +116,45 @@ def peaks(values: np.ndarray, count: int) -> np.ndarray:
     return local[np.argsort(values[local])[-count:]]
 
 
-def tail_p(n: int, delta: float, score: float, side: str) -> float:
-    """The exact unconditional p-value of an observed score: the largest tail probability over the nuisance."""
+def tail_p(n: int, delta: float, score: float, side: str, given_change: bool = False) -> float:
+    """The exact unconditional p-value of an observed score: the largest tail probability over the nuisance.
+    given_change: the tail's probability given that some document changed (b + c > 0), the largest over the
+    nuisance of P(tail, b + c > 0) / P(b + c > 0): valid given that event, as verdict.decide's screen needs."""
     limits = thresholds(n, delta, score, side)
     grid = nuisance_grid(n, delta)
-    values = tail_probability(limits, n, delta, grid, side)
+
+    def probability(pc: np.ndarray) -> np.ndarray:
+        tail = tail_probability(limits, n, delta, pc, side)
+        if not given_change:
+            return tail
+        unchanged = (1.0 - np.clip(2 * np.asarray(pc, dtype=float) - delta, 0.0, 1.0)) ** n  # P(b + c = 0)
+        in_tail = limits[0] >= 0 if side == "below" else limits[0] < 0  # the table b = c = 0
+        return (tail - unchanged * in_tail) / np.maximum(1.0 - unchanged, 1e-300)
+
+    values = probability(grid)
     spans = [(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]) for i in peaks(values, REFINED)]
     best = float(values.max())
     for a, b in spans:  # between the neighbours of each highest peak, finer and finer
         for _ in range(ZOOMS):
             local = np.linspace(a, b, ZOOM_POINTS)
-            found = tail_probability(limits, n, delta, local, side)
+            found = probability(local)
             best, j = max(best, float(found.max())), int(found.argmax())
             a, b = local[max(j - 1, 0)], local[min(j + 1, ZOOM_POINTS - 1)]
     return float(min(1.0, best))
 
 
 @lru_cache(maxsize=1 << 16)
-def tango_p(b: int, c: int, n: int, bound: float, side: str) -> float:
-    """p-value for H1: p_cand - p_ref < bound (side "below") or > bound ("above"), from b, c of n documents."""
+def tango_p(b: int, c: int, n: int, bound: float, side: str, given_change: bool = False) -> float:
+    """p-value for H1: p_cand - p_ref < bound (side "below") or > bound ("above"), from b, c of n documents;
+    given_change (with b + c > 0): given that some document changed (tail_p)."""
     if side not in SIDES:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     if n <= 0 or b < 0 or c < 0 or b + c > n:
         raise ValueError(f"no valid paired table: b={b}, c={c}, n={n}")
     if not -1.0 < bound < 1.0:
         return 1.0 if (side == "below") == (bound <= -1.0) else 0.0
-    return tail_p(n, bound, float(tango_scores(bound, np.array([b]), np.array([c]), n)[0]), side)
+    return tail_p(n, bound, float(tango_scores(bound, np.array([b]), np.array([c]), n)[0]), side,
+                  given_change and b + c > 0)
 
 
 def _limit(rejects: Callable[[float], bool], p: Callable[[float], float], alpha: float, points: Iterable[float],

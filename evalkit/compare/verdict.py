@@ -2,10 +2,14 @@
 Pure functions, no I/O.
 
 Each row carries the p-values of its one-sided tests against its tolerance (stats.tost_p_values). Every kind of
-claim (worse, better, equivalent, lower, higher) is Holm-adjusted over all the rows compared at once (Holm 1979,
-"A simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70), valid whatever the rows'
-dependence (a group and its subtasks share documents), so the chance that any row is wrongly called `worse`, and
-the command wrongly exits 1, is at most alpha:
+claim (worse, better, equivalent, lower, higher) is adjusted over all the rows compared at once by Holm's
+procedure (Holm 1979, "A simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70), worse
+and better with Tarone's count (tarone_holm): a row where no document's value changed cannot be shown worse or
+better and does not count, so copies of the reference compared beside a candidate do not dilute it. For that
+screen to keep the level, a 0/1 row's p_worse and p_better are those given that some document changed
+(tost.tango_p's given_change; other methods' rows change on some document whenever they can be worse).
+benchmarks/family_padding.py measures it. The chance that any row is wrongly called `worse`, and the command
+wrongly exits 1, is at most alpha:
 
 worse         shown beyond -tolerance (p_worse)                                                      exits 1
 changed       direction unknown: shown beyond the tolerance either way                                exits 1
@@ -89,17 +93,52 @@ def holm(p_values: np.ndarray) -> np.ndarray:
     return adjusted
 
 
+def tarone_holm(p_values: np.ndarray, reach: np.ndarray, alpha: float) -> np.ndarray:
+    """Holm's step-down procedure with Tarone's count of the rows that could still be rejected (Tarone 1990,
+    "A modified Bonferroni method for discrete data", Biometrics 46:515-522; its step-down form: Hommel &
+    Krummenauer 1998, "Improvements and modifications of Tarone's multiple test procedure for discrete data",
+    Biometrics 54:673-681). reach: each row's smallest attainable p-value. At each step the count k is, among the
+    rows not yet rejected, the smallest with at most k of them reaching alpha / k; of those that reach it, the
+    smallest p-value is rejected where p * k < alpha, else the procedure stops. Returns adjusted p-values at alpha
+    (p * k, a running maximum, as Holm's; 1 for a row that cannot reach): rejected exactly where below alpha.
+    With every row able to reach, the count is the rows left: Holm's procedure (holm)."""
+    p = np.where(np.isnan(np.asarray(p_values, dtype=float)), 1.0, np.asarray(p_values, dtype=float))
+    reach = np.maximum(np.nan_to_num(np.asarray(reach, dtype=float), nan=1.0), 0.0)
+    adjusted, left, running = np.ones(len(p)), list(np.argsort(p, kind="stable")), 0.0
+    while left:
+        count = next(k for k in range(1, len(left) + 1) if np.count_nonzero(reach[left] <= alpha / k) <= k)
+        testable = [row for row in left if reach[row] <= alpha / count]
+        if not testable:
+            break
+        row = testable[0]  # left is in order of p
+        running = max(running, min(1.0, p[row] * count))
+        adjusted[row] = running  # once at or above alpha, so are the rest: the step-down has stopped
+        left.remove(row)
+    return adjusted
+
+
+def reach(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's smallest attainable p-value for worse and better: 1 where no document's value differs between
+    the runs (no method can show a change there), else its method's floor (p_floor)."""
+    floors = rows["p_floor"].fillna(0.0).to_numpy(dtype=float) if "p_floor" in rows else np.zeros(len(rows))
+    changed = rows["changed"] if "changed" in rows else pd.Series(1, index=rows.index)
+    return np.where(changed.fillna(1).to_numpy(dtype=float) == 0, 1.0, floors)
+
+
 P_COLUMNS = ("p_worse", "p_better", "p_equivalent", "p_lower", "p_higher")
 
 
 def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
-    """Every row of every table one family: Holm-adjusted p-values (p_worse_holm, p_equivalent_holm columns) and
-    the verdicts they show at alpha."""
+    """Every row of every table one family: adjusted p-values (p_worse_holm, p_equivalent_holm columns) and the
+    verdicts they show at alpha. Worse and better are adjusted by tarone_holm over the rows that could reach
+    alpha, so rows where no document changed (a copy of the reference beside a candidate) cost nothing; the
+    other claims by Holm over every row (no change is evidence of equivalence)."""
     if not tables or all(t.empty for t in tables):
         return [t.assign(verdict=pd.Series(dtype=object), p_worse_holm=np.nan, p_equivalent_holm=np.nan)
                 for t in tables]
     rows = pd.concat(tables, ignore_index=True)
     shown = {c: holm(rows[c].to_numpy(dtype=float)) for c in P_COLUMNS}
+    shown.update({c: tarone_holm(rows[c].to_numpy(dtype=float), reach(rows), alpha) for c in ("p_worse", "p_better")})
     unknown = rows["higher_is_better"].isna().to_numpy()
     worse, better, inside = (shown[c] < alpha for c in ("p_worse", "p_better", "p_equivalent"))
     verdicts = np.select(
