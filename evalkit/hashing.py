@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,9 @@ def large_file_sha256(path: Path, cache: Path | None = None) -> str:
     if key not in known:
         known[key] = file_sha256(path)
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(known))
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=f".{cache.name}.")  # exclusive: no link redirects it
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(known))
         os.replace(tmp, cache)  # another process's entries may be lost; they are recomputed, never wrong
     return known[key]
 

@@ -2,13 +2,16 @@
 their way to a terminal, a record or a path: each helper makes one kind of use safe, whatever the value holds.
 
 A run folder is data, never instructions (docs/security.md): a name it records is printed with its control
-characters escaped and a file it names is opened only inside the folder. What evalkit writes holds no
-credential: a URL is recorded without its user:password, a secret variable by its name only.
+characters escaped, a file it names is opened only inside the folder and read only up to a bound
+(:func:`file_limit`). What evalkit writes holds no credential: a URL is recorded without its user:password, a
+secret variable by its name only; a file is replaced through a temporary that no planted link can redirect.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import unicodedata
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -76,3 +79,78 @@ def inside(folder: Path, name: object) -> Path:
     if not path.resolve().is_relative_to(base):
         raise OutsideFolder(f"{printable(name)} leads out of {folder} (through a link)")
     return path
+
+
+FILE_LIMIT_VARIABLE = "EVALKIT_FILE_LIMIT_GIB"
+FILE_LIMIT_GIB = 4.0  # the default: far above the files of a real run, far below a machine's memory
+
+
+class TooLarge(ValueError):
+    """A file from a run folder that would cost more than file_limit() to read (on disk, or decompressed)."""
+
+
+def file_limit() -> int:
+    """The most bytes evalkit reads from one file of a run folder (a results.json, a samples file, a divergence
+    record once decompressed): EVALKIT_FILE_LIMIT_GIB, else 4 GiB."""
+    text = os.environ.get(FILE_LIMIT_VARIABLE, "")
+    try:
+        gib = float(text) if text else FILE_LIMIT_GIB
+    except ValueError:
+        gib = FILE_LIMIT_GIB
+    return int(max(gib, 0.0) * 2**30)
+
+
+def too_large(path: Path, size: int, limit: int, how: str = "") -> TooLarge:
+    """The one-line refusal of a file of size bytes (how: "decompressed", ...) above limit."""
+    return TooLarge(f"{path} holds {size / 2**30:.3g} GiB{how}, above the {limit / 2**30:.3g} GiB evalkit reads "
+                    f"from one file of a run folder; set {FILE_LIMIT_VARIABLE} higher where you trust the run")
+
+
+def read_bounded(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of path, TooLarge where it holds more than limit (file_limit()): never more is read."""
+    limit = file_limit() if limit is None else limit
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:  # it may grow while read
+        raise too_large(path, max(size, len(data)), limit)
+    return data
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Replace path with data through a temporary file beside it, created exclusively under a random name
+    (O_CREAT | O_EXCL: a link planted at any name fails the create, never redirects the write), so readers see
+    the old file or the whole new one. The file gets the mode the umask gives, as a plain write would."""
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(8)}")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name beside {path}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def fresh_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder in parent named prefix and a random suffix (mkdir is exclusive: a planted link or folder
+    at a predictable name can neither redirect nor block it), with the mode the umask gives."""
+    for _ in range(100):
+        folder = Path(parent) / f"{prefix}{secrets.token_hex(8)}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {parent}")

@@ -107,3 +107,132 @@ def test_a_samples_file_named_out_of_the_run_folder_is_refused(tmp_path, capsys,
     assert cli.main([str(ref), str(cand)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "leads out of" in err[0] and "a run folder names only its own files" in err[0], err
+
+
+def divergence_pair(tmp_path):
+    """Two fake-engine runs that recorded their divergence, and the candidate's results.json as data."""
+    ref = fake_run(tmp_path, "a", FakeEngine(), divergence_top_k=20, dtype="float32")
+    cand = fake_run(tmp_path, "b", FakeEngine(), divergence_top_k=20, dtype="float32")
+    return ref, cand, json.loads((cand / "results.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["../../../{other}/{file}", "{absolute}"])
+def test_a_divergence_file_named_out_of_the_run_folder_is_refused(tmp_path, capsys, name):
+    """results.json naming another folder's divergence record by .. or an absolute path: compare stops in one
+    line, exit 2, and a run given it as divergence_reference fails before its engine starts."""
+    from evalkit.compare import cli
+    from evalkit.config import ConfigError
+    from evalkit.run import reference
+
+    ref, cand, data = divergence_pair(tmp_path)
+    files = data["evalkit"]["files"]["divergence"]
+    task = next(iter(files))
+    own = json.loads((ref / "results.json").read_text())["evalkit"]["files"]["divergence"][task]
+    files[task] = name.format(other=ref.relative_to(tmp_path), file=own, absolute=ref / own)
+    (cand / "results.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "divergence file" in err[0] and "leads out of" in err[0], err
+    with pytest.raises(ConfigError, match="leads out of .*a run folder names only its own files"):
+        reference.load(str(cand))
+
+
+def npz_claiming(path, shape):
+    """An npz archive of a few hundred bytes whose one array's header claims shape (float32): NumPy allocates
+    what a header claims before it reads."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("version.npy", header.getvalue() + b"\0" * 64)
+
+
+def test_a_divergence_record_that_would_decompress_past_the_bound_is_refused(tmp_path, capsys):
+    """A record whose array claims 4 TiB: compare refuses it from its header, in one line naming the bound,
+    exit 2, before any allocation (NumPy's load allocates it, or fails with a MemoryError)."""
+    from evalkit.compare import cli
+
+    ref, cand, data = divergence_pair(tmp_path)
+    for name in data["evalkit"]["files"]["divergence"].values():
+        npz_claiming(cand / name, (2**40,))
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "4.1e+03 GiB decompressed, above the 4 GiB" in err[0], err
+    assert untrusted.FILE_LIMIT_VARIABLE in err[0]
+
+
+def test_a_samples_file_past_the_bound_is_refused(tmp_path, capsys, monkeypatch):
+    """A samples file larger than EVALKIT_FILE_LIMIT_GIB (here lowered to 1 MiB; 4 GiB by default): one line,
+    exit 2, and no more than the bound is read."""
+    from evalkit.compare import cli
+
+    ref, cand = fake_run(tmp_path, "a", FakeEngine()), fake_run(tmp_path, "b", FakeEngine())
+    samples = next(cand.glob("samples_*.jsonl"))
+    with open(samples, "a") as f:
+        f.write("\n" * 2**21)
+    monkeypatch.setenv(untrusted.FILE_LIMIT_VARIABLE, str(1 / 1024))
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{samples} holds 0.00" in err[0] and "GiB, above the 0.000977 GiB" in err[0], err
+    monkeypatch.delenv(untrusted.FILE_LIMIT_VARIABLE)
+    assert untrusted.file_limit() == 4 * 2**30
+
+
+def plant_links(folder, names, victim):
+    """A link at each name in folder pointing at victim, as another user of a shared folder could plant them."""
+    for name in names:
+        (folder / name).symlink_to(victim)
+
+
+def test_writes_beside_a_run_follow_no_planted_link(tmp_path):
+    """A link planted at the temporary names a writer used to pick (its name and process id): the report and
+    the sweep's files land in the folder, the file the links point at stays as it was."""
+    import os
+
+    from evalkit.run import results
+
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    plant_links(folder, [f".tmp-{n}-{os.getpid()}" for n in ("compare.md", "point.json")], victim)
+    results.write_beside(folder, {"compare.md": "report"})
+    sweep_points.write_atomic(folder / "point.json", "{}")
+    assert victim.read_text() == "mine"
+    assert (folder / "compare.md").read_text() == "report" and (folder / "point.json").read_text() == "{}"
+    assert oct((folder / "compare.md").stat().st_mode & 0o777) == oct(0o666 & ~current_umask())
+    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == ["compare.md", "point.json"]
+
+
+def current_umask():
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_run_folder_is_built_where_no_planted_link_points(tmp_path):
+    """A link at the temporary folder name a run used to build in (run id and process id) pointing elsewhere:
+    the run is written into its own folder and nothing appears where the link points."""
+    import os
+
+    from evalkit.run import results
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    parent = tmp_path / "out" / "m"
+    parent.mkdir(parents=True)
+    plant_links(parent, [f".tmp-r1-{os.getpid()}"], elsewhere)
+    final = results.write_run(output_dir=str(tmp_path / "out"), model_name="m", run_id="r1",
+                              results={"results": {}}, records={}, config_yaml="x: 1\n",
+                              evalkit={"counts": {}})
+    assert final == parent / "r1" and (final / "config.yaml").read_text() == "x: 1\n"
+    assert list(elsewhere.iterdir()) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.run.results import sample_files
-from evalkit.untrusted import OutsideFolder
+from evalkit.untrusted import OutsideFolder, TooLarge, read_bounded
 
 
 class CompareError(ValueError):
@@ -28,8 +28,11 @@ class Run:
 
 
 def _text(file: Path) -> str:
+    """The file's text, read up to untrusted.file_limit() (a run folder may come from elsewhere)."""
     try:
-        return file.read_text(encoding="utf-8")
+        return read_bounded(file).decode("utf-8")
+    except TooLarge as error:
+        raise CompareError(str(error)) from None
     except (OSError, UnicodeDecodeError) as error:
         raise CompareError(f"{file}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
 

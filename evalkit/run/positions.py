@@ -24,16 +24,23 @@ about 8 bytes per id read after it (synthetic k = 20 rows: 1.1 ids read a positi
 +8.5 bytes; 4.8 ids, g = 10, +33 bytes). The given columns came later within version 1: a file without them
 reads as n x 0, and an evalkit that predates them reads a new file without them (its bound is then each run's
 own top-k, as before), so the version stays 1.
+
+A record comes from a run folder, perhaps another machine's: :func:`read` reads one whose arrays, decompressed,
+stay within untrusted.file_limit() (4 GiB: about 23 million positions at k = 20), and refuses a larger one
+from its arrays' headers before decompressing anything.
 """
 
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from evalkit import untrusted
 
 KINDS = ("loglikelihood", "loglikelihood_rolling", "generate_until")
 PAD = -1
@@ -185,10 +192,38 @@ def write(path: Path, positions: Positions) -> None:
         np.savez_compressed(f, version=np.asarray(VERSION), **{name: getattr(positions, name) for name in columns})
 
 
-def read(path: Path) -> Positions:
-    """A record written by :func:`write`, or by an evalkit before the given columns (n x 0 then); one line
-    naming the file where it is not one."""
+def decompressed_size(path: Path) -> int:
+    """The bytes path's arrays take decompressed, from each member's size and its array header (NumPy allocates
+    what the header says before reading); ValueError where path is no npz archive."""
+    total = 0
     try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version not in ((1, 0), (2, 0)):
+                        raise ValueError(f"{info.filename}: array format {version}, not one evalkit writes")
+                    header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                              else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = header(member)
+                total += max(info.file_size, int(np.prod(shape, dtype=object)) * dtype.itemsize)
+    except zipfile.BadZipFile as error:
+        raise ValueError(f"not an npz archive ({error})") from None
+    return total
+
+
+def read(path: Path, limit: int | None = None) -> Positions:
+    """A record written by :func:`write`, or by an evalkit before the given columns (n x 0 then); one line
+    naming the file where it is not one, or where its arrays take more than limit bytes (untrusted.file_limit())
+    decompressed."""
+    limit = untrusted.file_limit() if limit is None else limit
+    try:
+        on_disk = Path(path).stat().st_size
+        if on_disk > limit:
+            raise untrusted.too_large(path, on_disk, limit)
+        size = decompressed_size(path)
+        if size > limit:
+            raise untrusted.too_large(path, size, limit, " decompressed")
         with np.load(path, allow_pickle=False) as data:
             if int(data["version"]) != VERSION:
                 raise ValueError(f"version {int(data['version'])}, this evalkit reads {VERSION}")
@@ -198,5 +233,7 @@ def read(path: Path) -> Positions:
                 columns[name] = (data[name].astype(DTYPES[name], copy=False) if name in data.files
                                  else np.zeros((n, 0), dtype=DTYPES[name]))
             return Positions(**columns)
+    except untrusted.TooLarge:
+        raise
     except (OSError, KeyError, ValueError) as error:
         raise ValueError(f"{path} is not a readable divergence record: {error}") from None

@@ -8,7 +8,9 @@ context's token ids, never the document and position), and the harness reads the
 (``Engine.read_ids``). The ids are the reference's best first; a context the reference did not record (a
 generation after the two outputs part, a document only one run has) asks nothing.
 
-The folder is read before the engine starts, and every fault is one line naming it (a ConfigError).
+The folder is read before the engine starts, and every fault is one line naming it (a ConfigError): the
+folder may come from another machine, so a file it names is read only inside it and within
+untrusted.file_limit().
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from evalkit.config import ConfigError
 from evalkit.contracts import ScoreRequest
 from evalkit.run import positions
+from evalkit.untrusted import OutsideFolder, TooLarge, inside, printable, read_bounded
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,12 @@ class Reference:
 def _results(folder: Path) -> dict[str, Any]:
     where = folder / "results.json"
     try:
-        return json.loads(where.read_text(encoding="utf-8"))
+        return json.loads(read_bounded(where).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"divergence_reference={folder}: no results.json there; name a run folder "
                           "(result/<model>/<run id>)") from None
+    except TooLarge as error:
+        raise ConfigError(f"divergence_reference={folder}: {error}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ConfigError(f"divergence_reference={folder}: its results.json cannot be read ({error})") from None
 
@@ -68,9 +73,12 @@ def load(path: str) -> Reference:
     ks = []
     for task, name in sorted(names.items()):
         try:
-            rows = positions.read(folder / str(name))
+            rows = positions.read(inside(folder, name))
+        except OutsideFolder as error:
+            raise ConfigError(f"divergence_reference={folder}: task {printable(task)}'s divergence file {error}; "
+                              "a run folder names only its own files") from None
         except ValueError as error:
-            raise ConfigError(f"divergence_reference: task {task}: {error}") from None
+            raise ConfigError(f"divergence_reference: task {printable(task)}: {error}") from None
         ks.append(rows.k)
         for key, ids in zip(rows.context.tolist(), rows.top_ids.tolist()):
             top.setdefault(key, tuple(t for t in ids if t != positions.PAD))

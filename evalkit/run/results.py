@@ -1,8 +1,8 @@
 """Writes a run's files under ``result/<model_name>/<run id>/``; nothing else writes there.
 
-A run folder is built under a hidden temporary name and renamed into place once complete, so a crash
-leaves no half-written run and one run never overwrites another. The files (see README, "Results"), named
-and laid out as lm-eval's EvaluationTracker writes them, so lm-eval's own tools read them:
+A run folder is built under a hidden temporary name (random, created exclusively) and renamed into place once
+complete, so a crash leaves no half-written run and one run never overwrites another. The files (see README,
+"Results"), named and laid out as lm-eval's EvaluationTracker writes them, so lm-eval's own tools read them:
 
 * ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`);
   ``results_<date>.json`` is a link to it, under lm-eval's name
@@ -29,7 +29,7 @@ import pandas as pd
 from evalkit.config import ConfigError
 from evalkit.contracts import RequestRecord
 from evalkit.run import positions, recording
-from evalkit.untrusted import inside
+from evalkit.untrusted import fresh_folder, inside, write_atomic
 
 
 class OutputError(ConfigError):
@@ -241,9 +241,13 @@ def write_run(
     traces (TraceLog.summary), whose top_k > 0 writes the divergence record from the records' traces."""
     parent = Path(output_dir) / model_name
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".tmp-{run_id}-{os.getpid()}"
     try:
-        tmp.mkdir()
+        tmp = fresh_folder(parent, f".tmp-{run_id}-")
+    except OSError as error:
+        raise OutputError(f"could not write the run into {parent} ({error.strerror or error}); free space or pass "
+                          "output_dir= a writable folder, then rerun: the answers computed so far are kept in "
+                          "the request store") from error
+    try:
         date_id = lm_eval_date_id()
         samples = results.get("samples") or {}
         top_k = (divergence or {}).get("top_k", 0)
@@ -292,19 +296,10 @@ def _publish(tmp: Path, parent: Path, run_id: str) -> Path:
 
 
 def write_beside(run_dir: Path, files: dict[str, str]) -> list[Path]:
-    """Add files to an existing run folder (a comparison report), each written atomically."""
-    written = []
-    for name, text in files.items():
-        final = Path(run_dir) / name
-        tmp = final.with_name(f".tmp-{name}-{os.getpid()}")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, final)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # nothing half-written left in the run folder
-            raise
-        written.append(final)
-    return written
+    """Add files to an existing run folder (a comparison report), each written atomically through a temporary
+    created exclusively (untrusted.write_atomic): nothing half-written is left, and no link planted in the
+    folder redirects a write."""
+    return [write_atomic(Path(run_dir) / name, text) for name, text in files.items()]
 
 
 def attach_log(run_dir: Path, log_path: Path, name: str = "engine.log") -> Path:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from evalkit import untrusted
 from evalkit.store.replay import described_here, machine_here, plain  # noqa: F401 (the sweep's names for them)
 from evalkit.untrusted import printable, scrubbed
 
@@ -53,16 +53,11 @@ def now_iso() -> str:
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
-    """Write one file of the sweep folder through a temporary name and a rename: readers never see half a file."""
+    """Write one file of the sweep folder through a temporary created exclusively and a rename
+    (untrusted.write_atomic): readers never see half a file, and no link planted in the folder redirects it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return untrusted.write_atomic(path, data)
 
 
 def write_point(folder: Path, record: PointRecord) -> None:

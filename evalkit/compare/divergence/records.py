@@ -25,6 +25,7 @@ import numpy as np
 from evalkit.compare.runs import CompareError, Run
 from evalkit.run import positions
 from evalkit.run.positions import PAD, Positions
+from evalkit.untrusted import OutsideFolder, TooLarge, inside
 
 HOW = "run it with divergence_top_k=20 to record one"
 
@@ -66,7 +67,8 @@ def _reference(section: dict[str, Any]) -> dict[str, str]:
 
 def read_run(run: Run) -> Recorded:
     """The records results.json names in ``evalkit.files.divergence``; a run that names none is missing them
-    (one line saying so), a named file that cannot be read is a CompareError (a damaged run: exit 2)."""
+    (one line saying so), a named file that cannot be read, leads out of the folder or is larger than
+    untrusted.file_limit() is a CompareError (a damaged run: exit 2)."""
     section = run.results.get("evalkit") or {}
     names = (section.get("files") or {}).get("divergence")
     if not names:
@@ -76,7 +78,12 @@ def read_run(run: Run) -> Recorded:
     tasks = {}
     for task, name in names.items():
         try:
-            tasks[task] = positions.read(run.path / str(name))
+            tasks[task] = positions.read(inside(run.path, name))
+        except OutsideFolder as error:
+            raise CompareError(f"{run.path / 'results.json'}: divergence file {error}; a run folder names only its "
+                               "own files") from None
+        except TooLarge as error:
+            raise CompareError(str(error)) from None
         except ValueError as error:
             raise CompareError(f"{error}; a damaged run: copy it again or rerun") from None
     return Recorded(run.name, tasks, run_id=str(section.get("run_id") or ""), **_reference(section))
