@@ -189,11 +189,11 @@ def score_requests(engine):
 
 @pytest.fixture(scope="session")
 def slurm():
-    """A real one-node Slurm on loopback (tests/slurm/local_slurm.py), started once; its tests are skipped with
+    """A real one-node Slurm on loopback (tests/clusters/local_slurm.py), started once; its tests are skipped with
     one line where Slurm is not installed."""
     import shutil
 
-    from tests.slurm.local_slurm import LocalSlurm, missing
+    from tests.clusters.local_slurm import LocalSlurm, missing
 
     why = missing()
     if why:

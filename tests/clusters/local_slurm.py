@@ -9,10 +9,11 @@ that folder is touched: Slurm's commands find the cluster through ``SLURM_CONF``
 :meth:`LocalSlurm.stop` cancels every job, stops the daemons and any ``slurmstepd`` of its jobs, and checks that
 none is left.
 
-Install (Debian, Ubuntu): ``apt-get install slurm-wlm slurmdbd munge mariadb-server``. slurmd runs jobs as
+Credentials expire after 10 s (``cred_expire``; Slurm's default is 120 s), which is how long a requeued job waits
+before it may start again. Install (Debian, Ubuntu): ``apt-get install slurm-wlm slurmdbd munge mariadb-server``. slurmd runs jobs as
 their user, so this runs as root.
 
-    .venv/bin/python -m tests.slurm.local_slurm -- sinfo     # start it, run a command against it, stop it
+    .venv/bin/python -m tests.clusters.local_slurm -- sinfo     # start it, run a command against it, stop it
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={state}/munge.socket
+AuthInfo=socket={state}/munge.socket,cred_expire=10
 StateSaveLocation={state}/ctld
 SlurmdSpoolDir={state}/slurmd
 SlurmctldPidFile={state}/slurmctld.pid
