@@ -156,3 +156,37 @@ def test_noise_exits_as_its_comparison_does(tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "rerun with log_samples=true" in captured.err and "noise pair:" in captured.out
     assert code == 2
+
+
+@pytest.mark.parametrize("tasks, default, verdicts", [
+    ({"t": (3, 0, 20)}, 0, {"inconclusive"}),  # 3 of 20 documents lost: no evidence either way
+    ({f"t{i}": (4, 0, 100) for i in range(5)}, 0, {"inconclusive"}),  # 20 points lost over five rows
+    ({"t": (0, 0, 400)}, 0, {"equivalent"}),
+    ({"t": (0, 40, 400)}, 0, {"better"}),
+    ({"t": (40, 0, 200)}, 1, {"worse"}),
+])
+def test_require_equivalent_fails_unless_every_row_is_shown_inside_or_better(tmp_path, capsys, tasks, default,
+                                                                             verdicts):
+    """`inconclusive` exits 0 by default; --require equivalent exits 1 unless every row is `equivalent` (or
+    `lower`/`higher`, shown inside too) or `better`."""
+    ref, cand = hand_pair(tmp_path, tasks)
+    table, _ = paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand))
+    assert set(table.verdict) == verdicts
+    assert cli.main([str(ref), str(cand)]) == default
+    required = int(not verdicts <= {"equivalent", "better"})
+    assert cli.main([str(ref), str(cand), "--require", "equivalent"]) == required
+
+
+@pytest.mark.parametrize("b, n", [(0, 20), (0, 149), (3, 100), (0, 2000)])
+def test_each_row_states_the_smallest_drop_it_could_show(tmp_path, b, n):
+    """mde: the tolerance plus the interval's upper half-width, in the table, the report and the page; a drop of
+    it would have been `worse` alone, and it shrinks with the documents (about 0.02 + 0.0199 at 149 unflipped)."""
+    ref, cand, row = row_of(tmp_path, b, 0, n)
+    assert row.mde == pytest.approx(row.tolerance + row.ci_high - row.diff)
+    code, out, _ = compare(ref, cand, "--output", tmp_path / "out")
+    header = next(line for line in out.splitlines() if line.startswith("| task "))
+    assert "mde" in header and f"{row.mde:.4g}" in out
+    page = next((tmp_path / "out").glob("*.html")).read_text()
+    assert ">mde<" in page
+    if n == 149:
+        assert row.mde == pytest.approx(0.0399, abs=2e-4)

@@ -49,9 +49,10 @@ examples:
   python -m evalkit.compare REF CAND --noise REF_AGAIN     (REF_AGAIN: python -m evalkit.compare.noise)
 
 exit codes:
-  0  no row of any candidate is worse or changed (inconclusive rows exit 0 too: read the verdicts), and with
-     --noise no candidate's divergence is beyond noise
-  1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha; or,
+  0  no row of any candidate is worse or changed (inconclusive rows exit 0 too, unless --require equivalent:
+     read the verdicts and each row's mde), and with --noise no candidate's divergence is beyond noise
+  1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha; with
+     --require equivalent, a row not shown inside its tolerance or better; or,
      with --noise, a candidate's divergence is beyond noise at --divergence-alpha
   2  unusable input: a run missing, unreadable, truncated or damaged, runs not like-for-like (other tasks,
      versions, documents, prompts or targets), a per-document value null, NaN or infinite, a metric one run
@@ -113,6 +114,10 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="family-wise false-alarm rate: the chance that a candidate with no change beyond the "
                              "tolerance anywhere fails (exit 1), Holm over every row compared (default 0.05)")
+    parser.add_argument("--require", choices=["equivalent"],
+                        help="equivalent: also fail (exit 1) unless every row is shown inside its tolerance "
+                             "(equivalent, lower, higher) or better; an inconclusive row fails (default: only a row "
+                             "shown worse fails)")
     parser.add_argument("--iterations", type=int, default=10_000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--output", metavar="DIR",
@@ -163,10 +168,11 @@ def divergences(args: Any, reference: Run, candidates: list[Run],
     return [replace(d, verdict=next(tested)) if d.verdict else d for d in found]
 
 
-def exit_code(tables: list[pd.DataFrame], found: list[between.Divergence]) -> int:
-    """2 where a divergence verdict is unusable, else 1 where a row fails or a divergence is beyond noise."""
+def exit_code(tables: list[pd.DataFrame], found: list[between.Divergence], require: str | None = None) -> int:
+    """2 where a divergence verdict is unusable, else 1 where a row fails (verdict.gate, with --require) or a
+    divergence is beyond noise."""
     labels = {d.verdict.label for d in found if d.verdict}
-    return 2 if "unusable" in labels else max(verdict.gate(tables), int("beyond noise" in labels))
+    return 2 if "unusable" in labels else max(verdict.gate(tables, require), int("beyond noise" in labels))
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare") -> int:
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare")
         compared = compare_family(reference, candidates, tolerance=tolerances, confidence=confidence,
                                   iterations=args.iterations, seed=args.seed)  # one family: every candidate's rows
         tables = [table for table, _ in compared]
-        code = exit_code(tables, found)
+        code = exit_code(tables, found, args.require)
         for candidate, table, (_, details), d in zip(candidates, tables, compared, found):
             text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
                                    confidence=confidence, noise=noise, why=why.get(candidate.path),

@@ -209,7 +209,7 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
         raise CompareError(f"{candidate.name}: no metric could be compared with {reference.name} ("
                            + ("; ".join(f"{r['task']}/{r['metric']}: {r['note']}" for r in rows[:3]) or "no metric scored")
                            + "); a comparison of no row shows nothing")
-    (table,) = verdict.decide([pd.DataFrame(rows, columns=ROW_COLUMNS[:-3])], 1.0 - confidence)
+    (table,) = verdict.decide([pd.DataFrame(rows, columns=ROW_COLUMNS[:-4])], 1.0 - confidence)
     return table[ROW_COLUMNS], details
 
 
@@ -231,4 +231,4 @@ def compare_family(reference: Run, candidates: list[Run], *, tolerance: float | 
 ROW_COLUMNS = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high", "tolerance",
                "relative", "higher_is_better", "mcnemar_b", "mcnemar_c", "mcnemar_p", "method", "p_worse", "p_better",
                "p_equivalent", "p_lower", "p_higher", "p_floor", "changed", "note", "p_worse_holm", "p_equivalent_holm",
-               "verdict"]
+               "mde", "verdict"]

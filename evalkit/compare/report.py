@@ -56,7 +56,7 @@ def with_noise(table: pd.DataFrame, noise: pd.DataFrame | None) -> pd.DataFrame:
 
 
 SHOWN = ["task", "filter", "metric", "n", "reference", "candidate", "diff", "ci_low", "ci_high", "tolerance",
-         "mcnemar_b", "mcnemar_c", "p_worse_holm", "p_equivalent_holm", "method", "verdict"]
+         "mcnemar_b", "mcnemar_c", "p_worse_holm", "p_equivalent_holm", "mde", "method", "verdict"]
 
 
 def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: int | None = None,
@@ -67,7 +67,9 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
     over = f"{family} rows" + (f" of {comparisons} comparisons" if comparisons > 1 else "")
     lines = [f"- exit code 1 when any row is `worse` (or `changed`, direction unknown): verdicts are Holm-adjusted "
              f"over all {over}, so a candidate with no change beyond the tolerance fails with probability at most "
-             f"{alpha:g} (family-wise); `p_worse_holm`, `p_equivalent_holm`: the adjusted p-values",
+             f"{alpha:g} (family-wise); `p_worse_holm`, `p_equivalent_holm`: the adjusted p-values; `mde`: the "
+             "smallest drop each row could have shown `worse` at its size (its tolerance plus its interval's upper "
+             "half-width), so a passing gate says how much it could see",
              f"- tolerance per row (`tolerance`): ±{tolerance} absolute for 0-1 metrics, relative (a fraction of the "
              "reference's score; `diff` is then (candidate − reference) / |reference|, the sign of the difference whatever the sign of the score) for unbounded ones, as `--tolerance-for` "
              "sets them; `diff` is candidate − reference, negated where lower is better, so positive means better "

@@ -20,7 +20,7 @@ from evalkit.compare.why import Localisation
 
 INSIDE = ("equivalent", "lower", "higher")  # shown inside the tolerance
 STATISTICS = ["task", "filter", "metric", "tolerance", "method", "mcnemar_b", "mcnemar_c", "p_worse_holm",
-              "p_equivalent_holm", "noise_diff", "noise_b", "noise_c", "note"]
+              "p_equivalent_holm", "mde", "noise_diff", "noise_b", "noise_c", "note"]
 
 
 def _rows(k: int, m: int) -> str:

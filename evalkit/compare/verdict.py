@@ -134,7 +134,7 @@ def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
     alpha, so rows where no document changed (a copy of the reference beside a candidate) cost nothing; the
     other claims by Holm over every row (no change is evidence of equivalence)."""
     if not tables or all(t.empty for t in tables):
-        return [t.assign(verdict=pd.Series(dtype=object), p_worse_holm=np.nan, p_equivalent_holm=np.nan)
+        return [t.assign(verdict=pd.Series(dtype=object), p_worse_holm=np.nan, p_equivalent_holm=np.nan, mde=np.nan)
                 for t in tables]
     rows = pd.concat(tables, ignore_index=True)
     shown = {c: holm(rows[c].to_numpy(dtype=float)) for c in P_COLUMNS}
@@ -146,6 +146,7 @@ def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
          inside], ["changed", "worse", "better", "lower", "higher", "equivalent"], default="inconclusive")
     rows = rows.assign(verdict=verdicts, p_worse_holm=shown["p_worse"], p_equivalent_holm=shown["p_equivalent"])
     rows["note"] = resolution_notes(rows, alpha)
+    rows["mde"] = detectable(rows)
     bounds = np.cumsum([0] + [len(t) for t in tables])
     return [rows.iloc[a:b].reset_index(drop=True) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -164,6 +165,21 @@ def resolution_notes(rows: pd.DataFrame, alpha: float) -> list[str]:
     return out
 
 
-def gate(tables: list[pd.DataFrame]) -> int:
-    """The exit code: 1 when any row's verdict fails (decide() made it family-wise), else 0."""
+SHOWN_INSIDE = ("equivalent", "lower", "higher", "better")  # what --require equivalent accepts of every row
+
+
+def gate(tables: list[pd.DataFrame], require: str | None = None) -> int:
+    """The exit code: 1 when any row's verdict fails (decide() made it family-wise), or with require="equivalent"
+    when any row is not shown inside its tolerance or better (an `inconclusive` row included), else 0."""
+    if require == "equivalent" and not all(t["verdict"].isin(SHOWN_INSIDE).all() for t in tables):
+        return 1
     return int(any(t["verdict"].isin(FAILING).any() for t in tables))
+
+
+def detectable(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's minimum detectable effect: the smallest drop (on the row's scale, oriented) its observed
+    difference would have needed for the row's own test to show it `worse`: the tolerance plus the distance from
+    diff to the interval's upper limit (ci_high - diff; the interval's shape taken as it is here). NaN where the
+    interval is not finite (no test could show anything)."""
+    reach = rows["tolerance"].astype(float) + rows["ci_high"].astype(float) - rows["diff"].astype(float)
+    return np.where(np.isfinite(reach), reach, np.nan)
