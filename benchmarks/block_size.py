@@ -8,7 +8,7 @@ block size, each task evaluated in process on it (float32, eager, every core bou
 
 Prints seconds per task and block size, and the largest |Δ log-likelihood| and changed is_greedy against the
 first block size listed (the answers must not move beyond batch noise).
-Run: .venv/bin/python benchmarks/block_size.py [--sizes 128,32,16] [--limit N]
+Run: .venv/bin/python -m benchmarks.block_size [--sizes 128,32,16] [--limit N]
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from benchmarks.common.evalkit_side import environment_restored
+from benchmarks.common.table import answers
 
-from _evalkit_side import environment_restored  # noqa: E402
-from _report import answers  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 TASKS = ["evalkit_bench_short_mc", "evalkit_bench_mc", "evalkit_arith"]
 

@@ -14,13 +14,12 @@ Prints one table with each way's requests, prompts, prompt tokens the server com
 tokens less those its prefix cache held) and rows of prompt log-probabilities, and the seconds per request, per
 prompt, per computed token and per prompt row that a non-negative least-squares fit over the medians finds (the constants
 ``chaining_pays`` uses). A warm-up of each way runs first and is not counted (vLLM's first reads of a shape).
-Run: .venv/bin/python benchmarks/chain_cost.py [--repeats 3]
+Run: .venv/bin/python -m benchmarks.chain_cost [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -29,27 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-
-from served import EMBEDDED, SETTINGS, reset_prefix_cache  # noqa: E402
+from benchmarks.common import EMBEDDED
+from benchmarks.common.served_side import SETTINGS, num_mc, reset_prefix_cache
 
 # (questions, context tokens, choices a question, tokens a choice); "num_mc": evalkit_bench_num_mc's first 30 docs
 SHAPES = ["num_mc", (30, 15, 4, 6), (30, 15, 4, 1), (30, 15, 4, 3), (30, 60, 4, 6), (10, 250, 4, 6), (10, 250, 4, 1)]
-NUM_MC = ROOT / "benchmarks" / "tasks" / "evalkit_bench_num_mc" / "test.jsonl"
-
-
-def num_mc(served, docs: int = 30) -> list:
-    """evalkit_bench_num_mc's continuations as its task writes them ("Question: ...\\nAnswer:", " <choice>")."""
-    from evalkit.contracts import ScoreRequest
-
-    requests = []
-    for line in NUM_MC.read_text().splitlines()[:docs]:
-        doc = json.loads(line)
-        context = tuple(served.encode(f"Question: {doc['question']}\nAnswer:", True))
-        requests += [ScoreRequest(ids=context + tuple(served.encode(f" {c}", False)), start=len(context))
-                     for c in doc["choices"]]
-    return requests
 
 
 def shaped(questions: int, context: int, choices: int, length: int, seed: int) -> list:

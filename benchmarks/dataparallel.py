@@ -2,7 +2,7 @@
 
 Prints, per size, the wall time of `python -m evalkit`, the try's stages from results.json (engine start,
 evaluate) and the engine time per request kind, and whether the scores are those of the first size. Run:
-.venv/bin/python benchmarks/dataparallel.py [sizes=1,2] [key=value ...] (the default run of 220 requests:
+.venv/bin/python -m benchmarks.dataparallel [sizes=1,2] [key=value ...] (the default run of 220 requests:
 about 4 minutes on 2 CPU cores). On a CPU machine every size shares the same cores, which evalkit splits
 between the engines; the first row, one engine bound to one core, is what each engine gets there, as each
 gets one GPU on a GPU machine.

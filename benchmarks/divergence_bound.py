@@ -21,7 +21,7 @@ is above the exact value beyond float error, prints the captured share (mean bou
 positions and over continuation tokens alone, the bytes per position of a float32 log-probability + int32 id
 layout, and the verdict against noise with the exact KL and with the bound at each k (with how well each k keeps
 the documents' order by divergence: the rank correlation of per-document bound and exact KLD).
-Run: .venv/bin/python benchmarks/divergence_bound.py [--documents 20] [--scale 0.2] [--layer 15] [--threads 1]
+Run: .venv/bin/python -m benchmarks.divergence_bound [--documents 20] [--scale 0.2] [--layer 15] [--threads 1]
 """
 
 from __future__ import annotations
@@ -35,12 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from evalkit.compare.divergence import (document_divergence, measure, noise_verdict, summarize,  # noqa: E402
-                                        top_entries)
-from evalkit.compare.divergence.sides import PAD  # noqa: E402
+from benchmarks.common import ROOT
+from evalkit.compare.divergence import document_divergence, measure, noise_verdict, summarize, top_entries
+from evalkit.compare.divergence.sides import PAD
 
 MODEL = Path(os.path.expanduser("~/.cache/evalkit/smollm2-135m-instruct"))
 KS = (5, 10, 20, 50, 100)

@@ -16,7 +16,7 @@ Per task it prints the positions recorded, the run's seconds without the record 
 ``evalkit.divergence.max_score_gap``: the trace and the scores come from separate reads). Below the table, the
 reads each task's traces sent (results.json ``evalkit.scoring``'s ``trace_*`` counts: evalkit/engine/vllm/trace.py).
 The issue's target is at most +30 %.
-Run: .venv/bin/python benchmarks/divergence_cost.py [--limit 30] [--repeats 2] [--k 20] [--tasks a,b] [key=value ...]
+Run: .venv/bin/python -m benchmarks.divergence_cost [--limit 30] [--repeats 2] [--k 20] [--tasks a,b] [key=value ...]
 """
 
 from __future__ import annotations
@@ -29,15 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from benchmarks.common import EMBEDDED
+from benchmarks.common.evalkit_side import OFFLINE_SETTINGS, environment_restored, warm_up
 
-from _evalkit_side import environment_restored, warm_up  # noqa: E402
-
-EMBEDDED = "embedded://smollm2-135m-instruct"
 TASKS = ["evalkit_arith", "evalkit_facts", "evalkit_bench_mc", "evalkit_bench_num_mc", "evalkit_bench_fewshot_gen"]
-SETTINGS = ["dtype=float32", "gpu_memory_utilization=0.25", "+engine_kwargs.enforce_eager=true",
-            f"tasks_dirs=[{ROOT / 'benchmarks' / 'tasks'}]"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -86,7 +81,7 @@ def measure(tasks: list[str], args: argparse.Namespace) -> dict[str, dict[int, l
     from evalkit.engine.vllm.start import start_vllm
 
     model_dir = resolve_model_path(EMBEDDED)
-    base = [f"vllm_path={model_dir}", f"limit={args.limit}", *SETTINGS, *args.overrides]
+    base = [f"vllm_path={model_dir}", f"limit={args.limit}", *OFFLINE_SETTINGS, *args.overrides]
     found: dict[str, dict[int, list[dict[str, Any]]]] = {task: {0: [], args.k: []} for task in tasks}
     with environment_restored(), tempfile.TemporaryDirectory() as tmp:
         engine = start_vllm(compose_config(base), model_dir, sole_engine=True)

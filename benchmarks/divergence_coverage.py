@@ -13,7 +13,7 @@ Prints, per number of documents: the coverage of the 95 % intervals of Mean KLD 
 document bootstrap of log R; for comparison a t interval on R, one on log R, and a 1,000-resample percentile
 document bootstrap), Same top p and Mean Δp;
 then the verdict's false-alarm rate (must be at or under alpha, ± its Monte Carlo standard error) and its power.
-Run: .venv/bin/python benchmarks/divergence_coverage.py [--reps 600] [--sizes 10,40,200] [--seed 0]
+Run: .venv/bin/python -m benchmarks.divergence_coverage [--reps 600] [--sizes 10,40,200] [--seed 0]
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy.stats import norm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evalkit.compare.divergence import Positions, noise_verdict, summarize  # noqa: E402
-from evalkit.compare.divergence.stats import ratio_estimate  # noqa: E402
+from evalkit.compare.divergence import Positions, noise_verdict, summarize
+from evalkit.compare.divergence.stats import ratio_estimate
 
 MEAN_LENGTH, SIGMA_DOC, PHI = 25, 0.7, 0.7
 MU, TAU, SIGMA_RUN = math.log(1e-3), 1.0, 0.8

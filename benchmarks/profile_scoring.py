@@ -6,7 +6,7 @@ The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so one p
 start and close are left out (they sit outside ``evaluate``). Needs py-spy (``pip install py-spy``; not a
 dependency of evalkit). Samples are of the Python main thread: time inside a torch operator counts for the Python
 frame that called it.
-Run: .venv/bin/python benchmarks/profile_scoring.py [--task evalkit_bench_short_mc] [--rate 50]
+Run: .venv/bin/python -m benchmarks.profile_scoring [--task evalkit_bench_short_mc] [--rate 50]
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ def share_of(frames: list[str]) -> str:
 def child(task: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-    sys.path.insert(0, str(ROOT))
     from evalkit.config import compose_config
     from evalkit.engine.machine.preflight import resolve_model_path
     from evalkit.engine.vllm.start import start_vllm
@@ -72,8 +71,8 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "profile.txt"
         done = subprocess.run([spy, "record", "--format", "raw", "-r", str(options.rate), "-o", str(raw), "--",
-                               sys.executable, __file__, "--child", "--task", options.task],
-                              capture_output=True, text=True)
+                               sys.executable, "-m", "benchmarks.profile_scoring", "--child", "--task", options.task],
+                              capture_output=True, text=True, cwd=ROOT)
         if done.returncode != 0:
             sys.exit(f"py-spy failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
         counts: Counter[str] = Counter()

@@ -8,7 +8,7 @@ prompt tokens sent in different shapes, each timed twice with the prefix cache r
 * ``prompt_logprobs`` 1 against 5 (top entries per row), and ``flat_logprobs`` on (evalkit's) or off.
 
 Prompts are random token ids (the forward's cost does not depend on which tokens). Prints one table.
-Run: .venv/bin/python benchmarks/request_shape.py [--requests 200] [--tokens 60]
+Run: .venv/bin/python -m benchmarks.request_shape [--requests 200] [--tokens 60]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
 
 
 def timed(llm, prompts: list[list[int]], params, one_by_one: bool) -> float:

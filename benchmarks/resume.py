@@ -1,7 +1,7 @@
 """What a resumed run saves: the default run killed half-way (SIGKILL), then the same command again.
 
 Prints the wall time of an uninterrupted run, of the run until it was killed, and of the resumed run,
-with the requests the resumed run reused and computed. Run: .venv/bin/python benchmarks/resume.py
+with the requests the resumed run reused and computed. Run: .venv/bin/python -m benchmarks.resume
 (about 6 minutes on 2 CPU cores; extra `key=value` arguments go to every run).
 """
 

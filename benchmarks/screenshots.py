@@ -7,7 +7,7 @@ scaled x1.3 (as tests/test_locate_engine.py makes it), so answers flip on any pr
 both models (point 0 the model, point 1 the perturbed copy) on 20 documents of each default task: its sweep
 report and its compare page; then ``python -m evalkit.compare POINT0 POINT1 --locate``.
 
-Run: .venv/bin/python benchmarks/screenshots.py [--work DIR] [--out docs]
+Run: .venv/bin/python -m benchmarks.screenshots [--work DIR] [--out docs]
 (about 6 minutes on 2 CPU cores; a --work folder that already holds the runs only remakes the pages and the
 screenshots). Needs Chromium (Debian: apt-get install chromium); without it, the runs and pages are made and
 the screenshots skipped with one line.

@@ -39,14 +39,13 @@ benchmarks/tasks/, issue 31).
 Two more tables (issue 31): the generation task's seconds against ``endpoint.max_concurrency`` on the same server,
 and the start of each client in a fresh process (imports, tokenizer, evalkit's probe; lm-eval's model init).
 
-Run: .venv/bin/python benchmarks/served.py [--limit N] [--repeats 3] [--lm-eval-settings 8x8,32x1,...]
+Run: .venv/bin/python -m benchmarks.served [--limit N] [--repeats 3] [--lm-eval-settings 8x8,32x1,...]
      [--out benchmarks/served.md]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -55,69 +54,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from benchmarks.common import EMBEDDED, ROOT
+from benchmarks.common.evalkit_side import environment_restored
+from benchmarks.common.served_side import SETTINGS, evalkit_task, lm_eval_task, reset_prefix_cache
+from benchmarks.common.table import primary_metric
 
-from _evalkit_side import environment_restored  # noqa: E402
-from _report import answers, primary_metric  # noqa: E402
-
-EMBEDDED = "embedded://smollm2-135m-instruct"
-BENCH_TASKS = ROOT / "benchmarks" / "tasks"
 TASKS = ["evalkit_facts", "evalkit_bench_mc", "evalkit_arith", "evalkit_bench_num_mc", "evalkit_bench_fewshot_gen"]
 LM_EVAL_SETTINGS = ["8x8", "32x1", "32x8", "64x16"]  # local-completions' num_concurrent x batch_size, tried on each task
 CONCURRENCY = [1, 4, 16, 256]  # endpoint.max_concurrency values timed on the generation task
-# the same work on both sides: lm-eval records no token-level divergence, so neither does evalkit here (a run's
-# default records it: +26 % on vLLM offline, docs/divergence.md "What recording costs"; served, its traced scores
-# read whole prompts with prompt_logprobs=20 instead of chaining, docs/served.md)
-SETTINGS = ["+engine_kwargs.enforce_eager=true", f"tasks_dirs=[{BENCH_TASKS}]", "resume=false", "divergence_top_k=0"]
 SIDES = ("evalkit served", "lm-eval local-completions", "evalkit offline")
-
-
-def evalkit_task(cfg_args: list[str], engine: Any, task: str) -> tuple[float, dict[str, Any], list, list]:
-    """(seconds, results of task, log-likelihoods, generations) of one evalkit run of task on engine."""
-    from evalkit.config import compose_config
-    from evalkit.engine.wrapper import Lent
-    from evalkit.run.evaluate import evaluate
-    from evalkit.run.results import read_samples
-
-    started = time.perf_counter()
-    run_dir = evaluate(compose_config([*cfg_args, f"tasks=[{task}]"]), engine_factory=lambda c, d: Lent(engine))
-    seconds = time.perf_counter() - started
-    results = json.loads((run_dir / "results.json").read_text())["results"][task]
-    return (seconds, results, *answers(read_samples(run_dir, task)))
-
-
-def lm_eval_task(server_url: str, model: str, model_dir: str, task: str, limit: int,
-                 concurrent: int = 8, batch_size: int = 8) -> tuple[float, dict, list, list]:
-    """The same for lm-eval's local-completions on the server: concurrent requests in flight, batch_size prompts
-    in each."""
-    from lm_eval import simple_evaluate
-    from lm_eval.api.registry import get_model
-    from lm_eval.loggers import EvaluationTracker
-
-    from evalkit.harness.tasks import load_tasks
-
-    args = {"model": model, "base_url": f"{server_url}/completions", "tokenizer_backend": "huggingface",
-            "tokenizer": model_dir, "tokenized_requests": True, "num_concurrent": concurrent, "max_retries": 3,
-            "max_length": 4096}
-    # the client is built before the clock (its tokenizer loaded), as evalkit's engine is started before its own;
-    # the tasks are loaded inside it, and the results and samples written as lm-eval's CLI writes them with
-    # --output_path --log_samples, as evalkit's evaluate() loads its tasks and writes its run folder inside its clock
-    client = get_model("local-completions").create_from_arg_obj(args, {"batch_size": batch_size,
-                                                                      "max_batch_size": None, "device": None})
-    with tempfile.TemporaryDirectory() as out:
-        started = time.perf_counter()
-        tracker = EvaluationTracker(output_path=out)
-        manager, built = load_tasks([task], task_data={}, extra_dirs=[str(BENCH_TASKS)])
-        outcome = simple_evaluate(model=client, tasks=built, task_manager=manager, limit=limit, log_samples=True,
-                                  bootstrap_iters=0, evaluation_tracker=tracker)
-        samples = outcome.pop("samples")
-        tracker.save_results_aggregated(results=outcome, samples=samples)
-        for name in outcome["configs"]:
-            tracker.save_results_samples(task_name=name, samples=samples[name])
-        seconds = time.perf_counter() - started
-    outcome["samples"] = samples
-    return (seconds, outcome["results"][task], *answers(outcome["samples"][task]))
 
 
 EVALKIT_START = """import sys, time
@@ -168,14 +113,6 @@ def start_times(url: str, model: str, model_dir: str, tries: int = 3) -> list[li
              f"{fast[0]} / {fast[1]} / {fast[2]}", f"{fast[3]} / {middle[0]:.2f}", f"vllm {fast[4]}, torch {fast[5]}"],
             ["lm-eval local-completions: import / model init", f"{slow[0]} / {slow[1]}", f"{slow[2]} / {middle[1]:.2f}",
              f"vllm {slow[3]}, torch {slow[4]}"]]
-
-
-def reset_prefix_cache(root: str) -> None:
-    """Empty the server's prefix cache (a development endpoint, VLLM_SERVER_DEV_MODE=1)."""
-    import urllib.request
-
-    with urllib.request.urlopen(urllib.request.Request(f"{root}/reset_prefix_cache", method="POST"), timeout=60):
-        pass
 
 
 def server_counts(root: str) -> dict[str, float]:
@@ -330,7 +267,7 @@ def main(argv: list[str]) -> None:
     total = {s: sum(statistics.median(r[0] for r in found[t]["runs"][s]) for t in found) for s in SIDES}
     rows.append(["**all tasks**: seconds, sum of the medians", *(f"{total[s]:.1f}" for s in SIDES)])
     rows.append(["server start (evalkit's endpoint.serve, probe included), s", f"{server_start:.1f}", "", ""])
-    text = "\n".join([f"- command: python benchmarks/served.py {' '.join(argv)}",
+    text = "\n".join([f"- command: python -m benchmarks.served {' '.join(argv)}",
                       f"- machine: {os.cpu_count()} cores; load average at start {load[0]:.2f} {load[1]:.2f} "
                       f"{load[2]:.2f}, at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
                       f"- server: {served.describe()['deployment']}", "",

@@ -17,7 +17,7 @@ Methods and the documents each is given (tolerance 0.02, alpha 0.05, one row):
 * ``delta`` (perplexity-family): per-document (log-likelihood, words), the candidate's log-likelihood per word
   off by the log of 1.02 (a 2 % rise in perplexity) plus Normal(0, 0.01) noise; power: 4 %.
 
-Printed, not asserted. Run: python benchmarks/small_samples.py [--trials 400] [--seed 0] [--sizes 2,3,5,...]
+Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 400] [--seed 0] [--sizes 2,3,5,...]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ requests, the prompt tokens sent, the tokens vLLM computed (prompt length less `
 prompt rows asked (the tokens computed by the requests that ask ``prompt_logprobs``: V1 writes a row at each),
 and its seconds; then the largest difference between the two sides' scores. ``--profile FILE`` writes a
 cProfile of the last traced call (vLLM runs in this process) and prints its top functions by cumulative time.
-Run: flock /tmp/engine-tests.lock .venv/bin/python benchmarks/trace_cost.py [--task evalkit_bench_mc]
+Run: flock /tmp/engine-tests.lock .venv/bin/python -m benchmarks.trace_cost [--task evalkit_bench_mc]
      [--limit 30] [--repeats 3] [--k 20] [--profile /tmp/trace.prof]
 """
 
@@ -23,11 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-
-from _evalkit_side import RecordingEngine, environment_restored, warm_up  # noqa: E402
-from divergence_cost import EMBEDDED, SETTINGS  # noqa: E402
+from benchmarks.common import EMBEDDED
+from benchmarks.common.evalkit_side import OFFLINE_SETTINGS, RecordingEngine, environment_restored, warm_up
 
 
 def recorded_requests(base: list[str], engine: Any, task: str, out: Path) -> list[Any]:
@@ -103,7 +100,7 @@ def main(argv: list[str]) -> None:
     from evalkit.engine.vllm.start import start_vllm
 
     model_dir = resolve_model_path(EMBEDDED)
-    base = [f"vllm_path={model_dir}", f"limit={args.limit}", *SETTINGS]
+    base = [f"vllm_path={model_dir}", f"limit={args.limit}", *OFFLINE_SETTINGS]
     with environment_restored(), tempfile.TemporaryDirectory() as tmp:
         engine = start_vllm(compose_config(base), model_dir, sole_engine=True)
         try:

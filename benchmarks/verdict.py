@@ -29,7 +29,7 @@ The cases of issue 28 (each: the false-fail rate at no change, the power at a ch
   costs at 1,012 segments per leaf, the resampling from summed counts (evalkit/compare/corpus.py) against
   lm-eval's bleu re-run on every resample (timed on a few resamples, then multiplied out).
 
-Printed, not asserted. Run: python benchmarks/verdict.py [--case mmlu|wikitext60|sweep17|bleu16|all]
+Printed, not asserted. Run: python -m benchmarks.verdict [--case mmlu|wikitext60|sweep17|bleu16|all]
 [--trials 10000] [--tolerance 0.02] [--seed 0]
 """
 
@@ -41,27 +41,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from evalkit.compare import tost
+from benchmarks.common.verdict_families import bleu16, sweep17, wikitext60
+from benchmarks.common.verdict_trials import DOCUMENTS, FLIP, SUBTASKS, p_worse, trial_rows
 from evalkit.compare.proportions import tango_interval
 from evalkit.compare.verdict import holm
-
-SUBTASKS, DOCUMENTS, FLIP = 57, 100, 0.05
 
 
 @lru_cache(maxsize=None)
 def old_worse(b: int, c: int, n: int) -> bool:
     return tango_interval(b, c, n, confidence=0.95).high < 0
-
-
-def p_worse(b: int, c: int, n: int, tolerance: float) -> float:
-    return tost.tango_p(b, c, n, -tolerance, "below")
-
-
-def trial_rows(rng: np.random.Generator, pb: float, pc: float) -> list[tuple[int, int, int]]:
-    """(b, c, n) of the 57 subtasks, then of the group pooling them."""
-    counts = rng.multinomial(DOCUMENTS, [pb, pc, 1 - pb - pc], size=SUBTASKS)[:, :2]
-    rows = [(int(b), int(c), DOCUMENTS) for b, c in counts]
-    return rows + [(int(counts[:, 0].sum()), int(counts[:, 1].sum()), SUBTASKS * DOCUMENTS)]
 
 
 def fail_rates(pb: float, pc: float, *, trials: int, tolerance: float, alpha: float, seed: int) -> dict[str, float]:
@@ -93,8 +81,6 @@ def mmlu(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from verdict_families import bleu16, sweep17, wikitext60
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=["mmlu", "wikitext60", "sweep17", "bleu16", "all"], default="all")
     parser.add_argument("--trials", type=int, default=None, help="default: 10,000 (mmlu), 2,000, 100 (bleu16)")

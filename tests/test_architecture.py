@@ -1,6 +1,6 @@
 """The stage order as a contract (pyproject.toml, [tool.importlinter]): each stage imports only the stages
-below it, each kind of engine (evalkit/engine/*/) only what every engine shares and the machine, and nothing
-imports in a cycle, not even inside a function. Checked by import-linter over the
+below it, each kind of engine (evalkit/engine/*/) only what every engine shares and the machine, each benchmark
+only what the benchmarks share (benchmarks/common/), and nothing imports in a cycle, not even inside a function. Checked by import-linter over the
 package's imports, with no exception list. Run: pytest tests/test_architecture.py"""
 
 import shutil
@@ -25,6 +25,7 @@ def test_the_contracts_are_the_stages_and_no_cycle_with_no_exceptions():
     assert contracts["stages"]["type"] == "layers" and contracts["acyclic"]["type"] == "acyclic_siblings"
     assert contracts["stages"]["layers"][-1] == "config | contracts | versions"
     assert contracts["engines"]["type"] == "layers" and contracts["engines"]["containers"] == ["evalkit.engine"]
+    assert contracts["benchmarks"]["layers"][-1] == "common" and "benchmarks" in contracts["acyclic"]["ancestors"]
     assert "vllm | served | hf" in contracts["engines"]["layers"]
     assert not any("ignore_imports" in c or "unmatched_ignore_imports_alerting" in c for c in contracts.values())
 
@@ -32,14 +33,20 @@ def test_the_contracts_are_the_stages_and_no_cycle_with_no_exceptions():
 def test_the_package_keeps_its_contracts():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
+
+
+def copy(to: Path) -> None:
+    """The package, the benchmarks and the contracts, into to."""
+    for name in ("evalkit", "benchmarks"):
+        shutil.copytree(ROOT / name, to / name, ignore=shutil.ignore_patterns("__pycache__", "tasks", "*.md"))
+    shutil.copy(ROOT / "pyproject.toml", to)
 
 
 def test_an_upward_import_or_a_cycle_breaks_them_even_inside_a_function(tmp_path):
     """The check is not vacuous: a copy of the package with a harness module reaching up into run/, and a
     function-level import that closes a cycle inside engine/, fails both contracts."""
-    shutil.copytree(ROOT / "evalkit", tmp_path / "evalkit", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    copy(tmp_path)
     with open(tmp_path / "evalkit" / "harness" / "budget.py", "a") as f:
         f.write("\n\ndef upward():\n    from evalkit.run import results  # noqa: F401\n")
     with open(tmp_path / "evalkit" / "engine" / "factory.py", "a") as f:
@@ -47,7 +54,7 @@ def test_an_upward_import_or_a_cycle_breaks_them_even_inside_a_function(tmp_path
     with open(tmp_path / "evalkit" / "engine" / "tokenizer.py", "a") as f:
         f.write("\n\ndef cycle():\n    from evalkit.engine import factory  # noqa: F401\n")
     result = lint_imports(tmp_path)
-    assert result.returncode != 0 and "0 kept, 3 broken" in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0 and "1 kept, 3 broken" in result.stdout, result.stdout + result.stderr
     assert "evalkit.harness.budget -> evalkit.run.results" in result.stdout
     assert ".tokenizer -> .factory" in result.stdout
 
@@ -55,10 +62,20 @@ def test_an_upward_import_or_a_cycle_breaks_them_even_inside_a_function(tmp_path
 def test_an_engine_kind_reaching_into_another_breaks_the_engine_contract(tmp_path):
     """The served engine importing the vLLM engine's internals, even inside a function, fails the contract on
     the engine's rooms, and only that one (vLLM's engine imports nothing of the served one: no cycle)."""
-    shutil.copytree(ROOT / "evalkit", tmp_path / "evalkit", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    copy(tmp_path)
     with open(tmp_path / "evalkit" / "engine" / "served" / "engine.py", "a") as f:
         f.write("\n\ndef sideways():\n    from evalkit.engine.vllm import engine  # noqa: F401\n")
     result = lint_imports(tmp_path)
-    assert result.returncode != 0 and "2 kept, 1 broken" in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0 and "3 kept, 1 broken" in result.stdout, result.stdout + result.stderr
     assert "evalkit.engine.served.engine -> evalkit.engine.vllm.engine" in result.stdout
+
+
+def test_a_benchmark_importing_another_breaks_the_benchmarks_contract(tmp_path):
+    """A benchmark reaching into another (even inside a function) fails the benchmarks' contract, and only that
+    one: what benchmarks share belongs in benchmarks/common/."""
+    copy(tmp_path)
+    with open(tmp_path / "benchmarks" / "chain_cost.py", "a") as f:
+        f.write("\n\ndef sideways():\n    from benchmarks import served  # noqa: F401\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0 and "3 kept, 1 broken" in result.stdout, result.stdout + result.stderr
+    assert "benchmarks.chain_cost -> benchmarks.served" in result.stdout

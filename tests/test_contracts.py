@@ -16,7 +16,7 @@ from evalkit.store.requests import RequestStore, ResumableEngine
 from evalkit.engine.served.engine import ServedEngine
 from evalkit.engine.vllm.engine import VLLMEngine
 from evalkit.engine.wrapper import Deferred, Lent, Wrapped
-from benchmarks._evalkit_side import RecordingEngine
+from benchmarks.common.evalkit_side import RecordingEngine
 from tests.fake_engine import FakeEngine
 
 METHODS = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]

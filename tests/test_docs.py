@@ -1,4 +1,5 @@
-"""The README stays a front door, and every relative link in README.md and docs/*.md leads somewhere. No network.
+"""The README stays a front door, and every relative link in README.md, docs/*.md and the benchmarks' index
+(benchmarks/README.md) leads somewhere. No network.
 
 Run: pytest tests/test_docs.py
 """
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target) and ![alt](image)
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 

@@ -14,8 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from benchmarks.common import TASKS_DIR
 from evalkit.contracts import Engine, Generation, GenRequest, Progress, Scored, ScoreRequest
 from evalkit.engine.wrapper import Wrapped
+
+# the one in-process engine of benchmarks.divergence_cost and trace_cost: float32, eager, a quarter of the memory
+OFFLINE_SETTINGS = ["dtype=float32", "gpu_memory_utilization=0.25", "+engine_kwargs.enforce_eager=true",
+                    f"tasks_dirs=[{TASKS_DIR}]"]
 
 
 @dataclass

@@ -111,7 +111,7 @@ def run_group(group: str, todo: list[Plan], base: list[str], runs_dir: Path, mod
               dtype: str) -> dict[str, object]:
     """The group's runs on one engine (or each with its own, for dp2 and served): label -> run folder, or the
     one-line reason the group could not run."""
-    from _evalkit_side import environment_restored
+    from benchmarks.common.evalkit_side import environment_restored
     from evalkit.config import compose_config
 
     settings, weights = group_settings(group, model_dir, runs_dir, dtype)

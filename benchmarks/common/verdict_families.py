@@ -1,7 +1,7 @@
-"""The cases of issue 28 for benchmarks/verdict.py: a perplexity row among 60 rows, a 17-point sweep of wikitext,
+"""The families of benchmarks.verdict beside MMLU: a perplexity row among 60 rows, a 17-point sweep of wikitext,
 a stratified group of 16 BLEU leaves. Each runs evalkit.compare's own statistics (evalkit/compare/stats.py,
-scoring.py) on simulated per-document values and Holm over the family (verdict.holm). Run it through
-benchmarks/verdict.py.
+scoring.py) on simulated per-document values and Holm over the family (verdict.holm). Run them through
+``python -m benchmarks.verdict``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 import numpy as np
 from lm_eval.api.registry import get_aggregation
 
+from benchmarks.common.verdict_trials import FLIP, p_worse, trial_rows
 from evalkit.compare import corpus, scoring
 from evalkit.compare.stats import compare_paired
 from evalkit.compare.verdict import Tolerances, holm
-from verdict import FLIP, p_worse, trial_rows
 
 WIKITEXT_DOCUMENTS = 62  # wikitext-2's test documents, as lm-eval's wikitext task scores them
 ROWS = {"word_perplexity": ("weighted_perplexity", 1), "byte_perplexity": ("weighted_perplexity", 5),
