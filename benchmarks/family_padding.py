@@ -11,7 +11,7 @@ evalkit/compare/verdict.py:
   as the one with every changed document lost, for contrast: it equals the row's own p-value here, and the
   count shrinks to the rows that reached alpha.
 
-Run: python benchmarks/family_padding.py [--trials 2000]
+Run: python -m benchmarks.family_padding [--trials 2000]
 """
 
 from __future__ import annotations

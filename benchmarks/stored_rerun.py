@@ -4,7 +4,7 @@ The first run starts the engine; each rerun finds the earlier run of its config 
 the store (evalkit/store/replay.py), starting none.
 
 Prints each wall time (the process, from start to exit), the rerun's timings from its results.json and whether
-its engine started. Run: .venv/bin/python benchmarks/stored_rerun.py [--repeats 5] [key=value ...] (about a
+its engine started. Run: .venv/bin/python -m benchmarks.stored_rerun [--repeats 5] [key=value ...] (about a
 minute and a half on 2 CPU cores; extra key=value arguments go to every run).
 """
 
