@@ -44,7 +44,7 @@ from benchmarks.common.divergence_runs import make_runs, other_dtype, plans
 from evalkit.compare.divergence import between, noise_verdict, records
 from evalkit.compare.paired import compare_runs
 from evalkit.compare.runs import Run, load_run
-from evalkit.run.positions import KINDS
+from evalkit.run.divergence_record import KINDS
 
 TASKS = ["evalkit_arith", "evalkit_facts", "evalkit_bench_num_mc"]
 SHOWN = ("worse", "changed", "better", "lower", "higher")  # accuracy verdicts that tell the runs apart

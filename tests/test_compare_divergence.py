@@ -4,7 +4,7 @@ record is missing or the top-k differ, the verdict against a noise run with exit
 section and --locate's highest-KLD position.
 
 The runs are real run folders made through lm-eval with the fake engine (tests/test_compare.py's fake_run);
-their records are written with evalkit.run.positions and named in results.json, as a run names them. Every
+their records are written with evalkit.run.divergence_record and named in results.json, as a run names them. Every
 record here has, per document of evalkit_facts, two choices (tokens 40 and 50, then 41) after a prompt of the
 document's own, so the first continuation position is one context shared by both choices; and per document of
 evalkit_arith a generation (60, 61 in the reference) that parts at its second token when told to.
@@ -21,8 +21,8 @@ import pytest
 from evalkit.compare import cli, report_page
 from evalkit.compare.divergence import between, records, verdict
 from evalkit.compare.runs import load_run
-from evalkit.run import positions
-from evalkit.run.positions import Row
+from evalkit.run import divergence_record
+from evalkit.run.divergence_record import Row
 from tests.fake_engine import FakeEngine
 from tests.test_compare import fake_run
 
@@ -68,7 +68,7 @@ def record(run, rows_by_task, k=2):
     names = {}
     for task, rows in (rows_by_task or {}).items():
         names[task] = f"divergence_{task}_2026-01-01T00-00-00.npz"
-        positions.write(run / names[task], positions.build(rows, k))
+        divergence_record.write(run / names[task], divergence_record.build(rows, k))
     if names:
         data["evalkit"].setdefault("files", {})["divergence"] = names
     (run / "results.json").write_text(json.dumps(data))
@@ -151,8 +151,8 @@ def test_a_shared_context_counts_once_and_a_repeated_token_once(make):
 
 
 def test_no_common_token_at_a_parting_position_is_a_zero_bound_and_a_different_top():
-    ref = positions.build([Row(0, 0, "generate_until", 2, (5, 6, 61), (ln(0.7),), (((61, ln(0.7)),),))], 1)
-    cand = positions.build([Row(0, 0, "generate_until", 2, (5, 6, 70), (ln(0.6),), (((70, ln(0.6)),),))], 1)
+    ref = divergence_record.build([Row(0, 0, "generate_until", 2, (5, 6, 61), (ln(0.7),), (((61, ln(0.7)),),))], 1)
+    cand = divergence_record.build([Row(0, 0, "generate_until", 2, (5, 6, 70), (ln(0.6),), (((70, ln(0.6)),),))], 1)
     task = between.compare_task(ref, cand)
     assert task.unshared == 1 and task.contexts.kld.tolist() == [0.0] and task.contexts.same_top.tolist() == [0.0]
     assert task.texts.n == 0
@@ -362,19 +362,19 @@ def test_positions_whose_entries_hold_more_than_all_the_mass_are_left_out_of_eve
             if overfull(d) else Row(d, 0, "loglikelihood", 2, (5, 6, 40), (ln(0.7),), (((40, ln(0.7)), (41, ln(0.2))),))
             for d in DOCS]
     fine = [Row(d, 0, "loglikelihood", 2, (5, 6, 40), (ln(0.8),), (((40, ln(0.8)), (41, ln(0.1))),)) for d in DOCS]
-    ref = records.Recorded("m/ref", {"t": positions.build(fine, 2)})
-    cand = records.Recorded("m/cand", {"t": positions.build(over, 2)})
+    ref = records.Recorded("m/ref", {"t": divergence_record.build(fine, 2)})
+    cand = records.Recorded("m/cand", {"t": divergence_record.build(over, 2)})
     d = between.divergence(ref, cand)
     assert [n for n in d.notes if "sum above 1" in n] == [
         "6 positions left out of every figure: their top-k probabilities sum above 1 there (run m/cand's up to "
         "1.3), so they are not the log-probabilities of one distribution and no bound holds at them"]
     assert d.overall.positions == 6 and d.overall.documents == 6
     kept = [r for r in fine if not overfull(r.doc_id)], [r for r in over if not overfull(r.doc_id)]
-    alone = between.divergence(records.Recorded("m/ref", {"t": positions.build(kept[0], 2)}),
-                               records.Recorded("m/cand", {"t": positions.build(kept[1], 2)}))
+    alone = between.divergence(records.Recorded("m/ref", {"t": divergence_record.build(kept[0], 2)}),
+                               records.Recorded("m/cand", {"t": divergence_record.build(kept[1], 2)}))
     assert d.overall.mean_kld == alone.overall.mean_kld and d.overall.mean_dp == alone.overall.mean_dp
     assert not any("sum above 1" in n for n in alone.notes)
-    every = between.divergence(ref, records.Recorded("m/cand", {"t": positions.build(
+    every = between.divergence(ref, records.Recorded("m/cand", {"t": divergence_record.build(
         [r for r in over if overfull(r.doc_id)], 2)}))
     assert every.missing.startswith("6 positions left out of every figure")  # none left: no table
 
@@ -383,7 +383,7 @@ def test_ids_read_apart_enter_the_bound_capped_at_the_last_top_entry_or_not_wher
     """An id read in another engine call may round above the last top entry that left it out (bfloat16); the
     bound takes it at that entry. Where even capped values take the row's entries above all the mass, the row
     keeps its own entries: a bound from one distribution."""
-    rows = positions.build([Row(0, 0, "loglikelihood", 2, (5, 6, 40, 41), (ln(0.5), ln(0.6)),
+    rows = divergence_record.build([Row(0, 0, "loglikelihood", 2, (5, 6, 40, 41), (ln(0.5), ln(0.6)),
                                 (((40, ln(0.5)), (41, ln(0.2))), ((41, ln(0.6)), (42, ln(0.3)))),
                                 (((43, ln(0.21)),), ((44, ln(0.2)),)))], 2)
     settled = records.settle_given(rows)

@@ -36,9 +36,9 @@ from evalkit.config import TASKS_DIR, compose_config
 from evalkit.contracts import ScoreRequest
 from evalkit.engine.wrapper import Lent
 from evalkit.harness.divergence_traces import TraceLog, reference_reads, with_given
-from evalkit.run import positions
+from evalkit.run import divergence_record
 from evalkit.run.evaluate import evaluate
-from evalkit.run.positions import Row
+from evalkit.run.divergence_record import Row
 from tests.conftest import EAGER
 
 pytestmark = pytest.mark.engine
@@ -63,7 +63,7 @@ def recorded(name: str, requests, traces, read_at: str = "") -> records.Recorded
     """The traces as a run records them (one document per request), run id name, its ids read at read_at's."""
     rows = [Row(doc, 0, "loglikelihood", r.start, r.ids, t.logprobs, t.top, t.given)
             for doc, (r, t) in enumerate(zip(requests, traces))]
-    return records.Recorded(name, {"t": positions.build(rows, K)}, run_id=name, read_at=read_at)
+    return records.Recorded(name, {"t": divergence_record.build(rows, K)}, run_id=name, read_at=read_at)
 
 
 def traces(engine, requests) -> list:

@@ -3,7 +3,7 @@ checked, written, read, and an older file without them), the bound with them aga
 distributions, and the rule that uses them only where the candidate and the noise runs read them alike.
 
 No engine: the distributions are seeded random ones over a small vocabulary, rounded to float32 as engines give
-them; the runs are their records (evalkit/run/positions.py) in folders with a results.json's evalkit section.
+them; the runs are their records (evalkit/run/divergence_record.py) in folders with a results.json's evalkit section.
 Run: pytest tests/test_divergence_given.py
 """
 
@@ -17,8 +17,8 @@ from scipy.special import log_softmax
 from evalkit.compare.divergence import between, exact_kl, noise_verdict, records, report
 from evalkit.compare.runs import Run
 from evalkit.contracts import RequestRecord, ScoreRequest, TokenTrace
-from evalkit.run import positions, recording
-from evalkit.run.positions import Row
+from evalkit.run import divergence_record, recording
+from evalkit.run.divergence_record import Row
 
 K, VOCAB, N, DOCS = 5, 200, 80, 10
 
@@ -54,7 +54,7 @@ def rows(lp, text, *, read_at=None):
             given = (tuple((t, float(lp[i][t])) for t, _ in top(read_at[i]) if t not in mine),)
         out.append(Row(i % DOCS, 0, "loglikelihood", 2, (7, 1000 + i, int(text[i])), (float(lp[i][text[i]]),),
                        (own,), given))
-    return positions.build(out, K)
+    return divergence_record.build(out, K)
 
 
 def recorded(name, lp, text, *, run_id, read_at=None, reference=None, not_read=""):
@@ -178,7 +178,7 @@ def run_folder(path, name, rows_by_task, evalkit):
     names = {}
     for task, rec in rows_by_task.items():
         names[task] = f"divergence_{task}.npz"
-        positions.write(folder / names[task], rec)
+        divergence_record.write(folder / names[task], rec)
     results = {"evalkit": {**evalkit, "files": {"divergence": names}}}
     (folder / "results.json").write_text(json.dumps(results))
     return Run(folder, results, {})
@@ -201,21 +201,21 @@ def test_read_run_takes_the_reference_from_results_json(world, tmp_path):
 def test_the_record_round_trips_with_and_without_the_given_columns(world, tmp_path):
     ref_lp, cand_lp, _, text, _ = world
     for name, rec in (("with", rows(cand_lp, text, read_at=ref_lp)), ("without", rows(cand_lp, text))):
-        positions.write(tmp_path / f"{name}.npz", rec)
-        back = positions.read(tmp_path / f"{name}.npz")
-        for column in positions.COLUMNS + positions.GIVEN:
+        divergence_record.write(tmp_path / f"{name}.npz", rec)
+        back = divergence_record.read(tmp_path / f"{name}.npz")
+        for column in divergence_record.COLUMNS + divergence_record.GIVEN:
             assert np.array_equal(getattr(back, column), getattr(rec, column), equal_nan=True), column
-            assert getattr(back, column).dtype == positions.DTYPES[column]
+            assert getattr(back, column).dtype == divergence_record.DTYPES[column]
         assert back.given_ids.shape == (N, rec.g) and (rec.g > 0) == (name == "with")
-    assert positions.read(tmp_path / "without.npz").given_logprobs.shape == (N, 0)
+    assert divergence_record.read(tmp_path / "without.npz").given_logprobs.shape == (N, 0)
 
 
 def test_an_older_file_without_the_given_columns_reads_as_n_by_0(world, tmp_path):
     ref_lp, _, _, text, _ = world
     rec = rows(ref_lp, text)
     with open(tmp_path / "old.npz", "wb") as f:  # what write() wrote before the given columns
-        np.savez_compressed(f, version=np.asarray(1), **{c: getattr(rec, c) for c in positions.COLUMNS})
-    old = positions.read(tmp_path / "old.npz")
+        np.savez_compressed(f, version=np.asarray(1), **{c: getattr(rec, c) for c in divergence_record.COLUMNS})
+    old = divergence_record.read(tmp_path / "old.npz")
     assert old.given_ids.shape == old.given_logprobs.shape == (N, 0) and old.g == 0
     assert old.given_ids.dtype == np.int32 and old.given_logprobs.dtype == np.float32
     assert between.compare_task(old, old).contexts.kld.tolist() == [0.0] * N
@@ -226,7 +226,7 @@ def row(given, top=((40, -0.5), (41, -1.5))):
 
 
 def test_given_columns_are_padded_to_the_most_any_position_holds():
-    rec = positions.build([row((((50, -3.0), (51, -4.0)), ())), row(())], 2)
+    rec = divergence_record.build([row((((50, -3.0), (51, -4.0)), ())), row(())], 2)
     assert rec.g == 2 and rec.given_ids.tolist() == [[50, 51], [-1, -1], [-1, -1], [-1, -1]]
     assert np.isnan(rec.given_logprobs[1:]).all() and rec.given_logprobs[0].tolist() == [-3.0, -4.0]
 
@@ -240,7 +240,7 @@ def test_given_columns_are_padded_to_the_most_any_position_holds():
     ((((50, float("nan")),), ()), "has the value nan, not a log-probability")])
 def test_given_entries_are_checked_as_built(given, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        positions.build([row(given)], 2)
+        divergence_record.build([row(given)], 2)
 
 
 def test_recording_carries_a_traces_given_entries_into_the_rows():

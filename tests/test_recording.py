@@ -16,7 +16,7 @@ from evalkit.config import ConfigError, EvalConfig, compose_config, validate
 from evalkit.contracts import Scored, ScoreRequest, TokenTrace
 from evalkit.harness.lm import EvalkitLM
 from evalkit.harness.divergence_traces import TraceError, check, score_gap
-from evalkit.run import positions
+from evalkit.run import divergence_record
 from evalkit.run.results import read_samples
 from evalkit.store.requests import RequestStore, ResumableEngine
 from tests.fake_engine import FakeEngine
@@ -49,7 +49,7 @@ def run(tmp_path, name, engine, **cfg):
 
 def record(run_dir):
     data = json.loads((run_dir / "results.json").read_text())["evalkit"]
-    return data, {task: positions.read(run_dir / name) for task, name in data["files"]["divergence"].items()}
+    return data, {task: divergence_record.read(run_dir / name) for task, name in data["files"]["divergence"].items()}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,8 @@ def test_each_kind_records_its_positions_with_the_engines_values(recorded):
         assert p.k == 20 and len(p) == data["divergence"]["positions"][task] > 0
         assert np.allclose(p.text_logprob, [fake_value(t) for t in p.text_id])
         assert (p.top_ids[:, 0] == p.text_id).all() and (p.top_ids[:, 1] == p.text_id + 1).all()
-        assert (p.top_ids[:, 2:] == positions.PAD).all() and np.isnan(p.top_logprobs[:, 2:]).all()  # the fake's 2
+        # the fake's 2 entries, then padding
+        assert (p.top_ids[:, 2:] == divergence_record.PAD).all() and np.isnan(p.top_logprobs[:, 2:]).all()
         assert data["divergence"]["documents"][task] == 6
 
 
@@ -132,7 +133,7 @@ def test_a_rerun_replays_the_traces_from_the_store_without_the_engine(tmp_path):
     assert resume["traces"] == {"reused": data["resume"]["traces"]["computed"], "computed": 0}
     assert resume["computed"] == 0 and resume["reused"] == data["resume"]["computed"]  # traces apart
     for task in TASKS:
-        for column in positions.COLUMNS:
+        for column in divergence_record.COLUMNS:
             np.testing.assert_array_equal(getattr(found[task], column), getattr(again[task], column))
 
 

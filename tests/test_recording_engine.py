@@ -13,7 +13,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.engine.wrapper import Lent
-from evalkit.run import positions
+from evalkit.run import divergence_record
 from evalkit.run.evaluate import evaluate
 from evalkit.run.results import read_samples
 from tests.conftest import EAGER, PARITY_TASKS
@@ -43,7 +43,7 @@ def runs(engine, tmp_path_factory):
 
 def record(run_dir):
     data = json.loads((run_dir / "results.json").read_text())["evalkit"]
-    return data, {task: positions.read(run_dir / name) for task, name in data["files"]["divergence"].items()}
+    return data, {task: divergence_record.read(run_dir / name) for task, name in data["files"]["divergence"].items()}
 
 
 def logprob(answer) -> float:
@@ -102,5 +102,5 @@ def test_a_rerun_replays_every_trace_from_the_store(runs):
     (data, found), (again, replayed) = record(runs[0]), record(runs[1])
     assert again["resume"]["traces"] == {"reused": data["resume"]["traces"]["computed"], "computed": 0}
     for task in TASKS:
-        for column in positions.COLUMNS:
+        for column in divergence_record.COLUMNS:
             np.testing.assert_array_equal(getattr(found[task], column), getattr(replayed[task], column))

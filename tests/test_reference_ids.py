@@ -11,7 +11,7 @@ import pytest
 from evalkit.config import ConfigError, EvalConfig, validate
 from evalkit.contracts import IdsRead, ScoreRequest, TokenTrace
 from evalkit.harness.divergence_traces import TraceError, TraceLog, reference_reads, with_given
-from evalkit.run import positions, reference
+from evalkit.run import divergence_record, reference
 from evalkit.run.evaluate import evaluate
 from tests.fake_engine import FakeEngine
 from tests.test_recording import TracingEngine, record, run
@@ -56,7 +56,7 @@ def test_the_candidate_reads_the_reference_ids_its_own_top_list_left_out(pair):
     assert said["ids_read"] == sum(len(read.ids) for read in engine.id_reads) >= said["reads"]
     loaded = reference.load(str(ref))
     for read in engine.id_reads:  # only the reference's ids at that very context
-        key = positions.context_keys(read.context + (0,), len(read.context))[0]
+        key = divergence_record.context_keys(read.context + (0,), len(read.context))[0]
         assert set(read.ids) <= set(loaded.top[key]) and read.ids
     assert "not_read" not in said
 
@@ -167,4 +167,4 @@ def test_the_reference_names_its_ids_by_context_not_by_document(pair):
     _, rows = record(ref)
     facts = rows["evalkit_facts"]
     first = facts.context.tolist()[0]
-    assert loaded.top[first] == tuple(t for t in facts.top_ids[0].tolist() if t != positions.PAD)
+    assert loaded.top[first] == tuple(t for t in facts.top_ids[0].tolist() if t != divergence_record.PAD)

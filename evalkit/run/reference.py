@@ -3,7 +3,7 @@
 Where an engine gives only its top-k, compare's bound sees the tokens known on both sides: a token in the
 reference's top-k but not in the candidate's falls into the rest bucket, and the bound loses what it carries
 (docs/divergence.md). A candidate run given the reference folder looks up, at each position it traces, the
-reference's top ids recorded at the same context (by the context key of evalkit/run/positions.py: the
+reference's top ids recorded at the same context (by the context key of evalkit/run/divergence_record.py: the
 context's token ids, never the document and position), and the harness reads the ones its own top-k left out
 (``Engine.read_ids``). The ids are the reference's best first; a context the reference did not record (a
 generation after the two outputs part, a document only one run has) asks nothing.
@@ -22,7 +22,7 @@ from typing import Any
 
 from evalkit.config import ConfigError
 from evalkit.contracts import ScoreRequest
-from evalkit.run import positions
+from evalkit.run import divergence_record
 from evalkit.untrusted import OutsideFolder, TooLarge, inside, printable, read_bounded
 
 
@@ -38,7 +38,7 @@ class Reference:
     def ids(self, request: ScoreRequest) -> list[tuple[int, ...] | None]:
         """Per scored position of request (ids[max(start, 1):]), the reference's top ids after that context, or
         None where the reference recorded no such context."""
-        return [self.top.get(key) for key in positions.context_keys(request.ids, max(request.start, 1))]
+        return [self.top.get(key) for key in divergence_record.context_keys(request.ids, max(request.start, 1))]
 
     def describe(self) -> dict[str, Any]:
         return {"run": self.run, "run_id": self.run_id, "top_k": self.k, "contexts": len(self.top)}
@@ -73,7 +73,7 @@ def load(path: str) -> Reference:
     ks = []
     for task, name in sorted(names.items()):
         try:
-            rows = positions.read(inside(folder, name))
+            rows = divergence_record.read(inside(folder, name))
         except OutsideFolder as error:
             raise ConfigError(f"divergence_reference={folder}: task {printable(task)}'s divergence file {error}; "
                               "a run folder names only its own files") from None
@@ -81,6 +81,6 @@ def load(path: str) -> Reference:
             raise ConfigError(f"divergence_reference: task {printable(task)}: {error}") from None
         ks.append(rows.k)
         for key, ids in zip(rows.context.tolist(), rows.top_ids.tolist()):
-            top.setdefault(key, tuple(t for t in ids if t != positions.PAD))
+            top.setdefault(key, tuple(t for t in ids if t != divergence_record.PAD))
     return Reference(run=f"{folder.resolve().parent.name}/{folder.resolve().name}", run_id=run_id,
                      k=min(ks), top=top)

@@ -7,7 +7,7 @@ complete, so a crash leaves no half-written run and one run never overwrites ano
 * ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`);
   ``results_<date>.json`` is a link to it, under lm-eval's name
 * ``samples_<task>_<date>.jsonl`` -- one line per document and filter (:class:`SampleLine`)
-* ``divergence_<task>_<date>.npz`` -- the task's divergence record (``positions.py``), with divergence_top_k > 0
+* ``divergence_<task>_<date>.npz`` -- the task's divergence record (``divergence_record.py``), with divergence_top_k > 0
 * ``config.yaml`` -- the resolved config
 * ``summary.csv`` / ``summary.md`` -- one row per task, metric and filter (:data:`SUMMARY_COLUMNS`)
 """
@@ -28,7 +28,7 @@ import pandas as pd
 
 from evalkit.config import ConfigError
 from evalkit.contracts import RequestRecord
-from evalkit.run import positions, recording
+from evalkit.run import divergence_record, recording
 from evalkit.untrusted import fresh_folder, inside, write_atomic
 
 
@@ -256,7 +256,7 @@ def write_run(
                  "samples": {task: f"samples_{task}_{date_id}.jsonl" for task in samples},
                  "divergence": {task: f"divergence_{task}_{date_id}.npz" for task in built}}
         for task, columns in built.items():
-            positions.write(tmp / files["divergence"][task], columns)
+            divergence_record.write(tmp / files["divergence"][task], columns)
         sizes = {task: (tmp / name).stat().st_size for task, name in files["divergence"].items()}
         aggregate = {k: v for k, v in results.items() if k != "samples"}
         aggregate["task_hashes"] = task_hashes(samples)

@@ -12,9 +12,10 @@ The flow, one module per step, all pure functions:
   intervals that treat the document as the unit, per task and overall;
 * verdict: "beyond noise" / "within noise" / "unusable" against a second reference run, exit codes 1 / 0 / 2.
 
-Over two runs' folders (``python -m evalkit.compare``): records reads each run's record (evalkit/run/positions.py)
-and pairs the positions whose contexts are the same; between measures and summarises them per task and runs
-the verdict against a noise pair; report and report_page show them in compare's text report and page.
+Over two runs' folders (``python -m evalkit.compare``): records reads each run's record
+(evalkit/run/divergence_record.py) and pairs the positions whose contexts are the same; between measures and
+summarises them per task and runs the verdict against a noise pair; report and report_page show them in compare's
+text report and page.
 
 User documentation: docs/divergence.md.
 """

@@ -26,7 +26,7 @@ from evalkit.compare.divergence.positions import Positions, measure
 from evalkit.compare.divergence.sides import PAD, top_entries
 from evalkit.compare.divergence.verdict import NoiseVerdict, noise_verdict
 from evalkit.compare.runs import CompareError
-from evalkit.run.positions import Positions as Rows
+from evalkit.run.divergence_record import Positions as Rows
 
 CONFIDENCE = 0.95  # the figures' intervals: descriptive, as llama.cpp's, not a test
 
@@ -37,7 +37,7 @@ class Task:
 
     contexts: Positions
     docs: np.ndarray  # document of each context position
-    kinds: np.ndarray  # index into run.positions.KINDS
+    kinds: np.ndarray  # index into run.divergence_record.KINDS
     request: np.ndarray  # the reference's request and position of each context position
     position: np.ndarray
     ref_text: np.ndarray  # each run's text token there (they differ where two generations part)

@@ -1,4 +1,4 @@
-"""Two runs' divergence records (evalkit/run/positions.py), read from their folders and paired position by
+"""Two runs' divergence records (evalkit/run/divergence_record.py), read from their folders and paired position by
 position, so that the measures (sides.py, positions.py) compare like with like.
 
 A position is compared only where both runs saw the same context token for token: rows are matched by
@@ -23,8 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from evalkit.compare.runs import CompareError, Run
-from evalkit.run import positions
-from evalkit.run.positions import PAD, Positions
+from evalkit.run import divergence_record
+from evalkit.run.divergence_record import PAD, Positions
 from evalkit.untrusted import OutsideFolder, TooLarge, inside
 
 HOW = "run it with divergence_top_k=20 to record one"
@@ -78,7 +78,7 @@ def read_run(run: Run) -> Recorded:
     tasks = {}
     for task, name in names.items():
         try:
-            tasks[task] = positions.read(inside(run.path, name))
+            tasks[task] = divergence_record.read(inside(run.path, name))
         except OutsideFolder as error:
             raise CompareError(f"{run.path / 'results.json'}: divergence file {error}; a run folder names only its "
                                "own files") from None
@@ -198,7 +198,8 @@ def distributions(rows: Positions) -> np.ndarray:
 
 def take(rows: Positions, keep: np.ndarray) -> Positions:
     """The rows where keep is true."""
-    return replace(rows, **{name: getattr(rows, name)[keep] for name in positions.COLUMNS + positions.GIVEN})
+    columns = divergence_record.COLUMNS + divergence_record.GIVEN
+    return replace(rows, **{name: getattr(rows, name)[keep] for name in columns})
 
 
 def most_mass(rows: Positions) -> float:

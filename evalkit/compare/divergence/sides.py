@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from evalkit.run.positions import PAD  # the id of an empty slot: the record file's, so its rows need no mapping
+from evalkit.run.divergence_record import PAD  # the id of an empty slot: the record file's, so its rows need no mapping
 
 LOGPROB_SLACK = 1e-4  # a log-probability above this is not one (float rounding of log_softmax stays far below)
 AGREE = 1e-4  # the text token's log-probability read twice (in the row and as the text's) must agree this well
