@@ -14,7 +14,8 @@ Per task it prints the positions recorded, the run's seconds without the record 
 (``timings.engine_calls.trace_*``), the bytes per position of the record on disk (.npz) and in the request store
 (JSON lines), and the largest |Σ trace − score| of the run's log-likelihoods (results.json
 ``evalkit.divergence.max_score_gap``: the trace and the scores come from separate reads). Below the table, the
-reads each task's traces sent (results.json ``evalkit.scoring``'s ``trace_*`` counts: evalkit/engine/vllm/trace.py).
+reads each task's traces sent (results.json ``evalkit.scoring``'s ``trace_*`` counts:
+evalkit/engine/vllm/trace_from_cache.py).
 The issue's target is at most +30 %.
 Run: .venv/bin/python -m benchmarks.divergence_cost [--limit 30] [--repeats 2] [--k 20] [--tasks a,b] [key=value ...]
 """

@@ -1,6 +1,6 @@
 """Where a traced score's time goes on one task (issue 32: evalkit_bench_mc, +81 % with divergence_top_k=20):
 the task's score requests, as a run hands them to the engine, scored with top_k=0 (the scoring paths) and
-top_k=k (one pass by traces, evalkit/engine/vllm/trace.py) on one vLLM engine, prefix cache cold each time.
+top_k=k (one pass by traces, evalkit/engine/vllm/trace_from_cache.py) on one vLLM engine, prefix cache cold each time.
 
 The requests come from one run of the task at k=0 (its score calls, recorded). Then, for each repeat and each
 side in turn, the score call alone is timed, and every ``llm.generate`` call inside it is recorded: its

@@ -1,4 +1,4 @@
-"""evalkit/engine/trace_reads.py (and the planning of vllm/trace.py) on top-k log-probabilities built as vLLM
+"""evalkit/engine/trace_reads.py (and the planning of vllm/trace_from_cache.py) on top-k log-probabilities built as vLLM
 0.32 builds them: prompt rows with ``prompt_logprobs=k`` in both model runners' layouts, and one generated step
 with ``logprobs=k``. No engine is started.
 
@@ -24,7 +24,7 @@ from vllm.v1.sample.sampler import Sampler
 from evalkit.contracts import ScoreRequest
 from evalkit.engine.logprob_reads import BadRead
 from evalkit.engine.trace_reads import next_token_trace, next_top, trace_from_rows, unlisted
-from evalkit.engine.vllm.trace import plan_rows
+from evalkit.engine.vllm.trace_from_cache import plan_rows
 from evalkit.harness.divergence_traces import check
 
 K = 5

