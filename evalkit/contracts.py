@@ -81,7 +81,7 @@ def top_list_fault(token: int, value: float, top: Sequence[tuple[int, float]], t
     """Why one position's read cannot be a row of log-probabilities: its text token (value) and its top entries
     (token id, log-probability). None where it can: the entries distinct and best first, the token's value that
     of its own entry where listed, and not above the last entry where not listed (it would have been listed).
-    tolerance: how far apart one value read twice from one row may be. The engine's reads (trace_reads.py) and
+    tolerance: how far apart one value read twice from one row may be. The engine's reads (trace_rows.py) and
     the harness's check of every trace (divergence_traces.py) share it. unlisted: the tolerance of the last test
     where the token's value may come from another engine call than its top entries (apart_tolerance); tolerance
     if None."""

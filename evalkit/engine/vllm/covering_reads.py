@@ -7,7 +7,7 @@ that prompt's rows: at every position but the last, the read holds the request's
 at the last, where the read may go on with another token, the row's top-k is the request's top list and its
 token's value is the target's (the same token), a top entry's or, where neither, one ``logprob_token_ids`` read
 of that id after that context (trace_from_cache.py's text-token reads), checked as a one-token trace is
-(``trace_reads.next_token_trace``).
+(``trace_rows.next_token_trace``).
 
 Each read costs what V1 computes for it: its tail past the last cached whole block, with a row of k entries at
 every computed position. Choices of 2+ tokens behind one question so need one read per distinct last context
@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 from evalkit.contracts import ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import scored_positions
-from evalkit.engine.trace_reads import next_token_trace
+from evalkit.engine.vllm.trace_rows import next_token_trace
 
 
 def covering_reads(requests: Sequence[ScoreRequest]) -> dict[ScoreRequest, ScoreRequest]:

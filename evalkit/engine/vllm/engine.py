@@ -25,7 +25,7 @@ from evalkit.engine.logprob_reads import NOTHING_SCORED, BadRead, unscored
 from evalkit.engine.vllm.second_read import ScoringError
 from evalkit.engine.vllm import chained, id_reads, next_token
 from evalkit.engine.vllm.prompt_logprobs import score_prompts
-from evalkit.engine.trace_reads import scored_from_trace, trace_from_steps
+from evalkit.engine.vllm.trace_rows import scored_from_trace, trace_from_steps
 from evalkit.engine.vllm.trace_from_cache import plain_traces, token_traces
 from evalkit import untrusted
 
@@ -91,7 +91,7 @@ class VLLMEngine(TokenizerSide):
                  top_k: int = 0) -> list[Generation]:
         """Each request's generation; with top_k > 0, a greedy request's trace comes from the same pass
         (``logprobs=top_k`` of raw logits, vLLM's default ``logprobs_mode``), each step checked against its
-        output token (``trace_reads.trace_from_steps``); a step that fails it stops the run in one line."""
+        output token (``trace_rows.trace_from_steps``); a step that fails it stops the run in one line."""
         from vllm import SamplingParams
 
         if not requests:
@@ -125,7 +125,7 @@ class VLLMEngine(TokenizerSide):
 
         With top_k > 0 (a run that records its divergence), each request is read once, by its trace
         (trace_from_cache.py: the top-k beside each text token, from the cache when fast, without it otherwise), and
-        scored from it (``trace_reads.scored_from_trace``): one pass gives both.
+        scored from it (``trace_rows.scored_from_trace``): one pass gives both.
         """
         if not requests:
             return []

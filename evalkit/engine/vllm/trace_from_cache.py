@@ -22,7 +22,7 @@ read at about what fast scoring costs: from the prefix cache, computing only wha
   blocks are shared only with the same salt), its warm blocks too, and one that another read of the call could
   cover past its first row (:func:`plan_rows`) gets a salt of its own; the others read the cache unsalted.
 
-Every answer is checked (``evalkit.engine.trace_reads``). One that fails, or whose rows V1's cache covered
+Every answer is checked (``evalkit.engine.vllm.trace_rows``). One that fails, or whose rows V1's cache covered
 (``num_cached_tokens``), is read again as the plain trace: the whole prompt's rows with no cache; a second
 failure raises :class:`evalkit.engine.vllm.second_read.ScoringError`. The counts (``trace_*``) say which
 reads were sent.
@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from evalkit.contracts import ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import BadRead, next_token_asks, read_next_token, scored_positions
 from evalkit.engine.read_plan import MAX_LOGPROB_TOKEN_IDS
-from evalkit.engine.trace_reads import Top, next_token_trace, next_top, trace_from_rows, unlisted
+from evalkit.engine.vllm.trace_rows import Top, next_token_trace, next_top, trace_from_rows, unlisted
 from evalkit.engine.vllm import next_token
 from evalkit.engine.vllm.path_reads import shared_lengths
 from evalkit.engine.vllm.second_read import second_read

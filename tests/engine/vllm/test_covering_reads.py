@@ -1,7 +1,7 @@
 """evalkit/engine/vllm/covering_reads.py: which row reads trace which requests, and each request's trace taken from
 the rows of the read that covers it, on rows built as vLLM 0.32 builds them in both runners' layouts
-(tests/engine/test_trace_reads.py: a synthetic model whose distribution at each position is fixed, so a covered
-request's exact trace is known). No engine is started.
+(tests/engine/vllm/test_trace_rows.py: a synthetic model whose distribution at each position is fixed, so a
+covered request's exact trace is known). No engine is started.
 Run: pytest tests/engine/vllm/test_covering_reads.py
 """
 
@@ -9,10 +9,11 @@ import pytest
 
 from evalkit.contracts import ScoreRequest, TokenTrace
 from evalkit.engine.logprob_reads import BadRead
-from evalkit.engine.trace_reads import trace_from_rows
 from evalkit.engine.vllm.covering_reads import covered_trace, covering_reads, unlisted_last_steps
+from evalkit.engine.vllm.trace_rows import trace_from_rows
 from evalkit.harness.divergence_traces import check
-from tests.engine.test_trace_reads import HIT_BEFORE_ROWS, IDS, K, LOGITS, NO_HIT, reference, v1_layout, v2_layout
+from tests.engine.vllm.test_trace_rows import (HIT_BEFORE_ROWS, IDS, K, LOGITS, NO_HIT, reference, v1_layout,
+                                               v2_layout)
 
 
 def test_choices_of_one_question_share_a_read_per_last_context_that_none_extends():

@@ -1,6 +1,6 @@
-"""evalkit/engine/trace_reads.py (and the planning of vllm/trace_from_cache.py) on top-k log-probabilities built as vLLM
-0.32 builds them: prompt rows with ``prompt_logprobs=k`` in both model runners' layouts, and one generated step
-with ``logprobs=k``. No engine is started.
+"""evalkit/engine/vllm/trace_rows.py (and the planning of vllm/trace_from_cache.py) on top-k log-probabilities built
+as vLLM 0.32 builds them: prompt rows with ``prompt_logprobs=k`` in both model runners' layouts, and one generated
+step with ``logprobs=k``. No engine is started.
 
 V1's rows come from vLLM's own code (the V1 sampler's ``compute_logprobs`` and ``gather_logprobs`` written into
 ``LogprobsTensors.empty_cpu`` as ``gpu_model_runner._get_prompt_logprobs_dict`` writes them, then the output
@@ -8,7 +8,7 @@ side's ``LogprobsProcessor``); V2's Triton kernels do not run on a CPU, so their
 layout follows ``vllm/v1/worker/gpu/sample/prompt_logprob.py`` (``compute_prompt_logprobs``: one row per computed
 position, the target then ``compute_topk_scores``' top-k, the last prompt row dropped). Each case either gives
 the exact trace of a reference computed from the logits, or raises BadRead: never a wrong one.
-Run: pytest tests/engine/test_trace_reads.py
+Run: pytest tests/engine/vllm/test_trace_rows.py
 """
 
 from types import SimpleNamespace
@@ -23,8 +23,8 @@ from vllm.v1.sample.sampler import Sampler
 
 from evalkit.contracts import ScoreRequest
 from evalkit.engine.logprob_reads import BadRead
-from evalkit.engine.trace_reads import next_token_trace, next_top, trace_from_rows, unlisted
 from evalkit.engine.vllm.trace_from_cache import plan_rows
+from evalkit.engine.vllm.trace_rows import next_token_trace, next_top, trace_from_rows, unlisted
 from evalkit.harness.divergence_traces import check
 
 K = 5
