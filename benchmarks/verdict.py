@@ -25,7 +25,7 @@ The cases of issue 28 (each: the false-fail rate at no change, the power at a ch
 * ``bleu16``: a stratified group of 16 BLEU leaves averaged equally (flores_gl's shape) and its leaves, 17 rows,
   --segments per leaf: each run's hypothesis of a segment is its reference with each word dropped with
   probability q (q0 = 0.1 in the reference, q in the candidate: q0 at no change, the q that lowers BLEU by 4 %
-  for power); the group row is evalkit.compare's (evalkit/compare/scoring.py). Also measured: what the group row
+  for power); the group row is evalkit.compare's (evalkit/compare/metric_rows.py). Also measured: what the group row
   costs at 1,012 segments per leaf, the resampling from summed counts (evalkit/compare/corpus.py) against
   lm-eval's bleu re-run on every resample (timed on a few resamples, then multiplied out).
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.compare import cli, paired
+from evalkit.compare import cli, metric_rows, paired
 from evalkit.compare import runs as on_disk
-from evalkit.compare import scoring
 from evalkit.compare.verdict import Tolerances
 from evalkit.config import EvalConfig
 from evalkit.run.evaluate import evaluate
@@ -203,7 +202,7 @@ def test_corpus_metrics_stored_as_json_lists_go_through_lm_evals_aggregation():
     for metric, aggregation in [("bleu", "bleu"), ("f1", "f1")]:
         ref, cand = paired.metric_values(pairs, metric)
         assert all(isinstance(v, tuple) for v in ref + cand)
-        row = scoring.compare_values(results, "t", metric, ref, cand, higher_is_better=True,
+        row = metric_rows.compare_values(results, "t", metric, ref, cand, higher_is_better=True,
                                      tolerances=Tolerances(), settings=settings)
         assert row["reference"] == pytest.approx(get_aggregation(aggregation)(ref))
         assert row["candidate"] == pytest.approx(get_aggregation(aggregation)(cand))

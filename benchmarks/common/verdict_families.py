@@ -1,6 +1,6 @@
 """The families of benchmarks.verdict beside MMLU: a perplexity row among 60 rows, a 17-point sweep of wikitext,
 a stratified group of 16 BLEU leaves. Each runs evalkit.compare's own statistics (evalkit/compare/stats.py,
-scoring.py) on simulated per-document values and Holm over the family (verdict.holm). Run them through
+metric_rows.py) on simulated per-document values and Holm over the family (verdict.holm). Run them through
 ``python -m benchmarks.verdict``.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 from lm_eval.api.registry import get_aggregation
 
 from benchmarks.common.verdict_trials import FLIP, p_worse, trial_rows
-from evalkit.compare import corpus, scoring
+from evalkit.compare import corpus, metric_rows
 from evalkit.compare.stats import compare_paired
 from evalkit.compare.verdict import Tolerances, holm
 
@@ -141,9 +141,9 @@ def bleu_rows(rng: np.random.Generator, drops: tuple[float, float], args: argpar
         pairs.append(tuple([(r, h) for r, h in zip(refs, hypotheses(rng, refs, d))] for d in drops))
     settings = dict(confidence=1 - args.alpha, iterations=1_000, seed=seed, family=leaves + 1)
     tolerances = Tolerances(absolute=args.tolerance, relative=args.tolerance)
-    rows = [scoring.compare_values(results, t, "bleu", *pair, higher_is_better=True, tolerances=tolerances,
+    rows = [metric_rows.compare_values(results, t, "bleu", *pair, higher_is_better=True, tolerances=tolerances,
                                    settings=settings)["p_worse"] for t, pair in zip(tasks, pairs)]
-    group = scoring.stratified_row(results, "flores", tasks, "bleu", pairs, [1] * leaves, tolerances=tolerances,
+    group = metric_rows.stratified_row(results, "flores", tasks, "bleu", pairs, [1] * leaves, tolerances=tolerances,
                                    higher_is_better=True, settings=settings)
     return rows + [group["p_worse"]]
 
@@ -160,7 +160,7 @@ def bleu_cost(drop: float, args: argparse.Namespace, *, leaves: int = 16, docume
         pairs.append(tuple([(r, h) for r, h in zip(refs, hypotheses(rng, refs, drop))] for _ in range(2)))
     settings = dict(confidence=1 - args.alpha, iterations=10_000, seed=0, family=leaves + 1)
     start = time.perf_counter()
-    scoring.stratified_row(results, "flores", tasks, "bleu", pairs, [1] * leaves, tolerances=Tolerances(),
+    metric_rows.stratified_row(results, "flores", tasks, "bleu", pairs, [1] * leaves, tolerances=Tolerances(),
                            higher_is_better=True, settings=settings)
     fast = time.perf_counter() - start
     bleu = get_aggregation("bleu")

@@ -3,7 +3,7 @@
 Both runs must have seen the same tasks at the same versions, the same documents, prompts and targets (lm-eval's
 ``versions`` and per-sample ``doc_hash``, ``prompt_hash`` and ``target_hash``); unlike-for-like input is refused.
 For every task, filter and metric, and for every group score lm-eval recorded (scored as lm-eval scores it,
-evalkit/compare/scoring.py), the difference gets an interval and the p-values of the one-sided tests against
+evalkit/compare/metric_rows.py), the difference gets an interval and the p-values of the one-sided tests against
 the row's tolerance (absolute for 0-1 metrics, relative for unbounded ones): Tango's score and McNemar's exact
 test for 0/1 metrics averaged over documents, a paired bootstrap of the mean difference for other averaged
 metrics, the delta method for lm-eval's perplexity family (evalkit/compare/ratio.py), and for other corpus-level
@@ -26,8 +26,8 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
-from evalkit.compare import scoring, stats, verdict
-from evalkit.compare.scoring import compare_values, group_rows
+from evalkit.compare import metric_rows, stats, verdict
+from evalkit.compare.metric_rows import compare_values, group_rows
 from evalkit.compare.runs import CompareError, Run, check_like_for_like
 from evalkit.compare.verdict import Tolerances
 
@@ -174,7 +174,7 @@ def check_comparable(reference: Run, candidate: Run) -> None:
 def planned_rows(reference: Run, candidate: Run) -> int:
     """The rows compare_runs gives at most (a group lm-eval recorded may give none): what sizes the resamples."""
     return (sum(len(metrics) for *_, metrics in metric_pairs(reference, candidate))
-            + len(scoring.group_keys(reference.results)))
+            + len(metric_rows.group_keys(reference.results)))
 
 
 def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerances = 0.02, confidence: float = 0.95,
@@ -197,7 +197,7 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
             ref, cand = scored[(filt, metric)] = metric_values(kept, metric)
             ids[metric] = [r["doc_id"] for r, _ in kept]
             row = compare_values(results, task, metric, ref, cand, tolerances=tolerances, settings=settings,
-                                 higher_is_better=scoring.direction(results, task, metric))
+                                 higher_is_better=metric_rows.direction(results, task, metric))
             rows.append({"task": task, "filter": filt, "metric": metric, "n": len(kept), **row,
                          "note": "; ".join(filter(None, [left_out, row["note"]]))})
         details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
