@@ -9,6 +9,7 @@ secret variable by its name only; a file is replaced through a temporary that no
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
@@ -26,6 +27,27 @@ def printable(text: object, *, keep: str = "") -> str:
 def _escape(char: str) -> str:
     code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def loopback(host: str) -> bool:
+    """host names this machine only: localhost or a loopback address (a name is not resolved)."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def unencrypted_elsewhere(url: str) -> str:
+    """The host url reaches over plain http:// when it is not this machine (what a key sent there crosses the
+    network unencrypted to), else ""."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return ""
+    return host if parts.scheme.lower() == "http" and host and not loopback(host) else ""
 
 
 def without_credentials(url: str) -> str:

@@ -127,6 +127,9 @@ def hf_runs(tmp_path_factory) -> list[tuple[subprocess.CompletedProcess, object]
 SERVED_TASKS = os.path.join(os.path.dirname(__file__), "served_tasks")
 # names the weights behind a server evalkit did not start, so its answers may be kept (docs/served.md)
 DEPLOYMENT = "endpoint.deployment=embedded-smollm2-135m-instruct"
+# the session server takes the key evalkit made for it: a run that reaches it by URL names the variable holding it
+SERVER_KEY_VARIABLE = "EVALKIT_TEST_SERVER_KEY"
+SERVER_KEY = f"endpoint.api_key_env={SERVER_KEY_VARIABLE}"
 PROMPTS = ["The capital of France is", "2 + 3 =", "Question: What color is the sky?\nAnswer:", "Once upon a time"]
 
 
@@ -139,7 +142,9 @@ def served(embedded_model_dir, tmp_path_factory):
                           f"output_dir={tmp_path_factory.mktemp('served')}"])
     engine = start_engines(cfg, embedded_model_dir)
     print(f"served fixture: {time.monotonic() - started:.0f}s to start and probe")
+    os.environ[SERVER_KEY_VARIABLE] = engine.server.api_key  # for runs that reach it by URL (SERVER_KEY)
     yield engine
+    os.environ.pop(SERVER_KEY_VARIABLE, None)
     engine.close()
 
 
@@ -164,7 +169,7 @@ def proxy(served):
     """A proxy in front of the server that spoils answers on the way (tests/fault_proxy.py)."""
     from tests.fault_proxy import FaultProxy
 
-    spoiler = FaultProxy(served.client.root())
+    spoiler = FaultProxy(served.client.root(), api_key=served.server.api_key)
     yield spoiler
     spoiler.close()
 

@@ -21,8 +21,9 @@ FAULTS = ("429", "500", "hang", "drop", "cut", "wrong_ids")
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, hang_seconds: float = 8.0) -> None:
+    def __init__(self, upstream: str, hang_seconds: float = 8.0, api_key: str | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        self.api_key = api_key  # the server's, added to what is forwarded (a gateway in front of a keyed server)
         self.hang_seconds = hang_seconds
         self.faults: list[str | None] = []
         self.wrong_ids_for: set[tuple[int, ...]] = set()
@@ -89,8 +90,9 @@ class FaultProxy:
             time.sleep(self.hang_seconds)  # past the client's timeout: it has given up and will try again
             handler.close_connection = True
             return
+        key = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         request = urllib.request.Request(self.upstream + handler.path, data=sent, method=handler.command,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **key})
         try:
             with urllib.request.urlopen(request, timeout=600) as answer:
                 status, data = answer.status, answer.read()

@@ -132,6 +132,7 @@ def test_exit_code_of_a_point_is_recorded(shapes):
 def test_data_parallel_points_join_the_cluster_and_hold_no_devices(shapes):
     done, traces, records = shapes
     address = re.search(r"evalkit: sweep: 6 points on Ray at (\S+) ", done.stderr)[1]
+    assert address.startswith("127.0.0.1:")  # the Ray the sweep started listens on loopback only
     for num in (1, 3):
         assert traces[num]["address"] == address and traces[num]["devices"] is None
         assert f"cluster.address='{address}'" in records[num].overrides

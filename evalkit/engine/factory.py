@@ -7,6 +7,7 @@ import sys
 from evalkit.config import EvalConfig
 from evalkit.contracts import Engine
 from evalkit.engine.vllm.start import start_vllm
+from evalkit.untrusted import unencrypted_elsewhere
 
 
 def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
@@ -46,6 +47,10 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
 
     end = cfg.endpoint
     api_key = os.environ.get(end.api_key_env) if end.api_key_env else None
+    host = unencrypted_elsewhere(end.url or "") if api_key else ""
+    if host:
+        print(f"evalkit: warning: the API key of endpoint.api_key_env={end.api_key_env} goes to {host} over plain "
+              "http://, unencrypted on the network: use https:// there", file=sys.stderr, flush=True)
     try:
         identity = weights_identity(started_from=model_dir if end.serve else None, deployment_id=end.deployment,
                                     keeps_answers=cfg.resume, url=without_credentials(end.url or ""))
@@ -58,7 +63,7 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
         from evalkit.engine.served.start import start_server
 
         server = start_server(cfg, model_dir)
-    url = server.url if server else end.url
+    url, api_key = (server.url, server.api_key) if server else (end.url, api_key)
     client = Client(url, api_key=api_key, max_concurrency=end.max_concurrency, timeout=end.timeout,
                     retries=end.retries, reconnect_wait=end.reconnect_wait)
     try:

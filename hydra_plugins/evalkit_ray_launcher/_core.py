@@ -30,6 +30,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from evalkit.config import ConfigError
+from evalkit.engine.machine import local_ray
 
 from ._plan import RaySettings, Request, address_override, exclusive, request_for
 from ._records import record_failure
@@ -43,30 +44,32 @@ def say(line: str) -> None:
     print(f"evalkit: {line}", file=sys.stderr, flush=True)
 
 
-def connect(settings: RaySettings) -> bool:
-    """Join settings.address or start Ray here; False when this process was connected already."""
+def connect(settings: RaySettings) -> tuple[bool, Path | None]:
+    """Join settings.address or start Ray here (on 127.0.0.1, its session in a private folder: evalkit's
+    engine/machine/local_ray.py): whether this call connected (False when this process was connected already)
+    and the session folder of a Ray it started."""
     # Ray folds lines that differ only in their numbers ("[repeated 3x across cluster]"), which every point's
     # progress lines do; read when ray is imported. Colour codes only on a terminal; read per line.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if not sys.stderr.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if not settings.address:
+        folder = local_ray.start(num_cpus=settings.num_cpus, num_gpus=settings.num_gpus,
+                                 logging_level=logging.ERROR)
+        return folder is not None, folder
     import ray
 
     if ray.is_initialized():
-        return False
-    if settings.address:
-        ray.init(address=settings.address, logging_level=logging.ERROR)
-    else:
-        ray.init(num_cpus=settings.num_cpus, num_gpus=settings.num_gpus, include_dashboard=False,
-                 logging_level=logging.ERROR)
-    return True
+        return False, None
+    ray.init(address=settings.address, logging_level=logging.ERROR)
+    return True, None
 
 
 def launch(*, settings: RaySettings, hydra_context: HydraContext, task_function: TaskFunction,
            config: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
     setup_globals()
     Path(str(config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)  # its ${now:} is cached for the points
-    connected = connect(settings)
+    connected, ray_folder = connect(settings)
     received: list[int] = []  # SIGTERM, seen by the handler (Ray re-raises a bare KeyboardInterrupt)
 
     def stop(signum: int, frame: Any) -> None:
@@ -85,10 +88,8 @@ def launch(*, settings: RaySettings, hydra_context: HydraContext, task_function:
     finally:
         signal.signal(signal.SIGTERM, previous)
         if connected:
-            import ray
-
             time.sleep(LOG_GRACE_S)
-            ray.shutdown()  # stops the Ray this sweep started; only disconnects from a cluster it joined
+            local_ray.stop(ray_folder)  # stops the Ray this sweep started; only disconnects from a cluster it joined
 
 
 @dataclass

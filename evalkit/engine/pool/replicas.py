@@ -11,10 +11,12 @@ too, since they would share one request store (machine/gpus.py, ``pool_gpus``).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from evalkit.config import EvalConfig, devices_per_engine, memory_settings
 from evalkit.engine.backoff import classify, weights_failure
+from evalkit.engine.machine import local_ray
 from evalkit.engine.machine.gpus import engine_gpus, pool_gpus
 from evalkit.engine.pool.actor import EngineActor
 from evalkit.engine.pool.plan import REPLACEMENTS, actor_resources, one_line, replacement_settings
@@ -22,15 +24,20 @@ from evalkit.engine.pool.plan import REPLACEMENTS, actor_resources, one_line, re
 log = logging.getLogger("evalkit")
 
 
-def connect(cfg: EvalConfig) -> bool:
-    """Join cluster.address, or start Ray on this machine; False when this process was connected already."""
+def connect(cfg: EvalConfig) -> tuple[bool, Path | None]:
+    """Join cluster.address, or start Ray on this machine (on 127.0.0.1, its session in a private folder:
+    machine/local_ray.py): whether this call connected (False when this process was connected already) and the
+    session folder of a Ray it started."""
+    if not cfg.cluster.address:
+        folder = local_ray.start(num_cpus=cfg.cluster.num_cpus, num_gpus=cfg.cluster.num_gpus,
+                                 logging_level=logging.WARNING)
+        return folder is not None, folder
     import ray
 
     if ray.is_initialized():
-        return False
-    local = {} if cfg.cluster.address else {"num_cpus": cfg.cluster.num_cpus, "num_gpus": cfg.cluster.num_gpus}
-    ray.init(address=cfg.cluster.address, include_dashboard=False, logging_level=logging.WARNING, **local)
-    return True
+        return False, None
+    ray.init(address=cfg.cluster.address, include_dashboard=False, logging_level=logging.WARNING)
+    return True, None
 
 
 class Replicas:
@@ -43,7 +50,7 @@ class Replicas:
         import ray
 
         self.cfg, self.model_dir = cfg, model_dir
-        self.connected_here = connect(cfg)
+        self.connected_here, self.ray_folder = connect(cfg)
         self.resources = actor_resources(cfg, ray.cluster_resources())
         self.actors: list[Any] = []
 
@@ -142,4 +149,4 @@ class Replicas:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         if self.connected_here:
-            ray.shutdown()
+            local_ray.stop(self.ray_folder)

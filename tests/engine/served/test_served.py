@@ -28,6 +28,38 @@ def test_the_probe_passes_and_describe_names_the_deployment(served):
 
 
 @pytest.mark.engine
+def test_the_server_evalkit_started_answers_only_its_key_which_no_command_line_shows(served):
+    """Another user of the machine reaches the port but not the server: a request without the run's key, or with
+    another, is refused (401); the key is in the server's environment, on no process's command line."""
+    import urllib.error
+    import urllib.request
+
+    import psutil
+
+    def status(key):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(served.client.url + "/models", headers=headers),
+                                        timeout=30) as answer:
+                return answer.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    assert (status(None), status("guessed"), status(served.server.api_key)) == (401, 401, 200)
+    group = [p for p in psutil.process_iter() if _group(p.pid) == served.server.process.pid]
+    assert group and not any(served.server.api_key in " ".join(p.cmdline()) for p in group)
+
+
+def _group(pid):
+    import os
+
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+@pytest.mark.engine
 def test_served_answers_are_the_offline_engines(served, engine):
     gens = [GenRequest(prompt_ids=tuple(engine.encode(p, True)), max_tokens=12, stop=("\n",),
                        sampling=(("temperature", 0.0),)) for p in PROMPTS]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEPLOYMENT
+from tests.conftest import DEPLOYMENT, SERVER_KEY
 from tests.engine.served.local_http import QuietHandler, answer_json, running
 
 # Texts with the embedded model's special tokens in them, spaces, newlines and non-ASCII text: every one must get
@@ -115,7 +115,7 @@ def test_served_runs_without_vllm_and_torch(served, tmp_path):
                            capture_output=True, text=True, env=env, timeout=60)
     assert blind.returncode == 0, blind.stderr  # the hiding holds
     done = subprocess.run([sys.executable, "-m", "evalkit", "engine=served", f"endpoint.url={served.client.url}",
-                           DEPLOYMENT, "tasks=[evalkit_arith,evalkit_facts]", "limit=4", f"output_dir={tmp_path / 'out'}"],
+                           DEPLOYMENT, SERVER_KEY, "tasks=[evalkit_arith,evalkit_facts]", "limit=4", f"output_dir={tmp_path / 'out'}"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (results,) = (tmp_path / "out").rglob("results.json")

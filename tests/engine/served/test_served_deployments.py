@@ -14,7 +14,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest
-from tests.conftest import DEPLOYMENT, EAGER, PROMPTS, SERVED_TASKS, score_requests, through
+from tests.conftest import DEPLOYMENT, EAGER, PROMPTS, SERVED_TASKS, SERVER_KEY, score_requests, through
 
 
 @pytest.mark.engine
@@ -125,7 +125,7 @@ def test_ctrl_c_cancels_the_requests_in_flight_on_the_server(served, tmp_path):
     log = tmp_path / "log"
     with open(log, "w") as out:
         run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", f"endpoint.url={served.client.url}",
-                                DEPLOYMENT, "tasks=[served_long]", f"tasks_dirs=[{SERVED_TASKS}]",
+                                DEPLOYMENT, SERVER_KEY, "tasks=[served_long]", f"tasks_dirs=[{SERVED_TASKS}]",
                                 "+sampling_kwargs={min_tokens: 1000, ignore_eos: true}", f"output_dir={tmp_path}"],
                                stdout=out, stderr=out, process_group=0)
     deadline = time.monotonic() + 300
