@@ -32,24 +32,29 @@ TESTED = "2.60"
 def start(*, num_cpus: float | None, num_gpus: float | None, logging_level: int) -> Path | None:
     """Start Ray here, its node on 127.0.0.1 and its session under a new private folder, which it returns (for
     :func:`stop`); None where this process is connected to Ray already (a point of a Ray sweep)."""
-    os.environ.update(SINGLE_MACHINE)  # before ray is imported; the processes Ray starts inherit it
-    import ray
-
-    if ray.is_initialized():
-        return None
-    folder = Path(tempfile.mkdtemp(prefix="evalkit-ray-"))
+    before = {name: os.environ.get(name) for name in SINGLE_MACHINE}
+    os.environ.update(SINGLE_MACHINE)  # read when ray is imported; the processes Ray starts inherit it
     try:
-        # Ray opens its own folder to everyone (0777): its parent here is 0700
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging_level,
-                 _temp_dir=str(folder / "ray"))
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+        import ray
+
+        if ray.is_initialized():
+            return None
+        folder = Path(tempfile.mkdtemp(prefix="evalkit-ray-"))
+        try:
+            # Ray opens its own folder to everyone (0777): its parent here is 0700
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging_level,
+                     _temp_dir=str(folder / "ray"))
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+    finally:  # this process's later Ray calls (joining a cluster) see the environment as it was
+        for name, value in before.items():
+            os.environ.pop(name) if value is None else os.environ.update({name: value})
     host = ray.get_runtime_context().gcs_address.rsplit(":", 1)[0].strip("[]")
     if not loopback(host):
-        log.warning("Ray started on this machine listens on %s, not 127.0.0.1 (Ray %s; evalkit keeps it on "
-                    "loopback with Ray %s, imported after evalkit set %s): other machines may reach its ports",
-                    host, ray.__version__, TESTED, ", ".join(SINGLE_MACHINE))
+        log.warning("Ray started on this machine listens on %s, not 127.0.0.1: other machines may reach its ports "
+                    "(Ray %s imported before evalkit set %s, or another Ray than the %s evalkit was checked with)",
+                    host, ray.__version__, ", ".join(SINGLE_MACHINE), TESTED)
     return folder
 
 
