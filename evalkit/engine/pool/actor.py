@@ -18,7 +18,7 @@ from typing import Any, Callable
 from evalkit.config import EvalConfig, devices_per_engine
 from evalkit.contracts import Generation, GenRequest, IdsRead, Scored, ScoreRequest, TokenTrace
 from evalkit.engine.machine.process_group import guard_own_group
-from evalkit.engine.pool.output import call_explained
+from evalkit.engine.pool.output import call_explained, keep_tails
 from evalkit.engine.pool.plan import core_share
 from evalkit.engine.vllm.bar import EngineBar
 from evalkit.engine.vllm.start import start_vllm
@@ -82,7 +82,9 @@ class EngineActor:
             cfg = dataclasses.replace(cfg, distributed_executor_backend="mp")
         # the engine's processes (EngineCore, workers) die with this actor, however it dies (ray.kill is SIGKILL)
         self.guard = guard_own_group()
-        # vLLM's error names no cause when its EngineCore fails ("See root cause above"): read it off the output
+        # vLLM's error names no cause when its EngineCore fails ("See root cause above"): read it off the output,
+        # which the engine's processes inherit: a pipe (Ray rotating its logs) gets a tail of ours in front
+        keep_tails()
         self.engine = call_explained(start_vllm, cfg, model_dir, sole_engine=True)
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         return {**self.engine.describe(), "cores": cores, "threads": torch.get_num_threads(),

@@ -207,7 +207,9 @@ def vllm_call(case):
 
 if __name__ == "__main__":
     import torch, vllm.logger, vllm.utils.system_utils, vllm.v1.engine.exceptions  # once, before the forks
-    from evalkit.engine.pool.output import call_explained
+    from evalkit.engine.pool.output import call_explained, keep_tails
+
+    keep_tails()  # as EngineActor.start: pipes (Ray rotating its logs) get a tail; files are read back as they are
 
     failures = {}
     for case in sys.argv[2:]:
@@ -220,8 +222,10 @@ if __name__ == "__main__":
 """
 
 
-def failed_in_actor(tmp_path, *cases) -> dict:
-    """case -> the exception ray.get raises on the driver for it (a RayTaskError built as Ray builds it)."""
+def failed_in_actor(tmp_path, *cases, pipes: bool = False) -> dict:
+    """case -> the exception ray.get raises on the driver for it (a RayTaskError built as Ray builds it). pipes:
+    the actor's stdout and stderr are pipes, as a Ray worker's are where Ray rotates its logs
+    (RAY_ROTATION_MAX_BYTES), each read to its end by this process as Ray's log monitor reads them."""
     import pickle
     import subprocess
     import sys
@@ -230,19 +234,26 @@ def failed_in_actor(tmp_path, *cases) -> dict:
 
     script, found = tmp_path / "actor.py", tmp_path / "failures.pickle"
     script.write_text(STAND_IN_ACTOR)
-    with open(tmp_path / "worker.out", "w") as out, open(tmp_path / "worker.err", "w") as err:
-        subprocess.run([sys.executable, str(script), str(found), *cases], stdout=out, stderr=err, check=True,
-                       timeout=300, start_new_session=True)
+    command = [sys.executable, str(script), str(found), *cases]
+    if pipes:
+        done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300, start_new_session=True)
+        assert "EngineCore failed to start." in done.stdout + done.stderr  # the output still reaches Ray's side
+    else:
+        with open(tmp_path / "worker.out", "w") as out, open(tmp_path / "worker.err", "w") as err:
+            subprocess.run(command, stdout=out, stderr=err, check=True, timeout=300, start_new_session=True)
     with open(found, "rb") as f:
         failures = pickle.load(f)
     return {case: RayTaskError("EngineActor.start", tb, error, proctitle="ray::EngineActor.start", pid=1,
                                ip="10.0.0.1").as_instanceof_cause() for case, (error, tb) in failures.items()}
 
 
-def test_an_engine_core_that_fails_in_its_own_process_is_backed_off_or_fails_at_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("pipes", [False, True], ids=["worker files", "worker pipes"])
+def test_an_engine_core_that_fails_in_its_own_process_is_backed_off_or_fails_at_once(tmp_path, monkeypatch, pipes):
     """The pool reads vLLM's EngineCore failure as what it is: out of memory at start or while running backs the
-    actor off (the message says vLLM's own cause), and weights that do not fit fail the run at once."""
-    errors = failed_in_actor(tmp_path, "start", "dead", "weights")
+    actor off (the message says vLLM's own cause), and weights that do not fit fail the run at once; with the
+    actor's output in Ray's files and in pipes to Ray's log monitor alike (a pipe cannot be read back: the
+    actor keeps a tail of its own in front of it, pool/output.py)."""
+    errors = failed_in_actor(tmp_path, "start", "dead", "weights", pipes=pipes)
     print("\n" + "\n".join(f"{case}: {one_line(error)[-300:]}" for case, error in errors.items()))
     for case in ("start", "dead"):
         pool = fake_pool([0], monkeypatch)
