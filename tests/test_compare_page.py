@@ -15,7 +15,8 @@ from html.parser import HTMLParser
 import pandas as pd
 import pytest
 
-from evalkit.compare import cli, page, paired, plots, proportions, report_page, verdict
+from evalkit import page
+from evalkit.compare import cli, paired, plots, proportions, report_page, verdict
 from evalkit.compare import runs as on_disk
 from evalkit.sweep.points import write_point
 from evalkit.sweep.report import write_report

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from evalkit.compare import page
+from evalkit import page
 from evalkit.compare.paired import TaskDetail
 from evalkit.compare.runs import Run
 from evalkit.compare.why import Flip, Localisation, choice_logprobs

@@ -6,30 +6,14 @@ tokens up to each divergence. matplotlib with Agg: no display."""
 
 from __future__ import annotations
 
-import io
-
 import pandas as pd
 
-from evalkit.compare import page
+from evalkit import page
 from evalkit.compare.paired import TaskDetail
 from evalkit.compare.why import NOISE_FLOOR, Localisation
+from evalkit.page import png, pyplot
 
 MAX_WHY = 5  # flips plotted (report.py shows as many in full)
-
-
-def png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    return buffer.getvalue()
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 DIFFERENCES = ("Each row's difference (dot) with its interval (bar), in units of the row's own tolerance, oriented "

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from evalkit.compare import documents, page, proportions, report_page
+from evalkit import page
+from evalkit.compare import documents, proportions, report_page
 from evalkit.compare.divergence import report as divergence_report
 from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.paired import TaskDetail

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from evalkit.compare import page
+from evalkit import page
 from evalkit.compare.divergence import between, records
 from evalkit.compare.divergence import report as divergence_report
 from evalkit.compare.divergence.between import Divergence

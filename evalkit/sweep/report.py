@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 from evalkit.compare.divergence.between import Divergence
-from evalkit.compare.plots import png, pyplot
+from evalkit.page import png, pyplot
 from evalkit.sweep import divergence, report_page
 from evalkit.sweep.points import (COMPLETED, PointRecord, SweepError, distinct_overrides, read_points,
                                    write_atomic)

@@ -1,4 +1,4 @@
-"""The sweep report's HTML page, through compare's one template (evalkit/compare/page.py): the verdict over the
+"""The sweep report's HTML page, through the reports' one template (evalkit/page.py): the verdict over the
 points in words, a compact table (point, overrides, task, metric, score ± stderr, difference, verdict linked to the
 point's comparison page, tokens/s), every column folded below it, each point's divergence from the reference
 (evalkit/sweep/divergence.py's section), the plots with their captions, and report.md rendered. Pure: the table
@@ -12,7 +12,7 @@ from collections import Counter
 
 import pandas as pd
 
-from evalkit.compare import page
+from evalkit import page
 from evalkit.compare.verdict import FAILING
 from evalkit.sweep.points import COMPLETED, PointRecord
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from evalkit.compare import page
+from evalkit import page
 from evalkit.compare.divergence import report
 from evalkit.compare.divergence.between import Divergence
-from evalkit.compare.plots import png, pyplot
+from evalkit.page import png, pyplot
 
 LEVELS = np.concatenate([np.linspace(0, 90, 46), np.linspace(90.5, 99.5, 19), [99.9, 100.0]])
 

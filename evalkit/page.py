@@ -1,5 +1,6 @@
-"""The one HTML page template of evalkit's reports: compare's page (report.py) and the sweep report's
-(evalkit/sweep/report.py). Pure functions from already-computed content to HTML text.
+"""The one HTML page template of evalkit's reports: compare's page and the sweep
+report's (evalkit/sweep/report_page.py), below both so each imports it directly. Pure functions from
+already-computed content to HTML text, and the two helpers every report's figures use (pyplot with Agg, png).
 
 A page leads with its verdict line, coloured by what it says; then its tables (cells coloured by verdict),
 its plots, each with a caption saying what to read in it (a sentence where a plot would say nothing), and
@@ -16,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import io
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -183,3 +185,20 @@ def document(*, title: str, headline: str, kind: str, facts: str, sections: Iter
 {body}
 </body></html>
 """
+
+
+def png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes, for a Plot."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def pyplot():
+    """matplotlib's pyplot with the Agg backend (no display), imported only when a report draws."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
