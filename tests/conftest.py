@@ -207,3 +207,14 @@ def slurm():
     yield cluster
     cluster.stop()
     shutil.rmtree(cluster.state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_nodes():
+    """A Ray cluster of two nodes on this machine, one CPU each (tests/clusters/local_ray.py); its env joins it."""
+    pytest.importorskip("ray")
+    from tests.clusters.local_ray import LocalRay
+
+    cluster = LocalRay(nodes=2, cpus=1).start()
+    yield cluster
+    cluster.stop()

@@ -13,6 +13,8 @@ from evalkit.contracts import ScoreRequest
 from evalkit.engine.backoff import next_settings
 
 REPLACEMENTS = 3  # times one shard may lose its actor, or one actor fail to start, before the run fails
+# seconds a replacement actor waits for a node with room (its node lost, the others full) before the run fails
+PLACE_WAIT = 60.0
 
 
 def shard(requests: Sequence[Any], shards: int) -> list[list[int]]:

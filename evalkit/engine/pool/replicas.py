@@ -19,7 +19,7 @@ from evalkit.engine.backoff import classify, weights_failure
 from evalkit.engine.machine import local_ray
 from evalkit.engine.machine.gpus import engine_gpus, pool_gpus
 from evalkit.engine.pool.actor import EngineActor
-from evalkit.engine.pool.plan import REPLACEMENTS, actor_resources, one_line, replacement_settings
+from evalkit.engine.pool.plan import PLACE_WAIT, REPLACEMENTS, actor_resources, one_line, replacement_settings
 
 log = logging.getLogger("evalkit")
 
@@ -115,9 +115,25 @@ class Replicas:
                     memory_settings(self.settings[i]))
         ray.kill(self.actors[i], no_restart=True)
         self.actors[i] = self.remote.options(**self.resources).remote()
-        self.places[i] = ray.get(self.actors[i].place.remote())
+        self.places[i] = self._placed(i, error)
         self.replaced += 1
         self._one_gpu_model()  # the replacement may land on another GPU model
+
+    def _placed(self, i: int, error: Exception) -> dict[str, Any]:
+        """The place of actor i's replacement; the run fails in one line when no node has room for it within
+        PLACE_WAIT seconds (its node was lost and the others are full): the answers stored so far are kept."""
+        import ray
+
+        try:
+            return ray.get(self.actors[i].place.remote(), timeout=PLACE_WAIT)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.actors[i], no_restart=True)
+            lost = self.places[i]
+            raise RuntimeError(
+                f"engine {i} (on {lost['host']}, Ray node {lost['node'][:12]}) was lost ({one_line(error)[:200]}) and no "
+                f"node had room for a replacement ({self.resources}) within {PLACE_WAIT:g} s; the answers finished "
+                f"so far are kept: run the same command again when the cluster has room, or with a smaller "
+                f"data_parallel_size") from None
 
     def _one_gpu_model(self) -> None:
         """Refuse engines on different GPU models before they start: they would share one store
