@@ -2,7 +2,8 @@
 
 The sweeps run tests/sweep_app/app.py, an app shaped like evalkit's whose points record what Ray gave them
 (devices, start and end, cluster address), each sweep in a subprocess that starts and stops its own Ray with 8
-logical GPUs. Two sweeps, about 45 s in all on 2 cores; no vLLM.
+logical GPUs. Two sweeps, about 45 s in all on 2 cores; no vLLM. One more joins a running cluster of two nodes
+(the ray_nodes fixture, tests/clusters/local_ray.py: about 25 s to start).
 
     .venv/bin/python -m pytest tests/test_launcher.py
 """
@@ -170,6 +171,18 @@ def test_sigterm_ends_the_sweep_and_its_points(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert {p.status for p in read_points(tmp_path)} == {"running"}  # cut off, never marked done
+
+
+def test_a_sweep_on_a_cluster_of_two_nodes_runs_one_point_on_each(ray_nodes, tmp_path):
+    """The launcher joins a running cluster of two one-CPU nodes (tests/clusters/local_ray.py) and each point,
+    holding one CPU, runs on its own node."""
+    cmd = [sys.executable, str(APP), "-m", "hydra/launcher=evalkit_ray", "hydra.launcher.address=auto",
+           f"hydra.sweep.dir={tmp_path}", "tag=0,1", "sleep=3"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ray_nodes.env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    traces = [json.loads(p.read_text()) for p in tmp_path.glob("*/trace.json")]
+    assert len(traces) == 2 and all(t["node"] for t in traces), traces
+    assert traces[0]["node"] != traces[1]["node"] and overlap(*traces), traces  # side by side, one per node
 
 
 def test_hydra_discovers_the_launcher_from_any_folder(tmp_path):

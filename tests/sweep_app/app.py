@@ -3,7 +3,7 @@ keys and ``cluster.address``, and a task that records what its process was given
 
 Each point writes its record as evalkit's points do (evalkit/sweep/points.py, so the sweep's progress lines
 count it) and ``trace.json`` in its folder: CUDA_VISIBLE_DEVICES, cluster.address, start and end (time.time()),
-OMP_NUM_THREADS and the launcher settings a point reads (evalkit/sweep/devices.py).
+OMP_NUM_THREADS, the launcher settings a point reads (evalkit/sweep/devices.py) and its Ray node (a Ray launcher's).
 It prints one ``evalkit:`` line, which the launcher must bring to the terminal, then sleeps.
 
     python tests/sweep_app/app.py -m hydra/launcher=evalkit_ray hydra.launcher.num_gpus=8 tensor_parallel_size=2 tag=0,1,2
@@ -42,6 +42,13 @@ class AppConfig:
     die_at: int = -1  # the point whose process dies (os._exit), as a worker killed for memory
 
 
+def ray_node() -> str | None:
+    """The Ray node this point runs on (a point of the Ray launcher runs as a Ray task), else None."""
+    if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
+        return None
+    return sys.modules["ray"].get_runtime_context().get_node_id()
+
+
 def point(cfg: AppConfig) -> None:
     from evalkit.sweep.devices import point_launcher
     from evalkit.sweep.points import PointRecord, now_iso, write_point
@@ -57,7 +64,7 @@ def point(cfg: AppConfig) -> None:
     print(f"evalkit: point {num} holds devices {devices}", file=sys.stderr, flush=True)
     time.sleep(cfg.sleep)
     trace = {"num": num, "devices": devices, "address": cfg.cluster.address, "start": start, "end": time.time(),
-             "threads": os.environ.get("OMP_NUM_THREADS"), "launcher": point_launcher()}
+             "threads": os.environ.get("OMP_NUM_THREADS"), "launcher": point_launcher(), "node": ray_node()}
     (folder / "trace.json").write_text(json.dumps(trace))
     if num == cfg.exit_at:
         sys.exit(5)
