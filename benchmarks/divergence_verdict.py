@@ -13,7 +13,7 @@ floor is then that dtype's own run-to-run noise, the one GPU users meet.
 
 It prints and writes three tables:
  1. each candidate against the reference: Mean KLD, Same top p, the verdict against the noise run at --alpha
-    (p), and the accuracy compare's verdicts (evalkit.compare.paired at its default 0.05 and ±0.02); where a
+    (p), and the accuracy compare's verdicts (evalkit.compare.statistics.paired at its default 0.05 and ±0.02); where a
     candidate that should be silent is beyond noise, where its divergence lies (kinds, documents, positions);
  2. false alarms over the recorded reference-like runs (reference, noise, orders): every ordered triple
     (reference, candidate, noise) of distinct runs, on all documents and on random subsets, the share called
@@ -42,7 +42,7 @@ from scipy.stats import beta
 from benchmarks.common import ROOT
 from benchmarks.common.divergence_runs import make_runs, other_dtype, plans
 from evalkit.compare.divergence import between, noise_verdict, records
-from evalkit.compare.paired import compare_runs
+from evalkit.compare.statistics.paired import compare_runs
 from evalkit.compare.runs import Run, load_run
 from evalkit.run.divergence_record import KINDS
 

@@ -2,7 +2,7 @@
 that any of m rows is called `worse` when every row's true change is exactly -tolerance (the largest change that
 must pass) and every changed document was lost, none gained (the case where the smallest p-value a row could
 reach given its changed documents is the one it got), simulated through the p-values and the adjustments of
-evalkit/compare/verdict.py:
+evalkit/compare/statistics/verdict.py:
 
 * ``holm``: Holm over every row (no screen);
 * ``screen``: the command's: rows where no document changed cannot be worse and do not count (tarone_holm),
@@ -21,8 +21,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from evalkit.compare import tost
-from evalkit.compare.verdict import holm, tarone_holm
+from evalkit.compare.statistics import tost
+from evalkit.compare.statistics.verdict import holm, tarone_holm
 
 TOLERANCE, ALPHA = 0.02, 0.05
 

@@ -1,7 +1,7 @@
 """Does every method of ``python -m evalkit.compare`` keep its promise at every number of documents? The size (how
 often a row is called `worse` when its true change is exactly -tolerance, the largest change that must pass) and
 the power (how often when it is twice that) of one row, and how often an `equivalent` claim is false, simulated
-through evalkit/compare/stats.py's compare_paired (the code the command runs) at n = 2, 3, 5, 10, 30, 100, 1,000.
+through evalkit/compare/statistics/stats.py's compare_paired (the code the command runs) at n = 2, 3, 5, 10, 30, 100, 1,000.
 
 Methods and the documents each is given (tolerance 0.02, alpha 0.05, one row):
 
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from evalkit.compare import stats
+from evalkit.compare.statistics import stats
 
 TOL, ALPHA = 0.02, 0.05
 
@@ -87,7 +87,7 @@ def bootstrap_drop(rng, n, drop):
 
 
 def bootstrapped(delta, rng):
-    from evalkit.compare.bootstrap import bootstrap_means
+    from evalkit.compare.statistics.bootstrap import bootstrap_means
 
     statistics = bootstrap_means(delta, iterations=2_000, seed=int(rng.integers(1 << 30)))
     _, p = stats.bootstrap_reading(float(delta.mean()), statistics, tolerance=TOL, confidence=1 - ALPHA,

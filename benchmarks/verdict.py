@@ -9,8 +9,8 @@ subtask (pb = 0.05 + 2 * tolerance, pc = 0.05).
 
 * before: a row is `worse` when its 95 % Tango interval lies below 0 (the rule until this change), and any
   `worse` row fails the run;
-* now: evalkit.compare's rule: the exact one-sided p-value of "worse than -tolerance" (evalkit/compare/tost.py),
-  Holm-adjusted over the 58 rows (evalkit/compare/verdict.py), fails the run when any is below alpha.
+* now: evalkit.compare's rule: the exact one-sided p-value of "worse than -tolerance" (evalkit/compare/statistics/tost.py),
+  Holm-adjusted over the 58 rows (evalkit/compare/statistics/verdict.py), fails the run when any is below alpha.
 
 The cases of issue 28 (each: the false-fail rate at no change, the power at a change of twice the tolerance):
 
@@ -18,15 +18,15 @@ The cases of issue 28 (each: the false-fail rate at no change, the power at a ch
   documents of 50-400 words, each document's log-likelihood per word spread 10 % around log(1/15), the candidate
   off the reference by --spread per document): 60 rows. Power: word perplexity 4 % higher. Before, the perplexity
   rows were bootstrapped with 1,000 resamples: their p-value at least 1/1001, times 60 by Holm, never below 0.05
-  (power 0 by construction); now the delta method (evalkit/compare/ratio.py).
+  (power 0 by construction); now the delta method (evalkit/compare/statistics/ratio.py).
 * ``sweep17``: a 17-point sweep of wikitext against one reference point (51 rows). Per point: Holm over each
   point's own 3 rows, as the sweep report did; one family: Holm over all 51, as ``python -m evalkit.compare REF
   P1 ... P17`` and now the sweep report do. Power: one point's word perplexity 4 % higher.
 * ``bleu16``: a stratified group of 16 BLEU leaves averaged equally (flores_gl's shape) and its leaves, 17 rows,
   --segments per leaf: each run's hypothesis of a segment is its reference with each word dropped with
   probability q (q0 = 0.1 in the reference, q in the candidate: q0 at no change, the q that lowers BLEU by 4 %
-  for power); the group row is evalkit.compare's (evalkit/compare/metric_rows.py). Also measured: what the group row
-  costs at 1,012 segments per leaf, the resampling from summed counts (evalkit/compare/corpus.py) against
+  for power); the group row is evalkit.compare's (evalkit/compare/statistics/metric_rows.py). Also measured: what the group row
+  costs at 1,012 segments per leaf, the resampling from summed counts (evalkit/compare/statistics/corpus.py) against
   lm-eval's bleu re-run on every resample (timed on a few resamples, then multiplied out).
 
 Printed, not asserted. Run: python -m benchmarks.verdict [--case mmlu|wikitext60|sweep17|bleu16|all]
@@ -43,8 +43,8 @@ import numpy as np
 
 from benchmarks.common.verdict_families import bleu16, sweep17, wikitext60
 from benchmarks.common.verdict_trials import DOCUMENTS, FLIP, SUBTASKS, p_worse, trial_rows
-from evalkit.compare.proportions import tango_interval
-from evalkit.compare.verdict import holm
+from evalkit.compare.statistics.proportions import tango_interval
+from evalkit.compare.statistics.verdict import holm
 
 
 @lru_cache(maxsize=None)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.compare import cli, metric_rows, paired
+from evalkit.compare import cli
+from evalkit.compare.statistics import metric_rows, paired
 from evalkit.compare import runs as on_disk
-from evalkit.compare.verdict import Tolerances
+from evalkit.compare.statistics.verdict import Tolerances
 from evalkit.config import EvalConfig
 from evalkit.run.evaluate import evaluate
 from tests.fake_engine import FakeEngine

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from evalkit.compare import cli, paired, runs
+from evalkit.compare import cli, runs
+from evalkit.compare.statistics import paired
 from tests.conftest import PAIR_LIMIT as LIMIT
 
 pytestmark = pytest.mark.engine
@@ -28,13 +29,13 @@ def test_same_config_twice_shows_no_change(noise_pair, capsys):
 
 
 def exact_p_worse(b, c, n, tolerance):
-    """p(H1: candidate - reference < -tolerance), written out apart from evalkit/compare/tost.py: every table
+    """p(H1: candidate - reference < -tolerance), written out apart from evalkit/compare/statistics/tost.py: every table
     of n documents whose Tango score at -tolerance is at most the observed one, its probability maximised over
     the nuisance (documents right in the candidate only, pc; in the reference only, pc + tolerance) on a grid."""
     import numpy as np
     from scipy.stats import multinomial
 
-    from evalkit.compare.proportions import tango_score
+    from evalkit.compare.statistics.proportions import tango_score
 
     observed = tango_score(-tolerance, b, c, n)
     tables = np.array([(x, y, n - x - y) for x in range(n + 1) for y in range(n + 1 - x)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from evalkit.compare import cli, paired
+from evalkit.compare import cli
+from evalkit.compare.statistics import paired
 from evalkit.compare import runs as on_disk
 from tests.test_compare_verdicts import hand_pair
 

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from evalkit import page
-from evalkit.compare import cli, paired, plots, proportions, report_page, verdict
+from evalkit.compare import cli, plots, report_page
+from evalkit.compare.statistics import paired, proportions, verdict
 from evalkit.compare import runs as on_disk
 from evalkit.sweep.points import write_point
 from evalkit.sweep.report import write_report

@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from evalkit.compare import cli, paired
+from evalkit.compare import cli
+from evalkit.compare.statistics import paired
 from evalkit.compare import runs as on_disk
 
 MISSING = object()  # a sample without the metric
@@ -204,7 +205,7 @@ def test_a_bounded_mean_of_enough_documents_is_equivalent_or_worse(tmp_path, n):
 def test_the_sign_flip_p_values_are_scipys(n):
     from scipy.stats import permutation_test
 
-    from evalkit.compare import means
+    from evalkit.compare.statistics import means
 
     d = np.random.default_rng(n).normal(-0.01, 0.05, n)
     test = means.sign_flip(d, draws=20_000, seed=0)

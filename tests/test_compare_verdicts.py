@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from evalkit.compare import cli, paired
+from evalkit.compare import cli
+from evalkit.compare.statistics import paired
 from evalkit.compare import runs as on_disk
 
 
@@ -322,7 +323,7 @@ def sentences(rng, count):
 
 def test_a_bleu_group_is_relative_and_its_resamples_are_sums(tmp_path):
     """BLEU is 0-100: the group row is relative like each leaf's (it was absolute, the reference score passed as
-    NaN). Its resamples sum per-segment counts (evalkit/compare/corpus.py), so they are sized to the family."""
+    NaN). Its resamples sum per-segment counts (evalkit/compare/statistics/corpus.py), so they are sized to the family."""
     rng = np.random.default_rng(0)
     leaves = []
     for _ in range(3):

@@ -15,7 +15,8 @@ import sys
 import pandas as pd
 import pytest
 
-from evalkit.compare import cli, locate, paired, report, why
+from evalkit.compare import cli, locate, report, why
+from evalkit.compare.statistics import paired
 from evalkit.compare import runs as on_disk
 from evalkit.contracts import TokenTrace
 from evalkit.harness.lm import EvalkitLM

@@ -1,4 +1,4 @@
-"""Paired statistics against published and hand-computed answers (evalkit/compare/stats.py, proportions.py,
+"""Paired statistics against published and hand-computed answers (evalkit/compare/statistics/stats.py, proportions.py,
 bootstrap.py, interval.py). Run: pytest tests/test_stats.py"""
 
 import math
@@ -9,12 +9,12 @@ import pytest
 
 from scipy.stats import multinomial
 
-from evalkit.compare import tost
-from evalkit.compare.bootstrap import paired_bootstrap, paired_bootstrap_aggregate, resamples
-from evalkit.compare.interval import Interval, orient, z_value
-from evalkit.compare.proportions import documents_needed, mcnemar_exact, tango_interval
-from evalkit.compare.stats import compare_paired, is_binary, tost_p_values
-from evalkit.compare.verdict import decide
+from evalkit.compare.statistics import tost
+from evalkit.compare.statistics.bootstrap import paired_bootstrap, paired_bootstrap_aggregate, resamples
+from evalkit.compare.statistics.interval import Interval, orient, z_value
+from evalkit.compare.statistics.proportions import documents_needed, mcnemar_exact, tango_interval
+from evalkit.compare.statistics.stats import compare_paired, is_binary, tost_p_values
+from evalkit.compare.statistics.verdict import decide
 
 Z2 = z_value(0.95) ** 2
 
@@ -236,7 +236,7 @@ def test_is_binary():
 
 
 def test_holm_adjusts_step_down_by_hand():
-    from evalkit.compare.verdict import holm
+    from evalkit.compare.statistics.verdict import holm
 
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone: 0.02, 0.03, 0.06, 0.06
     assert holm(np.array([0.01, 0.04, 0.03, 0.005])) == pytest.approx([0.03, 0.06, 0.06, 0.02])
@@ -279,7 +279,7 @@ def test_bleu_resamples_summed_from_counts_equal_lm_evals_bleu():
     the resampled documents."""
     from lm_eval.api.registry import get_aggregation
 
-    from evalkit.compare import corpus
+    from evalkit.compare.statistics import corpus
 
     rng = np.random.default_rng(0)
     words = "the a cat dog sat on mat river runs to sea birds sing".split()
@@ -298,7 +298,7 @@ def test_vectorised_bleu_is_sacrebleus_compute_bleu():
     every edge: no match at some orders, no n-grams at an order, a short or empty hypothesis."""
     from sacrebleu.metrics import BLEU
 
-    from evalkit.compare.corpus import bleu_scores
+    from evalkit.compare.statistics.corpus import bleu_scores
 
     rng = np.random.default_rng(0)
     rows = []

@@ -1,4 +1,4 @@
-"""The size of the exact one-sided tests of paired 0/1 scores (evalkit/compare/tost.py) at the sizes users run,
+"""The size of the exact one-sided tests of paired 0/1 scores (evalkit/compare/statistics/tost.py) at the sizes users run,
 and the intervals they invert.
 
 Size: the largest chance, over every nuisance value on the null's boundary, that a test rejects. The test rejects
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom, norm
 
-from evalkit.compare import tost
+from evalkit.compare.statistics import tost
 
 ALPHA = 0.05
 

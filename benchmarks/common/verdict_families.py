@@ -1,5 +1,5 @@
 """The families of benchmarks.verdict beside MMLU: a perplexity row among 60 rows, a 17-point sweep of wikitext,
-a stratified group of 16 BLEU leaves. Each runs evalkit.compare's own statistics (evalkit/compare/stats.py,
+a stratified group of 16 BLEU leaves. Each runs evalkit.compare's own statistics (evalkit/compare/statistics/stats.py,
 metric_rows.py) on simulated per-document values and Holm over the family (verdict.holm). Run them through
 ``python -m benchmarks.verdict``.
 """
@@ -14,9 +14,9 @@ import numpy as np
 from lm_eval.api.registry import get_aggregation
 
 from benchmarks.common.verdict_trials import FLIP, p_worse, trial_rows
-from evalkit.compare import corpus, metric_rows
-from evalkit.compare.stats import compare_paired
-from evalkit.compare.verdict import Tolerances, holm
+from evalkit.compare.statistics import corpus, metric_rows
+from evalkit.compare.statistics.stats import compare_paired
+from evalkit.compare.statistics.verdict import Tolerances, holm
 
 WIKITEXT_DOCUMENTS = 62  # wikitext-2's test documents, as lm-eval's wikitext task scores them
 ROWS = {"word_perplexity": ("weighted_perplexity", 1), "byte_perplexity": ("weighted_perplexity", 5),

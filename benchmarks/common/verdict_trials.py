@@ -1,12 +1,12 @@
 """One simulated MMLU-shaped comparison (benchmarks.verdict): 57 subtasks of 100 documents and their group, the
 documents that flip each way drawn at random, and the p-value of "worse than -tolerance" that evalkit.compare
-gives each row (evalkit/compare/tost.py)."""
+gives each row (evalkit/compare/statistics/tost.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from evalkit.compare import tost
+from evalkit.compare.statistics import tost
 
 SUBTASKS, DOCUMENTS, FLIP = 57, 100, 0.05
 

@@ -19,11 +19,12 @@ from typing import Any
 
 import pandas as pd
 
-from evalkit.compare import locate, report, verdict
+from evalkit.compare import locate, report
+from evalkit.compare.statistics import verdict
 from evalkit.compare.divergence import ALPHA as NOISE_ALPHA, between, family, records
-from evalkit.compare.paired import compare_family, compare_runs
+from evalkit.compare.statistics.paired import compare_family, compare_runs
 from evalkit.compare.runs import CompareError, Run, load_run
-from evalkit.compare.verdict import Tolerances
+from evalkit.compare.statistics.verdict import Tolerances
 from evalkit.run import results
 from evalkit.untrusted import printable
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalkit import page
-from evalkit.compare.paired import TaskDetail
+from evalkit.compare.statistics.paired import TaskDetail
 from evalkit.compare.runs import Run
 from evalkit.compare.why import Flip, Localisation, choice_logprobs
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from evalkit import page
-from evalkit.compare.paired import TaskDetail
+from evalkit.compare.statistics.paired import TaskDetail
 from evalkit.compare.why import NOISE_FLOOR, Localisation
 from evalkit.page import png, pyplot
 

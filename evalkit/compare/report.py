@@ -10,10 +10,11 @@ from __future__ import annotations
 import pandas as pd
 
 from evalkit import page
-from evalkit.compare import documents, proportions, report_page
+from evalkit.compare import documents, report_page
+from evalkit.compare.statistics import proportions
 from evalkit.compare.divergence import report as divergence_report
 from evalkit.compare.divergence.between import Divergence
-from evalkit.compare.paired import TaskDetail
+from evalkit.compare.statistics.paired import TaskDetail
 from evalkit.compare.plots import MAX_WHY, plots, why_plots  # noqa: F401 (report.plots, report.why_plots: the callers')
 from evalkit.compare.runs import Run
 from evalkit.compare.why import CLASSES, Flip, Localisation

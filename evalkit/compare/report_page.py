@@ -13,7 +13,8 @@ from collections import Counter
 import pandas as pd
 
 from evalkit import page
-from evalkit.compare import documents, proportions, verdict
+from evalkit.compare import documents
+from evalkit.compare.statistics import proportions, verdict
 from evalkit.compare.divergence import report_page as divergence_page
 from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.divergence.verdict import NoiseVerdict

@@ -116,7 +116,8 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
     ``python -m evalkit.compare REF P1 ... Pk`` compares them: the same rows, resamples and verdicts): point -> its
     table (or a word), the comparison reports by file name, and point -> its divergence from the reference
     (evalkit/sweep/divergence.py; shown in its report as compare shows it without --noise)."""
-    from evalkit.compare import paired, runs
+    from evalkit.compare import runs
+    from evalkit.compare.statistics import paired
     from evalkit.compare import report as compare_report
 
     verdicts: dict[int, pd.DataFrame | str] = {}

@@ -13,7 +13,7 @@ from collections import Counter
 import pandas as pd
 
 from evalkit import page
-from evalkit.compare.verdict import FAILING
+from evalkit.compare.statistics.verdict import FAILING
 from evalkit.sweep.points import COMPLETED, PointRecord
 
 SCORES = "Each point's score with lm-eval's standard error as its bar, one panel per task, metric and filter. " \

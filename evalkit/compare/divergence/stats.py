@@ -2,7 +2,7 @@
 
 Positions in one document are not independent (one hard question shifts all its tokens), so every interval here
 treats the document as the unit: each mean over positions is a ratio of sums over documents, R = sum_d num_d /
-sum_d n_d, whose standard error is the cluster-robust (delta-method) one of evalkit/compare/ratio.py's leaves:
+sum_d n_d, whose standard error is the cluster-robust (delta-method) one of evalkit/compare/statistics/ratio.py's leaves:
 the spread over documents of (num_d - R n_d) / mean(n), divided by sqrt(D) (Cochran, Sampling Techniques, 3rd
 ed., 6.9; the CR1 sandwich of a ratio). That is the "+-" shown beside each mean. The intervals:
 

@@ -28,7 +28,7 @@ from typing import Hashable, Mapping
 import numpy as np
 from scipy.stats import norm, rankdata
 
-from evalkit.compare.verdict import holm
+from evalkit.compare.statistics.verdict import holm
 
 ALPHA = 0.01
 EXACT_MAX = 400  # differing documents up to which the p-value is exact (a convolution over 400 * 401 sums)

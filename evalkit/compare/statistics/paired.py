@@ -3,12 +3,12 @@
 Both runs must have seen the same tasks at the same versions, the same documents, prompts and targets (lm-eval's
 ``versions`` and per-sample ``doc_hash``, ``prompt_hash`` and ``target_hash``); unlike-for-like input is refused.
 For every task, filter and metric, and for every group score lm-eval recorded (scored as lm-eval scores it,
-evalkit/compare/metric_rows.py), the difference gets an interval and the p-values of the one-sided tests against
+evalkit/compare/statistics/metric_rows.py), the difference gets an interval and the p-values of the one-sided tests against
 the row's tolerance (absolute for 0-1 metrics, relative for unbounded ones): Tango's score and McNemar's exact
 test for 0/1 metrics averaged over documents, a paired bootstrap of the mean difference for other averaged
-metrics, the delta method for lm-eval's perplexity family (evalkit/compare/ratio.py), and for other corpus-level
+metrics, the delta method for lm-eval's perplexity family (evalkit/compare/statistics/ratio.py), and for other corpus-level
 metrics (BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation. Verdicts are Holm-adjusted
-over every row of every candidate (compare_family, evalkit/compare/verdict.py), with resamples sized to that
+over every row of every candidate (compare_family, evalkit/compare/statistics/verdict.py), with resamples sized to that
 family, so the exit code is a family-wise test at --alpha. A metric whose direction (``higher_is_better``) is
 unknown is compared unoriented. The sample-level view lists flipped documents, diverging generations,
 finish-reason and length shifts, and log-probability drift on log-likelihood tasks.
@@ -26,10 +26,10 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
-from evalkit.compare import metric_rows, stats, verdict
-from evalkit.compare.metric_rows import compare_values, group_rows
+from evalkit.compare.statistics import metric_rows, stats, verdict
+from evalkit.compare.statistics.metric_rows import compare_values, group_rows
 from evalkit.compare.runs import CompareError, Run, check_like_for_like
-from evalkit.compare.verdict import Tolerances
+from evalkit.compare.statistics.verdict import Tolerances
 
 @dataclass
 class TaskDetail:

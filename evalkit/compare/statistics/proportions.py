@@ -20,8 +20,8 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import binomtest
 
-from evalkit.compare import tost
-from evalkit.compare.interval import Interval, z_value
+from evalkit.compare.statistics import tost
+from evalkit.compare.statistics.interval import Interval, z_value
 
 
 def tango_score(delta: float, b: int, c: int, n: int) -> float:

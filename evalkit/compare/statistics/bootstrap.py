@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from evalkit.compare import corpus
-from evalkit.compare.interval import Interval, orient, relative_change
+from evalkit.compare.statistics import corpus
+from evalkit.compare.statistics.interval import Interval, orient, relative_change
 
 MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
 RESOLUTION = 20  # resamples per unit of the level a row needs (alpha / family): a p-value floor 20 times below it

@@ -5,7 +5,7 @@ one-sided tests: "worse" is H1: diff < -tolerance, "equivalent" is H1: diff > -t
 (its p-value the larger of the two), "lower" is H1: diff < 0. This module gives p(diff < bound) and p(diff > bound):
 
 * paired 0/1 scores (b documents right in the reference only, c in the candidate only, of n): Tango's score
-  statistic at the bound (evalkit/compare/proportions.py) ordered exactly, at every n: the p-value is the largest
+  statistic at the bound (evalkit/compare/statistics/proportions.py) ordered exactly, at every n: the p-value is the largest
   probability, over the nuisance parameter on the boundary (pc - pb = bound), of a table at least as extreme
   (an exact unconditional test, as Chan 1998, Stat Med 17:1403, and Sidik 2003, Biometrical Journal 45:729,
   construct it for paired non-inferiority). The asymptotic score test is liberal at every size (0.071 at 40

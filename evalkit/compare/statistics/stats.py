@@ -2,19 +2,19 @@
 interval and one-sided p-values it gives (compare_paired, Comparison). Pure functions, no I/O.
 
 * 0/1 metrics averaged over documents: Tango's score interval and McNemar's exact test
-  (evalkit/compare/proportions.py), with the exact one-sided tests of evalkit/compare/tost.py.
-* Other means over documents: tests that hold at every size (evalkit/compare/means.py): betting where every
+  (evalkit/compare/statistics/proportions.py), with the exact one-sided tests of evalkit/compare/statistics/tost.py.
+* Other means over documents: tests that hold at every size (evalkit/compare/statistics/means.py): betting where every
   value lies in [0, 1], else the sign-flip test.
-* Everything else: the paired bootstrap (evalkit/compare/bootstrap.py) of the metric's own aggregation.
-* The p-values of the one-sided tests against the tolerance (evalkit/compare/tost.py) go with each interval;
-  evalkit/compare/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
+* Everything else: the paired bootstrap (evalkit/compare/statistics/bootstrap.py) of the metric's own aggregation.
+* The p-values of the one-sided tests against the tolerance (evalkit/compare/statistics/tost.py) go with each interval;
+  evalkit/compare/statistics/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
 * A relative comparison (unbounded metrics: perplexity, BLEU, ...) reads (candidate - reference) / |reference|,
   whose sign is the difference's whatever the sign of the reference's score.
 * lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte) are not resampled:
-  evalkit/compare/ratio.py tests them analytically (the delta method), so their p-values have no floor.
+  evalkit/compare/statistics/ratio.py tests them analytically (the delta method), so their p-values have no floor.
 * Resamples are sized to the family (bootstrap.resamples_for); corpus-level aggregations that re-aggregate every
   resample draw at most aggregate_iterations (BLEU, whose resamples are sums of per-document counts,
-  evalkit/compare/corpus.py, is not bounded). Each row says the smallest p-value its method can give (p_floor),
+  evalkit/compare/statistics/corpus.py, is not bounded). Each row says the smallest p-value its method can give (p_floor),
   and verdict.decide says where that limits the row.
 """
 
@@ -27,10 +27,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from evalkit.compare import corpus, means, ratio, tost
-from evalkit.compare.bootstrap import aggregate_statistics, resamples_for
-from evalkit.compare.interval import Interval, orient
-from evalkit.compare.proportions import mcnemar_exact
+from evalkit.compare.statistics import corpus, means, ratio, tost
+from evalkit.compare.statistics.bootstrap import aggregate_statistics, resamples_for
+from evalkit.compare.statistics.interval import Interval, orient
+from evalkit.compare.statistics.proportions import mcnemar_exact
 
 
 def is_binary(values: np.ndarray) -> bool:

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from evalkit.compare import bootstrap, corpus, ratio, stats
-from evalkit.compare.interval import relative_change
-from evalkit.compare.verdict import Tolerance, Tolerances
+from evalkit.compare.statistics import bootstrap, corpus, ratio, stats
+from evalkit.compare.statistics.interval import relative_change
+from evalkit.compare.statistics.verdict import Tolerance, Tolerances
 
 AGGREGATE_ITERATIONS = 1_000  # bootstrap resamples at most for corpus-level aggregations (each re-aggregates)
 Values = dict[str, dict[tuple[str, str], tuple[list, list]]]  # task -> (filter, metric) -> (reference, candidate)
