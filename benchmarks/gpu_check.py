@@ -1,214 +1,213 @@
-"""A check for a lent GPU machine (torch, transformers and Triton; no vLLM needed), in under 5 minutes.
+"""What evalkit's process and GPU handling does on a real NVIDIA GPU, measured in one command, in a few minutes.
 
-1. **Fork after a CUDA check** (issue 27, item 1), each case in a fresh process that checks for CUDA, then forks
-   and uses CUDA in the child, as vLLM forks its engine core and workers:
+Each part runs evalkit's own modules (the GPU parts in fresh processes: benchmarks/common/gpu_roles.py and
+gpu_hf.py) and records its figures, or its error, in one JSON file; one part's failure leaves the others to run.
 
-   * ``bare``: ``torch.cuda.is_available()`` as torch does it by default (``cudaGetDeviceCount``, which
-     initialises CUDA): the child is expected to FAIL ("CUDA error: initialization error"), and evalkit's
-     second line of defence (``environment.cuda_touched()``, libcuda.so in /proc/self/maps) to see it;
-   * ``evalkit order``: ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` set first, as ``python -m evalkit`` and a try set
-     it, then torch and the same check: the child is expected to WORK;
-   * ``evalkit start path``: the same order, then transformers (and lm-eval where installed) imported and what
-     a try calls before vLLM (``environment.accelerators()``, ``hardware()``, ``tuning.this_machine()``,
-     ``cuda_touched()``): the child is expected to WORK, and cuda_touched() to say False.
+1. ``guard_fork``: a try's signal guard (``evalkit.run.attempt.guard``), then a child forked as CUDA vLLM forks
+   its EngineCore, which sets its own SIGTERM handler, runs a cuBLAS GEMM and is terminated: did the try's pipe
+   see a byte (it must not), and, for contrast, the same with the guard's state left to the child.
+2. ``memory``: NVML's total and free against ``torch.cuda.mem_get_info()``, and the CUDA context's size.
+3. ``release``: how long the GPU's memory takes to come back after ``process_group.end_group`` kills a process
+   holding most of it.
+4. ``collect_env``: whether torch's ``collect_env`` and evalkit's ``pretty_env_info`` touch CUDA.
+5. ``driver_cuda``: the driver's CUDA version (``gpus.driver_cuda``) against ``torch.version.cuda``.
+6. ``hf_batch``: the HF engine's bfloat16 log-likelihoods at batch 1 against batch 16, on a small random Llama.
 
-2. **The HF reference engine on the GPU against the CPU** (float32 both): evalkit's own HFEngine scores the
-   embedded tasks' continuations (each choice of evalkit_facts, each answer of evalkit_arith after its few-shot
-   description) on both; the largest difference of log-likelihoods must stay under 1e-3 and the greedy flags agree.
-   The model: ``--model PATH``, else the embedded model where it was materialised ($EVALKIT_CACHE), else a small
-   randomly initialised Llama with a tokenizer trained here on the tasks' text (the machine may be offline).
+Without a GPU, parts 2, 3 and 6 are recorded as skipped and the rest run on the CPU. On a machine without
+hydra-core and omegaconf (evalkit's config needs them), ``--pack-deps DIR`` here copies them (pure Python, about
+2 MB) and ``--deps DIR`` there puts them on the path.
 
-Run from the repository root: ``python -m benchmarks.gpu_check [--model PATH]``. Exit status: 0 every check as
-expected, 1 one was not (or could not run), 2 no NVIDIA GPU or no CUDA build of torch here (one line).
+Run from the repository root: ``python -m benchmarks.gpu_check --out gpu_check.json``. Exit status: 0 every
+part ran or was skipped, 1 one failed (its error is in the file).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.util
 import json
 import os
+import platform
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-from evalkit.engine.machine import gpus  # standard library only: counts GPUs through NVML, never CUDA
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-
-FORK_CHILD = """
-import os, sys
-pid = os.fork()
-if pid == 0:
-    try:
-        import torch
-        x = torch.ones(1024, device="cuda") * 2
-        torch.cuda.synchronize()
-        print("child: CUDA works", float(x.sum()), flush=True)
-        os._exit(0)
-    except Exception as error:
-        print(f"child: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
-        os._exit(1)
-_, status = os.waitpid(pid, 0)
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-CHECK = "import torch\nprint('is_available:', torch.cuda.is_available(), flush=True)\n"
-TOUCHED = "from evalkit.engine.machine.environment import cuda_touched\nprint('cuda_touched:', cuda_touched(), flush=True)\n"
-EVALKIT_FIRST = "from evalkit.engine.machine.environment import use_nvml_for_cuda_checks\nuse_nvml_for_cuda_checks()\n"
-START_PATH = """
-import importlib.util
-import transformers
-if importlib.util.find_spec("lm_eval"):
-    import lm_eval.api.model
-from evalkit.engine.machine import environment
-print("accelerators:", environment.accelerators(), "gpus:", environment.hardware().get("gpus"), flush=True)
-try:
-    from evalkit.engine.machine import tuning
-    print("this_machine:", tuning.this_machine().device, flush=True)
-except ImportError as error:  # tuning needs hydra-core (evalkit.config)
-    print("this_machine: not checked,", error, flush=True)
-"""
-# (name, code, child expected to work, cuda_touched() expected before the fork)
-FORK_CASES = [
-    ("bare", CHECK + TOUCHED, False, True),
-    ("evalkit order", EVALKIT_FIRST + CHECK + TOUCHED, True, False),
-    ("evalkit start path", EVALKIT_FIRST + CHECK + START_PATH + TOUCHED, True, False),
-]
-TOLERANCE = 1e-3  # nats per continuation, float32 on GPU against float32 on CPU
+DEPS = {"hydra": "hydra_core", "omegaconf": "omegaconf", "antlr4": "antlr4_python3_runtime"}  # module: dist-info
+NO_CUDA = "skipped: no CUDA device"
+HOLD = 0.9  # share of the free GPU memory the killed process holds
+BACK_WAIT = 60.0  # seconds to wait for the memory to come back
 
 
-def fork_case(name: str, code: str, works: bool, touched: bool) -> bool:
+def pack_deps(folder: Path) -> int:
+    """Copy the pure-Python packages evalkit's config needs (and their dist-info) into folder; returns its bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for module, dist in DEPS.items():
+        package = Path(importlib.util.find_spec(module).origin).parent
+        shutil.copytree(package, folder / module, ignore=skip, dirs_exist_ok=True)
+        for info in package.parent.glob(f"{dist}-*.dist-info"):
+            shutil.copytree(info, folder / info.name, ignore=skip, dirs_exist_ok=True)
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def child_env(deps: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", code + FORK_CHILD], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (ROOT, deps, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def role(module: str, *args: str, deps: Path | None, timeout: float = 240) -> dict[str, Any]:
+    """Run ``python -m module args`` in a fresh process; its last stdout line, as JSON."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=child_env(deps))
     lines = done.stdout.strip().splitlines()
-    seen_touched = f"cuda_touched: {touched}" in lines
-    ok = (done.returncode == 0) == works and seen_touched
-    expected = "child works" if works else "child fails"
-    print(f"[{'PASS' if ok else 'FAIL'}] fork, {name} (expected: {expected}, cuda_touched={touched}): "
-          f"{' | '.join(lines) or done.stderr.strip()[-300:]}", flush=True)
-    return ok
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{module} {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-800:]}")
+    return json.loads(lines[-1])
 
 
-def tiny_model(folder: Path) -> str:
-    """A small random Llama and a byte-level BPE tokenizer trained on the embedded tasks' text (offline)."""
+def each(module: str, variants: tuple[str, ...], *args: str, deps: Path | None) -> dict[str, dict[str, Any]]:
+    """One fresh process per variant; a variant that fails records its error and leaves the others."""
+    found = {}
+    for variant in variants:
+        try:
+            found[variant] = role(module, *args[:1], variant, *args[1:], deps=deps)
+        except Exception as error:
+            found[variant] = {"error": f"{type(error).__name__}: {error}"}
+    return found
+
+
+def guard_fork(device: str, deps: Path | None) -> dict[str, Any]:
+    """"fixed": evalkit as it is; "unfixed": the guard's state left to the forked child, for contrast."""
+    cases = each("benchmarks.common.gpu_roles", ("fixed", "unfixed"), "guard", device, deps=deps)
+    byte = {name: case.get("pipe_saw_byte") for name, case in cases.items()}
+    return {"evalkit_pipe_saw_byte": byte["fixed"], "without_the_child_reset_pipe_saw_byte": byte["unfixed"],
+            "as_expected": byte == {"fixed": False, "unfixed": True}, **cases}
+
+
+def memory(deps: Path | None) -> dict[str, Any]:
+    return role("benchmarks.common.gpu_roles", "context", deps=deps)
+
+
+def release(deps: Path | None) -> dict[str, Any]:
+    from evalkit.engine.machine import gpus
+    from evalkit.engine.machine.process_group import end_group
+
+    before = gpus.visible_gpus()
+    holder = subprocess.Popen([sys.executable, "-m", "benchmarks.common.gpu_roles", "hold", str(HOLD)],
+                              stdout=subprocess.PIPE, cwd=ROOT, env=child_env(deps), start_new_session=True)
+    try:
+        from benchmarks.common.gpu_roles import read_line
+
+        held = read_line(holder.stdout.fileno(), 180.0)
+        holding = gpus.visible_gpus()[0].free_bytes
+        started = time.perf_counter()
+        ended = end_group(holder.pid, leader=holder)
+        ended_at = time.perf_counter() - started
+        short = gpus.memory_back(before, timeout=BACK_WAIT, poll=0.02)
+        back_at = time.perf_counter() - started
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+    return {**held, "free_before": before[0].free_bytes, "free_while_held": holding, "group_ended": ended,
+            "end_group_seconds": round(ended_at, 3), "memory_back": not short,
+            "memory_back_seconds": round(back_at, 3) if not short else f"not back after {BACK_WAIT:g} s",
+            "free_after": gpus.visible_gpus()[0].free_bytes, "slack_bytes": gpus.MEMORY_SLACK}
+
+
+def collect_env(deps: Path | None) -> dict[str, Any]:
+    found = each("benchmarks.common.gpu_roles", ("torch", "evalkit"), "env", deps=deps)
+    return {"evalkit_touches_cuda": found["evalkit"].get("cuda_touched"), **found}
+
+
+def driver_cuda() -> dict[str, Any]:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    texts = [line for path in sorted((ROOT / "tasks").glob("*/test.jsonl")) for line in path.read_text().splitlines()]
-    texts += [path.read_text() for path in sorted((ROOT / "tasks").glob("*/*.yaml"))]
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=1024, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
-    tokenizer.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
-                         bos_token_id=0, eos_token_id=0, torch_dtype="float32")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
+    from evalkit.engine.machine import gpus
+
+    driver = gpus.driver_cuda()
+    built = torch.version.cuda
+    supports = None
+    if driver and built:
+        supports = driver >= tuple(int(n) for n in built.split(".")[:2])
+    return {"driver_cuda": ".".join(map(str, driver)) if driver else None, "torch_cuda": built,
+            "driver_supports_torch": supports}
 
 
-def find_model(asked: str | None, scratch: Path) -> tuple[str, str]:
-    if asked:
-        return asked, "as given"
-    cache = Path(os.environ.get("EVALKIT_CACHE", Path.home() / ".cache" / "evalkit")) / "smollm2-135m-instruct"
-    if (cache / "model.safetensors").is_file():
-        return str(cache), "the embedded model"
-    return tiny_model(scratch), "a random 4-layer Llama (the embedded model is not here, and this machine may be offline)"
+def hf_batch(device: str, deps: Path | None) -> dict[str, Any]:
+    return role("benchmarks.common.gpu_hf", device, deps=deps, timeout=300)
 
 
-def requests(engine) -> list:
-    """Every choice of evalkit_facts and every answer of evalkit_arith (after its description), as lm-eval asks."""
-    import yaml
-
-    from evalkit.contracts import ScoreRequest
-
-    asked = []
-    facts = [json.loads(line) for line in (ROOT / "tasks/evalkit_facts/test.jsonl").read_text().splitlines()]
-    arith = [json.loads(line) for line in (ROOT / "tasks/evalkit_arith/test.jsonl").read_text().splitlines()]
-    description = yaml.safe_load((ROOT / "tasks/evalkit_arith/evalkit_arith.yaml").read_text())["description"]
-    pairs = [(f"Question: {d['question']}\nAnswer:", f" {choice}") for d in facts for choice in d["choices"]]
-    pairs += [(f"{description}Question: {d['question']}\nAnswer:", f" {d['answer']}") for d in arith]
-    for context, continuation in pairs:
-        ids = engine.encode(context, add_special_tokens=True)
-        more = engine.encode(continuation, add_special_tokens=False)
-        asked.append(ScoreRequest(ids=tuple(ids + more), start=len(ids)))
-    return asked
-
-
-def hf_engine(model: str, device: str):
-    from evalkit.engine.hf.engine import HFEngine
-
-    return HFEngine(model=model, tokenizer=None, dtype="float32", max_model_len=2048, batch_size=None, seed=1234,
-                    trust_remote_code=False, add_bos_token=None, engine_kwargs={"device_map": device})
-
-
-def hf_on_gpu_and_cpu(asked_model: str | None) -> bool:
-    try:
-        import evalkit.engine.hf.engine  # noqa: F401  (evalkit.config needs hydra-core and omegaconf)
-        import yaml  # noqa: F401
-    except ImportError as error:
-        print(f"[FAIL] HF engine on the GPU: not run, {error} (pip install -e . on this machine first)", flush=True)
-        return False
-    with tempfile.TemporaryDirectory() as scratch:
-        model, which = find_model(asked_model, Path(scratch))
-        print(f"HF engine: model {model} ({which})", flush=True)
-        scored = {}
-        for device in ("cpu", "cuda"):
-            started = time.perf_counter()
-            engine = hf_engine(model, device)
-            asked = requests(engine)
-            scored[device] = engine.score(asked)
-            engine.close()
-            print(f"HF engine on {device}: {len(asked)} continuations scored in {time.perf_counter() - started:.1f} s",
-                  flush=True)
-    gaps = [abs(a.logprob - b.logprob) for a, b in zip(scored["cpu"], scored["cuda"])]
-    flips = sum(a.is_greedy != b.is_greedy for a, b in zip(scored["cpu"], scored["cuda"]))
-    ok = max(gaps) < TOLERANCE and flips == 0
-    print(f"[{'PASS' if ok else 'FAIL'}] HF engine, GPU float32 against CPU float32: largest log-likelihood "
-          f"difference {max(gaps):.2e} (mean {sum(gaps) / len(gaps):.2e}, tolerance {TOLERANCE:g}), "
-          f"greedy flags differing: {flips} of {len(gaps)}", flush=True)
-    return ok
-
-
-def cuda_torch() -> str | None:
-    """torch's CUDA version (read without initialising CUDA), or None for a CPU build."""
-    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"], capture_output=True,
-                          text=True, timeout=120)
-    version = done.stdout.strip()
-    return version if done.returncode == 0 and version not in ("", "None") else None
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a model folder for the HF comparison (default: see the module docstring)")
-    args = parser.parse_args()
-    found, how = gpus.discover()
-    if not found:
-        print(f"gpu_check: no NVIDIA GPU visible here ({how}); run it on a machine with one", flush=True)
-        return 2
-    version = cuda_torch()
-    if version is None:
-        print("gpu_check: torch here is not a CUDA build (torch.version.cuda is None); install a CUDA torch", flush=True)
-        return 2
-    print(f"gpu_check: {gpus.summary(found, how)}; torch CUDA {version}", flush=True)
+def run_part(name: str, part: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    if part is None:
+        print(f"{name}: {NO_CUDA}", flush=True)
+        return {"status": NO_CUDA}
     started = time.perf_counter()
-    results = [fork_case(*case) for case in FORK_CASES]
     try:
-        results.append(hf_on_gpu_and_cpu(args.model))
-    except Exception as error:  # a missing package (accelerate for device_map), a driver error: one line
-        print(f"[FAIL] HF engine on the GPU: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
-        results.append(False)
-    print(f"gpu_check: {sum(results)} of {len(results)} checks as expected in {time.perf_counter() - started:.0f} s",
-          flush=True)
-    return 0 if all(results) else 1
+        figures = {"status": "ok", **part()}
+    except Exception as error:  # recorded; the other parts still run
+        figures = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+    figures["seconds"] = round(time.perf_counter() - started, 2)
+    print(f"{name}: {figures['status']} in {figures['seconds']} s", flush=True)
+    return figures
+
+
+def write(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="the JSON file the figures go to")
+    parser.add_argument("--deps", type=Path, help="a folder made by --pack-deps, put on the path")
+    parser.add_argument("--pack-deps", type=Path, metavar="DIR", help="copy hydra-core, omegaconf and antlr4 to DIR")
+    parser.add_argument("--hf-device", choices=("cuda", "cpu"), help="where part 6 runs (default: cuda, if any)")
+    args = parser.parse_args(argv)
+    if args.pack_deps:
+        print(f"gpu_check: {pack_deps(args.pack_deps)} bytes in {args.pack_deps}", flush=True)
+        return 0
+    if args.deps:
+        sys.path.append(str(args.deps.resolve()))
+    deps = args.deps.resolve() if args.deps else None
+    from evalkit.engine.machine import gpus
+    from evalkit.engine.machine.environment import use_nvml_for_cuda_checks
+
+    use_nvml_for_cuda_checks()  # this process reads torch.version.cuda, and must never start CUDA
+    import torch
+
+    found, how = gpus.discover()
+    cuda = bool(found) and torch.version.cuda is not None
+    device = "cuda" if cuda else "cpu"
+    hf_device = args.hf_device or (device if cuda else None)
+    started = time.perf_counter()
+    parts = {
+        "guard_fork": run_part("guard_fork", lambda: guard_fork(device, deps)),
+        "memory": run_part("memory", (lambda: memory(deps)) if cuda else None),
+        "release": run_part("release", (lambda: release(deps)) if cuda else None),
+        "collect_env": run_part("collect_env", lambda: collect_env(deps)),
+        "driver_cuda": run_part("driver_cuda", driver_cuda),
+        "hf_batch": run_part("hf_batch", (lambda: hf_batch(hf_device, deps)) if hf_device else None),
+    }
+    record = {"benchmark": "benchmarks.gpu_check", "date": datetime.datetime.now().astimezone().isoformat(),
+              "machine": {"gpus": gpus.summary(found, how), "python": platform.python_version(),
+                          "torch": torch.__version__, "platform": platform.platform()},
+              "deps": str(deps) if deps else None, "seconds": round(time.perf_counter() - started, 1),
+              "parts": parts}
+    write(args.out, record)
+    print(f"gpu_check: {args.out} written in {record['seconds']} s", flush=True)
+    return 1 if any(p["status"] == "failed" for p in parts.values()) else 0
 
 
 if __name__ == "__main__":
