@@ -190,7 +190,7 @@ class Engine(Protocol):
 
     def trace(self, requests: Sequence[ScoreRequest], top_k: int = 5) -> list[TokenTrace]:
         """Per-token log-probabilities and top-k of each request's continuation, from the raw logits (no
-        sampling): where two engines' outputs diverge (evalkit/compare/locate.py), and what an engine
+        sampling): where two engines' outputs diverge (evalkit/compare/locate/passes.py), and what an engine
         answers in ``Scored.trace`` where it cannot read both in one pass."""
 
     def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:

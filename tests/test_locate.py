@@ -15,7 +15,9 @@ import sys
 import pandas as pd
 import pytest
 
-from evalkit.compare import cli, locate, report, why
+from evalkit.compare import cli, locate, report
+
+from evalkit.compare.locate import why
 from evalkit.compare.statistics import paired
 from evalkit.compare import runs as on_disk
 from evalkit.contracts import TokenTrace
@@ -300,7 +302,7 @@ def test_a_received_run_sends_no_request_and_no_secret_and_fetches_no_hub_id(tmp
 def test_a_received_config_decides_the_numbers_and_only_suggests_what_runs(tmp_path, listener):
     """What the engine computes with (dtype here) comes from the run; its engine kind, endpoint, secret name,
     remote code, tokenizer, executor and extra arguments do not: they are named as the flag that passes them."""
-    from evalkit.compare.locate_engines import advice, engine_choice
+    from evalkit.compare.locate.engines import advice, engine_choice
 
     ref, _, _ = fake_pair(tmp_path)
     received(ref, url=listener.url, model_dir=str(tmp_path / "model"))

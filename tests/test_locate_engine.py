@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from evalkit.compare import why
+from evalkit.compare.locate import why
 from evalkit.compare.statistics import paired
 from evalkit.compare import runs as on_disk
 from tests.conftest import PAIR_LIMIT as LIMIT

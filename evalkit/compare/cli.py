@@ -5,7 +5,7 @@ divergence is beyond noise (divergence/verdict.py), 2 on unusable input.
 
 Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]
 [--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--noise RUN] [--output DIR] [--locate]`` (``--locate``: why
-each changed document changed, evalkit/compare/locate.py).
+each changed document changed, evalkit/compare/locate/passes.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 from evalkit import page
 from evalkit.compare.statistics.paired import TaskDetail
 from evalkit.compare.runs import Run
-from evalkit.compare.why import Flip, Localisation, choice_logprobs
+from evalkit.compare.locate.why import Flip, Localisation, choice_logprobs
 
 MAX_ROWS = 50  # documents shown per task and filter; the samples files hold the rest
 ORDER = ("right_to_wrong", "wrong_to_right")  # lost scores first

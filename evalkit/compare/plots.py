@@ -10,7 +10,7 @@ import pandas as pd
 
 from evalkit import page
 from evalkit.compare.statistics.paired import TaskDetail
-from evalkit.compare.why import NOISE_FLOOR, Localisation
+from evalkit.compare.locate.why import NOISE_FLOOR, Localisation
 from evalkit.page import png, pyplot
 
 MAX_WHY = 5  # flips plotted (report.py shows as many in full)

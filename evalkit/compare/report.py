@@ -1,6 +1,6 @@
 """Writes a comparison for people to read: Markdown (terminal and file) and an HTML page.
 
-The Markdown here, with ``--locate`` its "Why" section (evalkit/compare/why.py); the page is report_page.py's
+The Markdown here, with ``--locate`` its "Why" section (evalkit/compare/locate/why.py); the page is report_page.py's
 through the one template of page.py (the sweep report's too), its plots plots.py's, the documents that changed
 documents.py's.
 """
@@ -17,7 +17,7 @@ from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.statistics.paired import TaskDetail
 from evalkit.compare.plots import MAX_WHY, plots, why_plots  # noqa: F401 (report.plots, report.why_plots: the callers')
 from evalkit.compare.runs import Run
-from evalkit.compare.why import CLASSES, Flip, Localisation
+from evalkit.compare.locate.why import CLASSES, Flip, Localisation
 
 MAX_LISTED = 10  # documents listed per category in the text report
 

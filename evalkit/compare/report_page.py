@@ -18,7 +18,7 @@ from evalkit.compare.statistics import proportions, verdict
 from evalkit.compare.divergence import report_page as divergence_page
 from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.divergence.verdict import NoiseVerdict
-from evalkit.compare.why import Localisation
+from evalkit.compare.locate.why import Localisation
 
 INSIDE = ("equivalent", "lower", "higher")  # shown inside the tolerance
 STATISTICS = ["task", "filter", "metric", "tolerance", "method", "mcnemar_b", "mcnemar_c", "p_worse_holm",

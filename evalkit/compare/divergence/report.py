@@ -11,7 +11,7 @@ import numpy as np
 
 from evalkit.compare.divergence.between import CONFIDENCE, Divergence, Task
 from evalkit.compare.divergence.stats import Estimate, Summary
-from evalkit.compare.why import Localisation
+from evalkit.compare.locate.why import Localisation
 from evalkit.run.divergence_record import KINDS
 
 KIND_NAMES = {"loglikelihood": "log-likelihood continuations", "loglikelihood_rolling": "rolling",

@@ -324,7 +324,7 @@ def test_locate_restarts_a_served_run_recorded_without_a_deployment_id():
     resume=false) starts its engine again without one."""
     from dataclasses import asdict
 
-    from evalkit.compare.locate_engines import config_from
+    from evalkit.compare.locate.engines import config_from
     from evalkit.engine.served.probe import weights_identity
 
     recorded = asdict(compose_config(["engine=served", "endpoint.url=http://h/v1"]))

@@ -1,11 +1,11 @@
 """``python -m evalkit.compare REF CAND --locate``: every document whose answer changed, explained at the token
-where it changed (the analysis is evalkit/compare/why.py; this module runs the engines for it).
+where it changed (the analysis is evalkit/compare/locate/why.py; this module runs the engines for it).
 
 Each run's engine is started again from the settings its results.json records that decide its numbers
 (``evalkit.config``, the model folder from ``evalkit.engine.model_dir`` where it is a folder of this machine;
 never a recorded endpoint, secret name, remote code, hub id or extra engine argument: those are printed for the
 user to pass), or with ``--ref-engine``/``--cand-engine key=value ...`` laid
-over it (evalkit/compare/locate_engines.py sets them up, checks and starts them). One engine lives at a
+over it (evalkit/compare/locate/engines.py sets them up, checks and starts them). One engine lives at a
 time: the reference's (once for every candidate), then each candidate's (an engine whose settings equal
 the reference's is not started twice). Each rebuilds the prompts of the
 differing generations from the recorded prompt text as the harness encodes it (evalkit/harness/lm.py),
@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from evalkit.compare import why
-from evalkit.compare.locate_engines import FLAGS, EngineChoice, LocateError, advice, engine_choice, start, trace
+from evalkit.compare.locate import why
+from evalkit.compare.locate.engines import FLAGS, EngineChoice, LocateError, advice, engine_choice, start, trace
 from evalkit.compare.runs import Run, check_like_for_like, load_run
 from evalkit.contracts import TokenTrace
 
@@ -148,7 +148,7 @@ def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], 
 
 
 def add_arguments(parser: Any) -> None:
-    group = parser.add_argument_group("--locate", "why each changed document changed (evalkit/compare/locate.py)")
+    group = parser.add_argument_group("--locate", "why each changed document changed (evalkit/compare/locate/passes.py)")
     group.add_argument("--locate", action="store_true",
                        help="restart both runs' engines and find, for every differing generation, the first divergent "
                             "token and why (near-tie, logit drift, other)")

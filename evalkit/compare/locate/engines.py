@@ -1,4 +1,4 @@
-"""The engines of ``--locate`` (evalkit/compare/locate.py): each run's engine, set up again from the settings its
+"""The engines of ``--locate`` (evalkit/compare/locate/passes.py): each run's engine, set up again from the settings its
 results.json records that decide its numbers, with ``--ref-engine``/``--cand-engine key=value ...`` laid over
 it, checked before any engine starts, and started and asked for traces with every failure in one line that says
 what to pass.

@@ -1,4 +1,4 @@
-"""Why did a document's answer change? The pure half of ``--locate``; evalkit/compare/locate.py runs the engines.
+"""Why did a document's answer change? The pure half of ``--locate``; evalkit/compare/locate/passes.py runs the engines.
 
 For a generation that differs between two runs, each run's engine teacher-forces both outputs after the
 shared prompt (:class:`~evalkit.contracts.TokenTrace`). From those four traces: the first divergent token,
