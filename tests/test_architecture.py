@@ -1,7 +1,8 @@
 """The stage order as a contract (pyproject.toml, [tool.importlinter]): each stage imports only the stages
-below it, each kind of engine (evalkit/engine/*/) only what every engine shares and the machine, each benchmark
-only what the benchmarks share (benchmarks/common/), and nothing imports in a cycle, not even inside a function. Checked by import-linter over the
-package's imports, with no exception list. Run: pytest tests/test_architecture.py"""
+below it, each kind of engine (evalkit/engine/*/) only what every engine shares and the machine, compare's
+statistics (evalkit/compare/statistics/) nothing of its pages or of --locate, each benchmark only what the
+benchmarks share (benchmarks/common/), and nothing imports in a cycle, not even inside a function. Checked by
+import-linter over the package's imports, with no exception list. Run: pytest tests/test_architecture.py"""
 
 import shutil
 import subprocess
@@ -27,13 +28,15 @@ def test_the_contracts_are_the_stages_and_no_cycle_with_no_exceptions():
     assert contracts["engines"]["type"] == "layers" and contracts["engines"]["containers"] == ["evalkit.engine"]
     assert contracts["benchmarks"]["layers"][-1] == "common" and "benchmarks" in contracts["acyclic"]["ancestors"]
     assert "vllm | served | hf" in contracts["engines"]["layers"]
+    assert contracts["compare"]["containers"] == ["evalkit.compare"] and contracts["compare"]["layers"][-1] == "runs"
+    assert "locate | statistics" in contracts["compare"]["layers"]
     assert not any("ignore_imports" in c or "unmatched_ignore_imports_alerting" in c for c in contracts.values())
 
 
 def test_the_package_keeps_its_contracts():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout
+    assert "5 kept, 0 broken" in result.stdout
 
 
 def copy(to: Path) -> None:
@@ -54,7 +57,7 @@ def test_an_upward_import_or_a_cycle_breaks_them_even_inside_a_function(tmp_path
     with open(tmp_path / "evalkit" / "engine" / "tokenizer.py", "a") as f:
         f.write("\n\ndef cycle():\n    from evalkit.engine import factory  # noqa: F401\n")
     result = lint_imports(tmp_path)
-    assert result.returncode != 0 and "1 kept, 3 broken" in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0 and "2 kept, 3 broken" in result.stdout, result.stdout + result.stderr
     assert "evalkit.harness.budget -> evalkit.run.results" in result.stdout
     assert ".tokenizer -> .factory" in result.stdout
 
@@ -66,7 +69,7 @@ def test_an_engine_kind_reaching_into_another_breaks_the_engine_contract(tmp_pat
     with open(tmp_path / "evalkit" / "engine" / "served" / "engine.py", "a") as f:
         f.write("\n\ndef sideways():\n    from evalkit.engine.vllm import engine  # noqa: F401\n")
     result = lint_imports(tmp_path)
-    assert result.returncode != 0 and "3 kept, 1 broken" in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0 and "4 kept, 1 broken" in result.stdout, result.stdout + result.stderr
     assert "evalkit.engine.served.engine -> evalkit.engine.vllm.engine" in result.stdout
 
 
@@ -77,5 +80,16 @@ def test_a_benchmark_importing_another_breaks_the_benchmarks_contract(tmp_path):
     with open(tmp_path / "benchmarks" / "chain_cost.py", "a") as f:
         f.write("\n\ndef sideways():\n    from benchmarks import served  # noqa: F401\n")
     result = lint_imports(tmp_path)
-    assert result.returncode != 0 and "3 kept, 1 broken" in result.stdout, result.stdout + result.stderr
+    assert result.returncode != 0 and "4 kept, 1 broken" in result.stdout, result.stdout + result.stderr
     assert "benchmarks.chain_cost -> benchmarks.served" in result.stdout
+
+
+def test_the_statistics_reaching_into_locate_breaks_the_compare_contract(tmp_path):
+    """compare's statistics importing --locate's analysis (even inside a function) fails the contract on compare's
+    rooms, and only that one: the statistics and --locate share only the runs below them."""
+    copy(tmp_path)
+    with open(tmp_path / "evalkit" / "compare" / "statistics" / "tost.py", "a") as f:
+        f.write("\n\ndef sideways():\n    from evalkit.compare.locate import why  # noqa: F401\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0 and "4 kept, 1 broken" in result.stdout, result.stdout + result.stderr
+    assert "evalkit.compare.statistics.tost -> evalkit.compare.locate.why" in result.stdout

@@ -2,4 +2,4 @@
 paired (every row of two runs, or of a family of candidates), metric_rows (one row: aggregation, direction,
 groups), stats (one row's method and p-values) over interval, proportions, bootstrap, means, ratio (the delta
 method), corpus (corpus-level metrics resampled from summed counts) and tost (the one-sided tests), and verdict
-(verdicts, Holm, the exit code). What they read is compare's runs.py; what shows them, compare/pages/."""
+(verdicts, Holm, the exit code). What they read is compare's runs.py; compare's report shows them."""
