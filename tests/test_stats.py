@@ -87,9 +87,10 @@ def test_tango_at_the_edges_and_mirrored():
         tango_interval(b=3, c=3, n=5)
 
 
-def one_row(comparison, higher_is_better=True, alpha=0.05):
-    """The verdict of a comparison standing alone (a family of one row)."""
-    row = pd.DataFrame([{**comparison.__dict__, "higher_is_better": higher_is_better}])
+def one_row(comparison, higher_is_better=True, alpha=0.05, tolerance=0.02):
+    """The verdict of a comparison standing alone (a family of one row), made at tolerance (every comparison
+    here is: the row carries it, as compare's rows do)."""
+    row = pd.DataFrame([{**comparison.__dict__, "higher_is_better": higher_is_better, "tolerance": tolerance}])
     return decide([row], alpha)[0].verdict.iloc[0]
 
 
