@@ -13,7 +13,7 @@ import pytest
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.wrapper import Lent
-from tests.conftest import DEPLOYMENT, PROMPTS, score_requests, through
+from tests.conftest import DEPLOYMENT, PROMPTS, SERVER_KEY, score_requests, through
 
 
 @pytest.mark.engine
@@ -188,6 +188,23 @@ class NoTraceCalls(Lent):
 
     def describe(self):
         return {**self.engine.describe(), "server_log": None}  # the server's log stays for served_runs' run
+
+
+@pytest.mark.engine
+def test_a_server_evalkit_did_not_start_needs_a_deployment_id_to_keep_answers(served, tmp_path):
+    """Through the CLI, the session's server reached by its URL without endpoint.deployment: one line naming
+    endpoint.deployment, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    url = served.client.url
+    done = subprocess.run([sys.executable, "-m", "evalkit", "engine=served", f"endpoint.url={url}", SERVER_KEY,
+                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and not (tmp_path / "out").exists(), done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"evalkit: error: the server at {url} cannot say which weights it serves (vLLM's system_fingerprint hashes "
+        "its configuration, not its weights): pass endpoint.deployment=ID, an id that changes when the deployed "
+        "weights do (their hash, a release tag), so its answers are kept under it; or resume=false to keep none"]
 
 
 @pytest.mark.engine

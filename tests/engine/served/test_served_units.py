@@ -269,8 +269,10 @@ def test_what_names_a_servers_weights(tmp_path):
     assert len(keys) == 4  # llama.cpp serving Q4 then Q8 as "default": two stores, never one
 
 
-def test_a_server_evalkit_did_not_start_needs_a_deployment_id_to_keep_answers(tmp_path):
-    """Through the CLI: one line naming endpoint.deployment, exit 2, nothing written, nothing sent."""
+def test_a_server_that_is_not_there_is_said_before_the_deployment_id_it_would_need(tmp_path):
+    """Through the CLI, nothing listening at endpoint.url and no endpoint.deployment: the real problem first, one
+    line, exit 2, nothing written (a server that is there and has no deployment id: tests/engine/served/
+    test_served.py)."""
     import subprocess
     import sys
 
@@ -278,10 +280,8 @@ def test_a_server_evalkit_did_not_start_needs_a_deployment_id_to_keep_answers(tm
                            f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and not (tmp_path / "out").exists(), done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
-        "evalkit: error: the server at http://127.0.0.1:9/v1 cannot say which weights it serves (vLLM's "
-        "system_fingerprint hashes its configuration, not its weights): pass endpoint.deployment=ID, an id that "
-        "changes when the deployed weights do (their hash, a release tag), so its answers are kept under it; or "
-        "resume=false to keep none"]
+        "evalkit: error: the server at http://127.0.0.1:9 refused connections (ConnectError: All connection "
+        "attempts failed)"]
 
 
 def test_reconnect_wait_is_checked():
