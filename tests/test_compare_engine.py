@@ -31,7 +31,8 @@ def test_same_config_twice_shows_no_change(noise_pair, capsys):
 def exact_p_worse(b, c, n, tolerance):
     """p(H1: candidate - reference < -tolerance), written out apart from evalkit/compare/statistics/tost.py: every table
     of n documents whose Tango score at -tolerance is at most the observed one, its probability maximised over
-    the nuisance (documents right in the candidate only, pc; in the reference only, pc + tolerance) on a grid."""
+    the nuisance (documents right in the candidate only, pc; in the reference only, pc + tolerance) on a grid;
+    where some document changed, given that one did (b + c > 0), as the table's p_worse is (the gate's screen)."""
     import numpy as np
     from scipy.stats import multinomial
 
@@ -43,7 +44,12 @@ def exact_p_worse(b, c, n, tolerance):
     pc = np.array([i / 2000 * (1 - tolerance) / 2 for i in range(2001)])[:, None, None]
     # one pmf call over grid x tables; at the last grid point the third probability may round below 0 (NaN row)
     probabilities = np.concatenate([pc + tolerance, pc, 1 - 2 * pc - tolerance], axis=-1)
-    return float(np.nanmax(multinomial.pmf(tables[None], n, probabilities).sum(axis=1)))
+    pmf = multinomial.pmf(tables[None], n, probabilities)
+    if b + c == 0:
+        return float(np.nanmax(pmf.sum(axis=1)))
+    changed = tables[:, 0] + tables[:, 1] > 0
+    unchanged = np.clip(1 - 2 * pc[:, 0, 0] - tolerance, 0, 1) ** n  # P(b + c = 0)
+    return float(np.nanmax(pmf[:, changed].sum(axis=1) / (1 - unchanged)))
 
 
 def holm_rejects(p_values, alpha):
