@@ -250,10 +250,11 @@ def test_a_served_run_gives_the_offline_runs_samples(served_runs):
 
 
 @pytest.mark.engine
-def test_locate_traces_a_served_run_through_its_server(served_runs, tmp_path):
-    """A copy of the served run whose first generation starts with another token: --locate starts the run's
-    engine from its results.json (engine=served, the same server), traces both outputs there and finds the
-    flip at that token, the server's own token ahead."""
+def test_locate_traces_a_served_run_through_its_server(served, served_runs, tmp_path):
+    """A copy of the served run whose first generation starts with another token: --locate, given the server as
+    a user passes it (--ref-engine/--cand-engine engine=served endpoint.url=...: a run folder's recorded server
+    is never taken, docs/security.md), traces both outputs there and finds the flip at that token, the server's
+    own token ahead."""
     import shutil
 
     from evalkit.compare.locate import locate
@@ -267,7 +268,8 @@ def test_locate_traces_a_served_run_through_its_server(served_runs, tmp_path):
     served_token = record["output_ids"][0]
     record["output_ids"] = [served_token + 1, *record["output_ids"][1:]]
     path.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    (located,) = locate(online, [edited])
+    trusted = ["engine=served", f"endpoint.url={served.client.url}", DEPLOYMENT, SERVER_KEY]
+    (located,) = locate(online, [edited], ref_overrides=trusted, cand_overrides=trusted)
     assert "served" in located.engines["reference"] and "same settings" in located.engines["candidate"]
     (flip,) = located.flips
     assert (flip.doc_id, flip.index, flip.ref_token, flip.cand_token) == \
