@@ -22,7 +22,7 @@ from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.pool.plan import actor_resources, core_share, one_line, replacement_settings, shard
 from evalkit.engine.vllm.start import parallel_kwargs
 from evalkit.run.results import read_samples
-from tests.conftest import DEFAULT_RUN_TASKS, EAGER, PARITY_TASKS
+from tests.conftest import DEFAULT_RUN_TASKS, EAGER, FORKED_ENGINE, PARITY_TASKS
 
 
 # --- pure parts ---
@@ -291,7 +291,13 @@ def requests_for(engine):
 
 
 @pytest.fixture(scope="module")
-def pool(embedded_model_dir):
+def fork_record(tmp_path_factory):
+    """Where the pool's processes record their forks (tests/forked_engine/sitecustomize.py)."""
+    return tmp_path_factory.mktemp("forks") / "forks.jsonl"
+
+
+@pytest.fixture(scope="module")
+def pool(embedded_model_dir, fork_record):
     from evalkit.engine.pool.engine import DataParallelEngine
 
     import torch
@@ -302,10 +308,25 @@ def pool(embedded_model_dir):
         # as vLLM's CPU guide has users set it (and an engine started in this process leaves it): OpenMP loads
         # at the actors' start and sizes its team from every core unless the actor resizes it to its share
         patch.setenv("LD_PRELOAD", ":".join(libgomp))
+        # each actor's EngineCore forked from the actor, in a process of its own, as CUDA vLLM runs it
+        # (tests/forked_engine; the actors' Ray starts here and gives its workers this environment)
+        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (FORKED_ENGINE, os.environ.get("PYTHONPATH")) if p))
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        patch.setenv("EVALKIT_TEST_FORK_RECORD", str(fork_record))
         engine = DataParallelEngine(compose_config(["data_parallel_size=2", "cluster.num_cpus=2", EAGER]),
                                     embedded_model_dir)
     yield engine
     engine.close()
+
+
+@pytest.mark.engine
+def test_each_actor_s_engine_forked_as_on_cuda(pool, fork_record):
+    """Each actor's EngineCore is a process forked from the actor after vLLM asked for a process context
+    (tests/forked_engine/sitecustomize.py), as CUDA vLLM starts it in a Ray actor."""
+    forks = [json.loads(line) for line in fork_record.read_text().splitlines()]
+    asked = {r["pid"] for r in forks if r["kind"] == "context"}
+    actors = {a["pid"] for a in pool.describe()["data_parallel"]["actors"]}
+    assert actors <= asked and {r["parent"] for r in forks if r["kind"] == "fork"} >= actors, (forks, actors)
 
 
 @pytest.mark.engine
