@@ -153,7 +153,8 @@ def add_arguments(parser: Any) -> None:
                        help="restart both runs' engines and find, for every differing generation, the first divergent "
                             "token and why (near-tie, logit drift, other)")
     group.add_argument("--near-tie", type=float, default=why.NEAR_TIE, metavar="NATS",
-                       help=f"a reference margin this small is a near-tie (default {why.NEAR_TIE})")
+                       help=f"a flip is a near-tie when both engines' margins (the log-probability of the reference's "
+                            f"token less the candidate's) lie within this (default {why.NEAR_TIE})")
     group.add_argument("--top-k", type=int, default=TOP_K, help="alternatives shown at each divergent token")
     for side, flag in FLAGS.items():
         group.add_argument(flag, nargs="+", action="extend", default=[], metavar="KEY=VALUE",
