@@ -101,12 +101,10 @@ def measure_rows(ref: Rows, ref_rows: np.ndarray, cand: Rows, cand_rows: np.ndar
 def compare_task(ref: Rows, cand: Rows) -> Task:
     """One task's two records, paired (records.pair) and measured: each shared (context, token) pair once, and
     the contexts where the two tokens differ (a parting position) apart; every shared context takes its
-    measures from the one it is compared on. Rows that are no distribution (records.distributions) are left
-    out first, and the shared contexts that loses counted."""
-    ref, cand = records.settle_given(ref), records.settle_given(cand)
+    measures from the one it is compared on. Rows that are no distribution are left out first
+    (records.as_distributions), and the shared contexts that loses counted."""
     whole = records.shared_contexts(ref, cand)
-    worst = (records.most_mass(ref), records.most_mass(cand))
-    ref, cand = records.take(ref, records.distributions(ref)), records.take(cand, records.distributions(cand))
+    (ref, ref_most), (cand, cand_most) = records.as_distributions(ref), records.as_distributions(cand)
     pairs = records.pair(ref, cand)
     texts, _ = measure_rows(ref, pairs.text_ref, cand, pairs.text_cand)
     parting = pairs.text_of < 0
@@ -120,7 +118,7 @@ def compare_task(ref: Rows, cand: Rows) -> Task:
     return Task(contexts=contexts, docs=ref.doc_id[pairs.ref], kinds=ref.kind[pairs.ref],
                 request=ref.request[pairs.ref], position=ref.position[pairs.ref], ref_text=ref.text_id[pairs.ref],
                 cand_text=cand.text_id[pairs.cand], texts=texts, text_docs=ref.doc_id[pairs.text_ref],
-                unshared=unshared, left_out=whole - len(pairs.ref), overfull=worst)
+                unshared=unshared, left_out=whole - len(pairs.ref), overfull=(ref_most, cand_most))
 
 
 def compare_records(ref: records.Recorded, cand: records.Recorded, k: int) -> dict[str, Task]:

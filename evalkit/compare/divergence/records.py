@@ -174,8 +174,8 @@ def own_mass(rows: Positions) -> np.ndarray:
     return top + np.where(listed, 0.0, np.exp(rows.text_logprob.astype(np.float64)))
 
 
-def settle_given(rows: Positions) -> Positions:
-    """The ids read apart as the bound takes them. A value read in another engine call than the top list may
+def settle_given(rows: Positions, mass: np.ndarray) -> Positions:
+    """The ids read apart as the bound takes them (mass: own_mass(rows)). A value read in another engine call than the top list may
     round above the last top entry (bfloat16: contracts.apart_tolerance); an id the top list left out lies at or
     below that entry in the row's own distribution, so it enters capped there. Where the capped values still
     take the row's entries above all the probability (their rounding), the row keeps its own entries only: a
@@ -185,26 +185,23 @@ def settle_given(rows: Positions) -> Positions:
     last = np.nanmin(np.where(rows.top_ids == PAD, np.nan, rows.top_logprobs.astype(np.float64)), axis=1,
                      initial=0.0)
     capped = np.minimum(rows.given_logprobs.astype(np.float64), last[:, None])
-    over = own_mass(rows) + np.nansum(np.exp(capped), axis=1) > 1 + MASS_SLACK
+    over = mass + np.nansum(np.exp(capped), axis=1) > 1 + MASS_SLACK
     ids = np.where(over[:, None], PAD, rows.given_ids)
     return replace(rows, given_ids=ids, given_logprobs=np.where(ids == PAD, np.nan, capped).astype(np.float32))
 
 
-def distributions(rows: Positions) -> np.ndarray:
-    """Per row, whether its own entries can be those of one normalised distribution (they hold at most all the
-    probability, within float32 rounding)."""
-    return own_mass(rows) <= 1 + MASS_SLACK
+def as_distributions(rows: Positions) -> tuple[Positions, float]:
+    """The rows the bound can use, and the most probability any row's own entries hold: the ids read apart
+    settled (settle_given), and the rows whose own entries are no normalised distribution (more than all the
+    probability, beyond float32 rounding) left out."""
+    mass = own_mass(rows)
+    return take(settle_given(rows, mass), mass <= 1 + MASS_SLACK), float(mass.max(initial=0.0))
 
 
 def take(rows: Positions, keep: np.ndarray) -> Positions:
     """The rows where keep is true."""
     columns = divergence_record.COLUMNS + divergence_record.GIVEN
     return replace(rows, **{name: getattr(rows, name)[keep] for name in columns})
-
-
-def most_mass(rows: Positions) -> float:
-    """The most probability a row's own entries hold (above 1 + MASS_SLACK: that row is no distribution)."""
-    return float(own_mass(rows).max(initial=0.0))
 
 
 def overfull_note(left_out: int, runs: dict[str, float]) -> str:
