@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from evalkit import untrusted
-from evalkit.store.replay import described_here, machine_here, plain  # noqa: F401 (the sweep's names for them)
-from evalkit.untrusted import printable, scrubbed
+from evalkit.store.replay import described_here, machine_here, runs_with_config
+from evalkit.untrusted import printable
 
 POINT_FILE = "point.json"
 FINAL = ("ok", "failed", "skipped")  # the statuses of a point that is done
@@ -169,7 +169,8 @@ def completed_run(output_dir: str, model_name: str, config: dict[str, Any]) -> P
 def find_completed(output_dir: str, model_name: str, config: dict[str, Any]) -> tuple[Path | None, str | None]:
     """The newest run folder in ``<output_dir>/<model_name>/`` that has this point's answers, or None, with one
     line saying why a run with this config was passed over, if one was. A run has them when its results.json
-    records this very config (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig), the request store's
+    records this very config (``evalkit.config``, ``dataclasses.asdict`` of the EvalConfig: store.replay's
+    runs_with_config), the request store's
     fingerprint (``evalkit.provenance.model_fingerprint``) that this point's run would have, by
     evalkit.store.fingerprint.fingerprint of the model folder now and :func:`described_here`, and the hash of
     what its tasks read (``evalkit.provenance.task_sources``, evalkit/run/sources.py: task YAMLs, data files,
@@ -180,24 +181,16 @@ def find_completed(output_dir: str, model_name: str, config: dict[str, Any]) -> 
     from evalkit.store.fingerprint import fingerprint
     from evalkit.run.sources import task_sources
 
-    wanted, model_dir, machine, sources, passed = scrubbed(plain(config)), None, None, None, None
-    for results_file in sorted((Path(output_dir) / model_name).glob("*/results.json"), reverse=True):
-        if results_file.parent.name.startswith("."):
-            continue
-        try:
-            section = json.loads(results_file.read_text()).get("evalkit", {})
-            recorded = section.get("provenance", {}).get("model_fingerprint")
-            if section.get("config") != wanted or not recorded:
-                continue
-        except (OSError, ValueError, AttributeError):
-            continue
+    model_dir, machine, sources, passed = None, None, None, None
+    for run_dir, section in runs_with_config(output_dir, model_name, config):
         model_dir, machine = model_dir or resolve_model_path(config["vllm_path"]), machine or machine_here()
+        recorded = section["provenance"]["model_fingerprint"]
         if recorded != fingerprint(model_dir, described_here(section.get("engine") or {}, machine)):
             continue
         sources = sources or task_sources(names=list(config["tasks"]), tasks_dirs=list(config["tasks_dirs"]),
                                           task_data=dict(config["task_data"]))
         if section["provenance"].get("task_sources") == sources:
-            return results_file.parent, None
-        passed = passed or (f"{results_file.parent} has this config, but its tasks read other files (task YAMLs, "
+            return run_dir, None
+        passed = passed or (f"{run_dir} has this config, but its tasks read other files (task YAMLs, "
                             "data files or a hub dataset's revision changed since)")
     return None, passed
