@@ -14,17 +14,15 @@ Run: pytest -m engine -s tests/test_forked_engine.py
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import EAGER, run_dirs
-from tests.test_survive import attempt_session, living, seconds_until_gone, stored_answers, wait_for
+from tests.test_survive import attempt_session, living, stopped_by_sigterm, stored_answers, wait_for
 
 pytestmark = pytest.mark.engine
 MODEL = "smollm2-135m-instruct"
@@ -69,17 +67,7 @@ def test_sigterm_mid_scoring_stops_a_forked_engine_run_as_in_the_spawn_model_and
     session = attempt_session(run)
     wait_for(lambda: stored_answers(out) >= 4, run, "generation began")
     assert forked_from(forked_engine, session)
-    os.kill(session, signal.SIGTERM)  # to the try alone, as a scheduler preempting it would
-    signalled = time.time()
-    code = run.wait(timeout=120)
-    log = (tmp_path / "log").read_text()
-    print(f"\nSIGTERM to the try during generation: every engine process gone after "
-          f"{seconds_until_gone(session, signalled):.1f} s")
-    assert code == 128 + signal.SIGTERM, log[-2000:]
-    assert "evalkit: error: stopped: the try was stopped by SIGTERM from outside" in log
-    assert "memory" not in log.split("evalkit: error:")[-1] and "succeeded on try" not in log
-    finished = stored_answers(out)
-    assert finished >= 4 and not run_dirs(out / MODEL)  # kept for a rerun
+    stopped_by_sigterm(run, session, out, tmp_path / "log")  # as in the spawn model (tests/test_survive.py)
 
     rerun = start(forked_engine, tmp_path / "rerun.log", *args)
     code = rerun.wait(timeout=600)

@@ -168,22 +168,31 @@ def test_sigkill_of_the_supervisor_during_engine_start_leaves_no_engine_process(
     assert list(tmpdir.glob("evalkit-attempt-*")) == []
 
 
+def stopped_by_sigterm(run, session: int, out, log) -> int:
+    """SIGTERM to run's try (session) alone, as a scheduler preempting it would, once generation began: the run
+    ends stopped (exit 143, its one line, not read as out of memory, no retry), every engine process gone, no run
+    folder, the finished answers kept. Returns how many were kept."""
+    os.kill(session, signal.SIGTERM)
+    signalled = time.time()
+    code = run.wait(timeout=120)
+    err = log.read_text()
+    print(f"\nSIGTERM to the try during generation: every engine process gone after "
+          f"{seconds_until_gone(session, signalled):.1f} s")
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert "evalkit: error: stopped: the try was stopped by SIGTERM from outside" in err
+    assert "memory" not in err.split("evalkit: error:")[-1] and "succeeded on try" not in err
+    finished = stored_answers(out)
+    assert finished >= 4 and not run_dirs(out / "smollm2-135m-instruct")  # kept for a rerun
+    return finished
+
+
 def test_sigterm_to_the_try_stops_the_run_and_is_not_read_as_out_of_memory(tmp_path):
     out = tmp_path / "result"
     run = start("tasks=[evalkit_arith]", "limit=40", "chunk_size=2", f"output_dir={out}", "gpu_memory_utilization=0.25",
                 log=tmp_path / "log")
     session = attempt_session(run)
     wait_for(lambda: stored_answers(out) >= 4, run, "generation began")
-    os.kill(session, signal.SIGTERM)  # to the try alone, as a scheduler preempting it would
-    signalled = time.time()
-    code = run.wait(timeout=120)
-    err = (tmp_path / "log").read_text()
-    print(f"\nSIGTERM to the try during generation: every engine process gone after "
-          f"{seconds_until_gone(session, signalled):.1f} s")
-    assert code == 128 + signal.SIGTERM, err[-2000:]
-    assert "evalkit: error: stopped: the try was stopped by SIGTERM from outside" in err
-    assert "memory" not in err.split("evalkit: error:")[-1] and "succeeded on try" not in err
-    assert stored_answers(out) >= 4 and not run_dirs(out / "smollm2-135m-instruct")  # kept for a rerun
+    stopped_by_sigterm(run, session, out, tmp_path / "log")
 
 
 def test_sigkill_mid_task_then_a_rerun_backs_off_a_real_memory_failure_and_recomputes_nothing_finished(
