@@ -5,7 +5,7 @@ from evalkit.config import ConfigError, EvalConfig, compose_config, model_preset
 from evalkit.overrides import check_overrides
 
 SPEC_PRESETS = {"qwen2.5-7b", "qwen2-7b", "qwen1.5-7b", "llama3.2-3b", "llama3.1-8b", "llama3-8b", "llama2-7b",
-                "yi-6b", "smollm2-135m"}
+                "yi-6b", "smollm2-135m-instruct"}
 
 
 def load(*overrides: str) -> EvalConfig:

@@ -39,7 +39,7 @@ def test_evalkit_help_shows_the_defaults_of_the_schema_and_the_embedded_preset()
     for name in ("max_model_len", "max_tokens", "tensor_parallel_size", "data_parallel_size", "engine",
                  "output_dir"):
         assert keys[name] == str(getattr(defaults, name)), name
-    assert keys["model"] == "smollm2-135m"
+    assert keys["model"] == "smollm2-135m-instruct"
     assert keys["vllm_path"] == "embedded://smollm2-135m-instruct"
     assert keys["dtype"] == "float32" and keys["limit"] == "None"
 
