@@ -18,7 +18,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from evalkit.compare import cli, report_page
+from evalkit.compare import cli
+from evalkit.compare.pages import html_page
 from evalkit.compare.divergence import between, records, verdict
 from evalkit.compare.runs import load_run
 from evalkit.run import divergence_record
@@ -319,9 +320,9 @@ def test_the_headline_says_the_divergence_verdict():
     table = pd.DataFrame({"task": ["t"], "filter": ["none"], "metric": ["acc"], "n": [12], "method": ["tango"],
                           "verdict": ["inconclusive"]})
     beyond = verdict.NoiseVerdict("beyond noise", 0.0002, 0.01, 12, 12, 0.1, 0.0, "t")
-    words, kind = report_page.headline(table, exit_code=1, needed=149, noise=beyond)
+    words, kind = html_page.headline(table, exit_code=1, needed=149, noise=beyond)
     assert words.endswith("; divergence beyond noise (p=0.0002) (exit 1)") and kind == "fail"
-    words, _ = report_page.headline(table, exit_code=1, needed=149, noise=verdict.NoiseVerdict(
+    words, _ = html_page.headline(table, exit_code=1, needed=149, noise=verdict.NoiseVerdict(
         "within noise", 0.3, 0.01, 12, 12, 0.1, 0.1, "t"))
     assert words.endswith("(exit 1: another candidate is worse or beyond noise)")
 

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from evalkit import page
-from evalkit.compare import cli, plots, report_page
+from evalkit.compare import cli
+from evalkit.compare.pages import html_page, plots
 from evalkit.compare.statistics import paired, proportions, verdict
 from evalkit.compare import runs as on_disk
 from evalkit.sweep.points import write_point
@@ -122,7 +123,7 @@ def test_the_page_leads_with_the_verdict_and_its_exit_code_then_the_compact_tabl
 
     scores = body.all("table")[0]
     head, body_rows = rows(scores)
-    assert head == report_page.SCORES == ["task", "metric", "n", "reference", "candidate", "diff [interval]",
+    assert head == html_page.SCORES == ["task", "metric", "n", "reference", "candidate", "diff [interval]",
                                           "verdict", "changed documents"]
     assert len(body_rows) == m
     for row, (_, expected) in zip(body_rows, table.iterrows()):
@@ -206,17 +207,17 @@ def test_the_headline_words_for_equivalent_and_better_and_an_empty_table():
     table = pd.DataFrame({"task": ["a", "b", "c"], "filter": "none", "metric": "acc", "n": 400,
                           "verdict": ["equivalent", "lower", "equivalent"], "method": "tango", "tolerance": 0.02,
                           "relative": False})
-    assert report_page.headline(table, exit_code=verdict.gate([table]), needed=149) == (
+    assert html_page.headline(table, exit_code=verdict.gate([table]), needed=149) == (
         "equivalent within ±0.02 on all 3 rows (exit 0)", "pass")
     better = table.assign(verdict=["better", "equivalent", "inconclusive"], n=[400, 400, 100])
-    assert report_page.headline(better, exit_code=0, needed=149) == (
+    assert html_page.headline(better, exit_code=0, needed=149) == (
         "candidate is better than reference on 1 of 3 rows; 1 equivalent, 1 inconclusive — too few documents "
         "(149 needed, 100 here) (exit 0)", "unsure")
     mixed = better.assign(verdict=["inconclusive", "equivalent", "inconclusive"])  # one of them not for its size
-    assert report_page.headline(mixed, exit_code=0, needed=149)[0] == (
+    assert html_page.headline(mixed, exit_code=0, needed=149)[0] == (
         "inconclusive on 2 of 3 rows: 1 with too few documents (149 needed, 100 here), 1 see the notes; 1 equivalent "
         "(exit 0)")
-    assert report_page.headline(table.iloc[:0], exit_code=0, needed=149) == ("nothing compared (exit 0)", "unsure")
+    assert html_page.headline(table.iloc[:0], exit_code=0, needed=149) == ("nothing compared (exit 0)", "unsure")
 
 
 def test_plots_that_would_say_nothing_are_sentences():

@@ -15,7 +15,8 @@ import sys
 import pandas as pd
 import pytest
 
-from evalkit.compare import cli, locate, report
+from evalkit.compare import cli, locate
+from evalkit.compare.pages import markdown, plots
 
 from evalkit.compare.locate import why
 from evalkit.compare.statistics import paired
@@ -141,24 +142,24 @@ def compared(lost):
 
 def test_why_section_counts_classes_names_tokens_and_says_when_worse_rests_on_near_ties():
     table, details = compared([0, 1])
-    text = "\n".join(report.why_markdown(localisation(["near-tie", "near-tie", "logit drift"]), table, details))
+    text = "\n".join(markdown.why_markdown(localisation(["near-tie", "near-tie", "logit drift"]), table, details))
     assert "3 located: near-tie 2, logit drift 1, other 0" in text and "localisation took" in text and "31.5 s" in text
     assert "evalkit_arith / exact_match is `worse` on near-ties only" in text
     assert "'What is 2 + 2?\\nAnswer:'" in text and "reference '4', candidate '5'" in text
     row = "| evalkit_arith | 0 | 1 | '4' | '5' | +0.050 | -0.050 | 0.3 | near-tie | exact_match: right -> wrong |"
     assert row in text
-    mixed = "\n".join(report.why_markdown(localisation(["near-tie", "logit drift"]), table, details))
+    mixed = "\n".join(markdown.why_markdown(localisation(["near-tie", "logit drift"]), table, details))
     assert "near-ties only" not in mixed
 
 
 def test_why_plot_and_the_full_report():
     table, details = compared([0])
-    images = report.why_plots(localisation(["near-tie", "logit drift"]))
+    images = plots.why_plots(localisation(["near-tie", "logit drift"]))
     plot = images["Why: drift up to the divergence"]
     assert plot.png[:8] == b"\x89PNG\r\n\x1a\n" and "noise floor" in plot.caption
-    assert report.why_plots(None) == {}
-    text = report.markdown("a", "b", table.assign(n=1, reference=1.0, candidate=0.0, diff=-1.0, note=""), details,
-                           tolerance=0.02, confidence=0.95, why=localisation(["logit drift"]))
+    assert plots.why_plots(None) == {}
+    text = markdown.markdown("a", "b", table.assign(n=1, reference=1.0, candidate=0.0, diff=-1.0, note=""), details,
+                             tolerance=0.02, confidence=0.95, why=localisation(["logit drift"]))
     assert "## Why (--locate)" in text
 
 

@@ -1,5 +1,5 @@
 """``python -m evalkit.compare``: the command line over the comparison (paired.py), the token-level
-divergence where both runs recorded it (divergence/), its localisation (locate.py) and its report (report.py).
+divergence where both runs recorded it (divergence/), its localisation (locate/) and its report (pages/).
 Exit 0, 1 when a candidate is worse (or changed) family-wise at --alpha (verdict.py) or, with --noise, its
 divergence is beyond noise (divergence/verdict.py), 2 on unusable input.
 
@@ -19,7 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from evalkit.compare import locate, report
+from evalkit.compare import locate
+from evalkit.compare.pages import html_page, markdown, plots
 from evalkit.compare.statistics import verdict
 from evalkit.compare.divergence import ALPHA as NOISE_ALPHA, between, family, records
 from evalkit.compare.statistics.paired import compare_family, compare_runs
@@ -198,14 +199,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare")
         tables = [table for table, _ in compared]
         code = exit_code(tables, found, args.require)
         for candidate, table, (_, details), d in zip(candidates, tables, compared, found):
-            text = report.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
-                                   confidence=confidence, noise=noise, why=why.get(candidate.path),
-                                   family=sum(map(len, tables)), comparisons=len(tables), divergence=d)
-            images = {**report.plots(table, details, args.tolerance), **report.why_plots(why.get(candidate.path))}
-            page = report.html_page(text, report.with_noise(table, noise), images, exit_code=code,
-                                    tolerance=args.tolerance, confidence=confidence, reference=reference,
-                                    candidate=candidate, details=details, why=why.get(candidate.path),
-                                    family=sum(map(len, tables)), divergence=d)
+            text = markdown.markdown(reference.name, candidate.name, table, details, tolerance=args.tolerance,
+                                     confidence=confidence, noise=noise, why=why.get(candidate.path),
+                                     family=sum(map(len, tables)), comparisons=len(tables), divergence=d)
+            images = {**plots.plots(table, details, args.tolerance), **plots.why_plots(why.get(candidate.path))}
+            page = html_page.html(text, markdown.with_noise(table, noise), images, exit_code=code,
+                                  tolerance=args.tolerance, confidence=confidence, reference=reference,
+                                  candidate=candidate, details=details, why=why.get(candidate.path),
+                                  family=sum(map(len, tables)), divergence=d)
             print(printable(text, keep="\n"))  # names and outputs from run folders: no terminal control
             write_report(reference, candidate, {".md": text, ".html": page}, args.output)
         for d in found:

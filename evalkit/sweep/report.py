@@ -118,7 +118,7 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
     (evalkit/sweep/divergence.py; shown in its report as compare shows it without --noise)."""
     from evalkit.compare import runs
     from evalkit.compare.statistics import paired
-    from evalkit.compare import report as compare_report
+    from evalkit.compare.pages import html_page, markdown, plots
 
     verdicts: dict[int, pd.DataFrame | str] = {}
     files: dict[str, str] = {}
@@ -145,13 +145,13 @@ def compare_points(points: list[PointRecord], reference: int | None, *, toleranc
     family = sum(len(table) for table, _ in compared)
     for num, (table, details) in zip(comparable, compared):
         verdicts[num] = table
-        text = compare_report.markdown(f"point {reference}: {ref.name}", f"point {num}: {by_num[num].run_dir}",
-                                       table, details, tolerance=tolerance, confidence=0.95, family=family,
-                                       comparisons=len(compared), divergence=found[num])
+        text = markdown.markdown(f"point {reference}: {ref.name}", f"point {num}: {by_num[num].run_dir}",
+                                 table, details, tolerance=tolerance, confidence=0.95, family=family,
+                                 comparisons=len(compared), divergence=found[num])
         stem = f"compare-{num}-vs-{reference}"
         files[f"{stem}.md"] = text
-        files[f"{stem}.html"] = compare_report.html_page(  # no exit code: the sweep exits on failed points only
-            text, table, compare_report.plots(table, details, tolerance), exit_code=None, tolerance=tolerance,
+        files[f"{stem}.html"] = html_page.html(  # no exit code: the sweep exits on failed points only
+            text, table, plots.plots(table, details, tolerance), exit_code=None, tolerance=tolerance,
             confidence=0.95, reference=ref, candidate=comparable[num], details=details, family=family,
             title=f"evalkit compare: point {num} against point {reference}", divergence=found[num])
     return verdicts, files, found

@@ -1,7 +1,7 @@
 """The divergence on compare's page: the lines and the table of the text report as HTML, and the plots that
 carry information, each with its caption (page.Plot): the KLD percentiles per task, the per-document KLD of
 the candidate beside the noise run's (with --noise), and Same top p per task (two tasks or more). matplotlib
-through compare's plots.py."""
+through evalkit/page.py's pyplot."""
 
 from __future__ import annotations
 

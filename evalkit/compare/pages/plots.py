@@ -13,7 +13,7 @@ from evalkit.compare.statistics.paired import TaskDetail
 from evalkit.compare.locate.why import NOISE_FLOOR, Localisation
 from evalkit.page import png, pyplot
 
-MAX_WHY = 5  # flips plotted (report.py shows as many in full)
+MAX_WHY = 5  # flips plotted (markdown.py shows as many in full)
 
 
 DIFFERENCES = ("Each row's difference (dot) with its interval (bar), in units of the row's own tolerance, oriented "

@@ -13,12 +13,14 @@ from collections import Counter
 import pandas as pd
 
 from evalkit import page
-from evalkit.compare import documents
+from evalkit.compare.pages import documents
 from evalkit.compare.statistics import proportions, verdict
 from evalkit.compare.divergence import report_page as divergence_page
 from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.divergence.verdict import NoiseVerdict
 from evalkit.compare.locate.why import Localisation
+from evalkit.compare.runs import Run
+from evalkit.compare.statistics.paired import TaskDetail
 
 INSIDE = ("equivalent", "lower", "higher")  # shown inside the tolerance
 STATISTICS = ["task", "filter", "metric", "tolerance", "method", "mcnemar_b", "mcnemar_c", "p_worse_holm",
@@ -158,10 +160,14 @@ def facts(reference: str, candidate: str, *, family: int, confidence: float, noi
 
 
 def html(text: str, table: pd.DataFrame, images: dict[str, page.Plot], *, exit_code: int | None, tolerance: float,
-         confidence: float, found: dict[tuple[str, str], list[documents.Changed]], why: Localisation | None,
-         names: tuple[str, str], family: int | None, title: str, divergence: Divergence | None = None) -> str:
-    """The whole page: the verdict first, the scores, the divergence (when both runs recorded it, else its one
-    line), the documents that changed, the plots, the text report."""
+         confidence: float, reference: Run | None = None, candidate: Run | None = None, details: list[TaskDetail] = (),
+         why: Localisation | None = None, family: int | None = None, title: str = "evalkit compare",
+         divergence: Divergence | None = None) -> str:
+    """The whole page: the verdict in words with the command's exit code (verdict.gate's, passed in; None where no
+    command exits with it) first, the scores, the divergence (when both runs recorded it, else its one line), the
+    documents that changed (from both runs' samples, when given), the plots, the text report."""
+    found = documents.changed(reference, candidate, list(details)) if reference and candidate else {}
+    names = (reference.name if reference else "", candidate.name if candidate else "")
     needed = proportions.documents_needed(tolerance, confidence=confidence) if 0 < tolerance < 1 else None
     words, kind = headline(table, exit_code=exit_code, needed=needed,
                            noise=divergence.verdict if divergence is not None else None)

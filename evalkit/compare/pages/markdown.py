@@ -1,22 +1,16 @@
-"""Writes a comparison for people to read: Markdown (terminal and file) and an HTML page.
-
-The Markdown here, with ``--locate`` its "Why" section (evalkit/compare/locate/why.py); the page is report_page.py's
-through the one template of page.py (the sweep report's too), its plots plots.py's, the documents that changed
-documents.py's.
-"""
+"""A comparison's text report in Markdown (terminal and file), with ``--locate`` its "Why" section
+(evalkit/compare/locate/why.py) and the divergence's table (evalkit/compare/divergence/report.py); the HTML page
+that renders it is html_page.py's."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from evalkit import page
-from evalkit.compare import documents, report_page
 from evalkit.compare.statistics import proportions
 from evalkit.compare.divergence import report as divergence_report
 from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.statistics.paired import TaskDetail
-from evalkit.compare.plots import MAX_WHY, plots, why_plots  # noqa: F401 (report.plots, report.why_plots: the callers')
-from evalkit.compare.runs import Run
+from evalkit.compare.pages.plots import MAX_WHY
 from evalkit.compare.locate.why import CLASSES, Flip, Localisation
 
 MAX_LISTED = 10  # documents listed per category in the text report
@@ -217,15 +211,3 @@ def why_markdown(why: Localisation, table: pd.DataFrame, details: list[TaskDetai
                                           score_change(details, c.task, c.doc_id)] for c in why.choices])
     return lines
 
-
-def html_page(text: str, table: pd.DataFrame, images: dict[str, page.Plot], *, exit_code: int | None,
-              tolerance: float, confidence: float, reference: Run | None = None, candidate: Run | None = None,
-              details: list[TaskDetail] = (), why: Localisation | None = None, family: int | None = None,
-              title: str = "evalkit compare", divergence: Divergence | None = None) -> str:
-    """The page (report_page.py through page.py's template): the verdict in words with the command's exit code
-    (verdict.gate's, passed in; None where no command exits with it), the compact table, the plots, the
-    documents that changed (from both runs' samples, when given) and the text report rendered."""
-    found = documents.changed(reference, candidate, list(details)) if reference and candidate else {}
-    names = (reference.name if reference else "", candidate.name if candidate else "")
-    return report_page.html(text, table, images, exit_code=exit_code, tolerance=tolerance, confidence=confidence,
-                            found=found, why=why, names=names, family=family, title=title, divergence=divergence)
