@@ -4,8 +4,15 @@ import pytest
 from evalkit.config import ConfigError, EvalConfig, compose_config, model_presets, validate
 from evalkit.overrides import check_overrides
 
-SPEC_PRESETS = {"qwen2.5-7b", "qwen2-7b", "qwen1.5-7b", "llama3.2-3b", "llama3.1-8b", "llama3-8b", "llama2-7b",
-                "yi-6b", "smollm2-135m-instruct"}
+# The product spec's names are the base releases; each chat release has its own preset, named after it.
+BASE_PRESETS = {"qwen2.5-7b": "Qwen2.5-7B", "qwen2-7b": "Qwen2-7B", "qwen1.5-7b": "Qwen1.5-7B",
+                "llama3.2-3b": "Llama-3.2-3B", "llama3.1-8b": "Llama-3.1-8B", "llama3-8b": "Meta-Llama-3-8B",
+                "llama2-7b": "Llama-2-7b-hf", "yi-6b": "Yi-6B"}
+CHAT_PRESETS = {"qwen2.5-7b-instruct": "Qwen2.5-7B-Instruct", "qwen2-7b-instruct": "Qwen2-7B-Instruct",
+                "qwen1.5-7b-chat": "Qwen1.5-7B-Chat", "llama3.2-3b-instruct": "Llama-3.2-3B-Instruct",
+                "llama3.1-8b-instruct": "Llama-3.1-8B-Instruct", "llama3-8b-instruct": "Meta-Llama-3-8B-Instruct",
+                "llama2-7b-chat": "Llama-2-7b-chat-hf", "yi-6b-chat": "Yi-6B-Chat"}
+SPEC_PRESETS = set(BASE_PRESETS) | set(CHAT_PRESETS) | {"smollm2-135m-instruct"}
 
 
 def load(*overrides: str) -> EvalConfig:
@@ -25,10 +32,10 @@ def test_product_spec_overrides_work_as_written(monkeypatch):
     monkeypatch.setenv("EVALKIT_MODELS_DIR", "/data/models")
     cfg = load("model=qwen2-7b", "tensor_parallel_size=4", "max_tokens=2048", "batch_size=64", "limit=100",
                "tasks=[arc_easy,my_task]", "max_model_len=8192")
-    assert cfg.model_name == "qwen2-7b" and cfg.vllm_path == "/data/models/Qwen2-7B-Instruct"
+    assert cfg.model_name == "qwen2-7b" and cfg.vllm_path == "/data/models/Qwen2-7B"
     assert (cfg.tensor_parallel_size, cfg.max_tokens, cfg.batch_size, cfg.limit) == (4, 2048, 64, 100)
     assert cfg.tasks == ["arc_easy", "my_task"] and cfg.max_model_len == 8192
-    assert cfg.dtype == "bfloat16" and cfg.apply_chat_template is True
+    assert cfg.dtype == "bfloat16" and cfg.apply_chat_template is False
 
 
 def test_command_line_beats_the_preset():
@@ -36,12 +43,23 @@ def test_command_line_beats_the_preset():
     assert (cfg.vllm_path, cfg.dtype) == ("/x/llama", "float32")
 
 
+def test_the_presets_are_the_spec_names_and_their_chat_releases():
+    assert set(model_presets()) == SPEC_PRESETS
+
+
 @pytest.mark.parametrize("preset", sorted(SPEC_PRESETS))
-def test_every_preset_composes_and_validates(preset):
-    assert SPEC_PRESETS <= set(model_presets())
+def test_every_preset_composes_validates_and_files_its_runs_under_its_name(preset):
     cfg = load(f"model={preset}")
-    assert cfg.model_name and cfg.vllm_path and cfg.dtype
+    assert cfg.model_name == preset and cfg.vllm_path and cfg.dtype
     validate(cfg)
+
+
+@pytest.mark.parametrize("preset, folder", sorted({**BASE_PRESETS, **CHAT_PRESETS}.items()))
+def test_a_preset_is_its_release_base_without_the_chat_template_chat_with_it(preset, folder, monkeypatch):
+    monkeypatch.setenv("EVALKIT_MODELS_DIR", "/data/models")
+    cfg = load(f"model={preset}")
+    assert cfg.vllm_path == f"/data/models/{folder}"
+    assert cfg.apply_chat_template is (preset in CHAT_PRESETS)
 
 
 def test_any_engine_argument_passes_through():
