@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
     from evalkit.contracts import ScoreRequest
     from evalkit.engine.machine.preflight import resolve_model_path
     from evalkit.engine.vllm.start import start_vllm
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
     from evalkit.run.results import read_samples
 
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
                 started = time.perf_counter()
                 run_dir = evaluate(compose_config([*base, f"+engine_kwargs.block_size={size}", f"tasks=[{task}]",
                                                    f"output_dir={out / str(size)}"]),
-                                   engine_factory=lambda c, d: Lent(engine))
+                                   engine_factory=lambda c, d: KeptRunning(engine))
                 samples = read_samples(run_dir, task)
                 greedy = [r[0][1] for s in samples for r in s["resps"] if isinstance(r[0], (list, tuple))]
                 found[size][task] = (time.perf_counter() - started, *answers(samples), greedy)

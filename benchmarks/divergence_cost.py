@@ -55,13 +55,13 @@ def store_bytes(out: Path) -> int:
 def one_run(base: list[str], engine: Any, task: str, k: int, out: Path) -> dict[str, Any]:
     """One task's run with divergence_top_k=k on the lent engine, prefix cache cold: its facts."""
     from evalkit.config import compose_config
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     engine.llm.reset_prefix_cache()
     started = time.perf_counter()
     run_dir = evaluate(compose_config([*base, f"tasks=[{task}]", f"divergence_top_k={k}", f"output_dir={out}"]),
-                       engine_factory=lambda c, d: Lent(engine))
+                       engine_factory=lambda c, d: KeptRunning(engine))
     seconds = time.perf_counter() - started
     section = json.loads((run_dir / "results.json").read_text())["evalkit"]
     calls = section["timings"]["engine_calls"]

@@ -142,12 +142,12 @@ class Timed:
     calls (``engine``, the engine protocol around it), or lm-eval's TemplateAPI request methods (``patched``)."""
 
     def __init__(self, engine: Any = None) -> None:
-        from evalkit.engine.wrapper import Lent
+        from evalkit.engine.wrapper import KeptRunning
 
         self.seconds, self.cpu = 0.0, 0.0
         timer = self
 
-        class Clocked(Lent):
+        class Clocked(KeptRunning):
             def score(self, *args: Any, **kwargs: Any) -> Any:
                 return timer.clock(lambda: self.engine.score(*args, **kwargs))
 

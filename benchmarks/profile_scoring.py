@@ -44,7 +44,7 @@ def child(task: str) -> None:
     from evalkit.config import compose_config
     from evalkit.engine.machine.preflight import resolve_model_path
     from evalkit.engine.vllm.start import start_vllm
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     model_dir = resolve_model_path("embedded://smollm2-135m-instruct")
@@ -53,7 +53,7 @@ def child(task: str) -> None:
             f"tasks_dirs=[{ROOT / 'benchmarks' / 'tasks'}]", "resume=false", f"output_dir={out}"]
     engine = start_vllm(compose_config(base), model_dir)
     started = time.perf_counter()
-    evaluate(compose_config([*base, f"tasks=[{task}]"]), engine_factory=lambda c, d: Lent(engine))
+    evaluate(compose_config([*base, f"tasks=[{task}]"]), engine_factory=lambda c, d: KeptRunning(engine))
     print(f"evaluate: {time.perf_counter() - started:.1f} s", flush=True)
     engine.close()
     shutil.rmtree(out, ignore_errors=True)

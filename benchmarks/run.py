@@ -92,7 +92,7 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
     """evalkit and the raw floor on one engine: per task {"evalkit": ..., "floor": ...}, and run facts."""
     from evalkit.config import compose_config
     from evalkit.engine.vllm.start import start_vllm
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     base = [f"vllm_path={model_dir}", f"output_dir={out}", *IN_PROCESS, *overrides,
@@ -118,7 +118,7 @@ def evalkit_side(tasks: list[str], model_dir: str, overrides: list[str], limit: 
                 real.llm.reset_prefix_cache()
                 started = time.perf_counter()
                 run_dir = evaluate(compose_config([*base, f"tasks=[{task}]"]),
-                                   engine_factory=lambda c, d: Lent(recorder))
+                                   engine_factory=lambda c, d: KeptRunning(recorder))
                 facts["wall"] += time.perf_counter() - started
                 ours, requests, replies = evalkit_result(run_dir, task, recorder)
                 paths = Counter(real.scoring_counts()) - paths_before

@@ -30,10 +30,10 @@ from benchmarks.common.evalkit_side import OFFLINE_SETTINGS, RecordingEngine, en
 def recorded_requests(base: list[str], engine: Any, task: str, out: Path) -> list[Any]:
     """The score requests one run of task at divergence_top_k=0 hands the engine, in order."""
     from evalkit.config import compose_config
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
-    recorder = RecordingEngine(Lent(engine))
+    recorder = RecordingEngine(KeptRunning(engine))
     evaluate(compose_config([*base, f"tasks=[{task}]", "divergence_top_k=0", "resume=false", f"output_dir={out}"]),
              engine_factory=lambda c, d: recorder)
     return [r for call in recorder.calls if call.kind == "score" for r in call.requests]

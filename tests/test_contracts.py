@@ -15,13 +15,13 @@ from evalkit.engine.hf.engine import HFEngine
 from evalkit.store.requests import RequestStore, ResumableEngine
 from evalkit.engine.served.engine import ServedEngine
 from evalkit.engine.vllm.engine import VLLMEngine
-from evalkit.engine.wrapper import Deferred, Lent, Wrapped
+from evalkit.engine.wrapper import Deferred, KeptRunning, Wrapped
 from benchmarks.common.evalkit_side import RecordingEngine
 from tests.fake_engine import FakeEngine
 
 METHODS = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
 MEMBERS = [*Engine.__annotations__, *METHODS]  # the attributes (max_model_len) and the methods
-WRAPPERS = [Wrapped, Lent, ResumableEngine, RecordingEngine]
+WRAPPERS = [Wrapped, KeptRunning, ResumableEngine, RecordingEngine]
 CLASSES = [VLLMEngine, HFEngine, ServedEngine, DataParallelEngine, FakeEngine, Deferred, *WRAPPERS]
 
 
@@ -60,12 +60,12 @@ def test_wrappers_pass_every_call_through(tmp_path):
     engine = FakeEngine()
     resumable = ResumableEngine(engine, RequestStore(tmp_path / "store.jsonl"), chunk_size=4)
     request = [ScoreRequest(ids=(1, 97, 98), start=1)]
-    for wrapper in (Wrapped(engine), Lent(engine), resumable, Lent(resumable), RecordingEngine(engine)):
+    for wrapper in (Wrapped(engine), KeptRunning(engine), resumable, KeptRunning(resumable), RecordingEngine(engine)):
         assert isinstance(wrapper, Engine)
         assert wrapper.trace(request) == engine.trace(request)
         assert wrapper.max_model_len == engine.max_model_len and wrapper.scoring_counts() == {}
         assert wrapper.encode("ab", True) == engine.encode("ab", True) and wrapper.chat_template() is None
-    Lent(engine).close()
+    KeptRunning(engine).close()
     assert not engine.closed  # the lender closes it
     resumable.close()
     assert engine.closed

@@ -34,7 +34,7 @@ from evalkit.compare.divergence.bound import exact_kl
 from evalkit.compare.noise import measure
 from evalkit.config import TASKS_DIR, compose_config
 from evalkit.contracts import ScoreRequest
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 from evalkit.harness.divergence_traces import TraceLog, reference_reads, with_given
 from evalkit.run import divergence_record
 from evalkit.run.evaluate import evaluate
@@ -178,9 +178,9 @@ def flow(request, vllm_engines, tmp_path_factory):
     out = tmp_path_factory.mktemp(dtype)
     cfg = compose_config([f"dtype={dtype}", f"limit={LIMIT}", f"output_dir={out}", "gpu_memory_utilization=0.2",
                           EAGER, FULL])
-    pair = measure(cfg, lambda cfg, model_dir: Lent(engine))
+    pair = measure(cfg, lambda cfg, model_dir: KeptRunning(engine))
     third = evaluate(dataclasses.replace(cfg, resume=False, order_seed=cfg.seed + 7, divergence_reference=str(pair[0])),
-                     engine_factory=lambda cfg, model_dir: Lent(engine))
+                     engine_factory=lambda cfg, model_dir: KeptRunning(engine))
     return dtype, pair, third
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.harness.tasks import load_tasks
 from tests.conftest import samples_by_doc
@@ -103,7 +103,7 @@ def both_sides(engine, model_dir, out, overrides):
     recorder = Recorder(engine.llm)
     engine.llm = recorder
     try:
-        run_dir = evaluate(cfg, engine_factory=lambda c, d: Lent(engine))
+        run_dir = evaluate(cfg, engine_factory=lambda c, d: KeptRunning(engine))
         ours_sent = recorder.take()
         model = lm_eval_vllm(engine, model_dir, recorder)
         seed_as_lm_eval(cfg.task_seeds)
@@ -146,7 +146,7 @@ def sides(engine, embedded_model_dir, bos_model_dir, tmp_path_factory):
     found = {"shipped": both_sides(engine, embedded_model_dir, out / "shipped", [f"tasks=[{','.join(PLAIN)}]"]),
              "chat": both_sides(engine, embedded_model_dir, out / "chat", ["tasks=[parity_chat]", *CHAT])}
     fast = evaluate(config(embedded_model_dir, out / "fast", [f"tasks=[{','.join(PLAIN)}]"]),
-                    engine_factory=lambda c, d: Lent(engine))  # evalkit's defaults: fast scoring
+                    engine_factory=lambda c, d: KeptRunning(engine))  # evalkit's defaults: fast scoring
     found["fast"] = (samples_by_doc(fast, PLAIN), *found["shipped"][1:4], fast, found["shipped"][5])
     cfg = compose_config([f"vllm_path={bos_model_dir}", "gpu_memory_utilization=0.2",
                           "+engine_kwargs.enforce_eager=true"])
@@ -235,7 +235,7 @@ def test_a_sampling_task_gets_distinct_draws_that_a_rerun_reuses(sides, engine, 
     assert all(st[0] == 0.8 and st[1] == 0.95 for _, st in sent if st[3] == 24)  # the task's own settings
     cfg = compose_config([f"output_dir={run_dir.parent.parent}", f"limit={LIMIT}", f"max_tokens={MAX_TOKENS}",
                           f"tasks_dirs=[{PARITY_TASKS}]", f"vllm_path={embedded_model_dir}", "tasks=[parity_sampling]"])
-    again = evaluate(cfg, engine_factory=lambda c, d: Lent(engine))
+    again = evaluate(cfg, engine_factory=lambda c, d: KeptRunning(engine))
     resume = json.loads((again / "results.json").read_text())["evalkit"]["resume"]
     assert (resume["reused"], resume["computed"]) == (20, 0)
     assert {k: s["resps"] for k, s in ours["parity_sampling"].items()} == \

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 from evalkit.run import divergence_record
 from evalkit.run.evaluate import evaluate
 from evalkit.run.results import read_samples
@@ -26,7 +26,7 @@ ARGS = [f"tasks=[{','.join(TASKS)}]", f"tasks_dirs=[{PARITY_TASKS}]", "limit=5",
 TOLERANCE = 1e-4  # nats: a float32 column's rounding over a few tokens
 
 
-class NoTraces(Lent):
+class NoTraces(KeptRunning):
     """The session's engine, refusing traces: a rerun must take every one from the store."""
 
     def trace(self, requests, top_k=5):
@@ -37,7 +37,7 @@ class NoTraces(Lent):
 def runs(engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("recorded")
     cfg = compose_config([*ARGS, f"output_dir={out}"])
-    first = evaluate(cfg, engine_factory=lambda c, d: Lent(engine))
+    first = evaluate(cfg, engine_factory=lambda c, d: KeptRunning(engine))
     return first, evaluate(cfg, engine_factory=lambda c, d: NoTraces(engine))
 
 

@@ -98,7 +98,7 @@ def test_sweep_on_slurm_equals_one_engine_and_a_requeued_point_resumes(slurm, en
     runs again when Slurm starts it again and computes only the answers its store lacks; the sweep gathers both,
     and their samples equal the same documents on one engine."""
     from evalkit.config import compose_config
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
     from evalkit.run.results import read_samples
     from tests.conftest import EAGER
@@ -129,7 +129,7 @@ def test_sweep_on_slurm_equals_one_engine_and_a_requeued_point_resumes(slurm, en
 
     cfg = compose_config(["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", "gpu_memory_utilization=0.25",
                           f"output_dir={tmp_path / 'one'}"])
-    one = evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine))
+    one = evaluate(cfg, engine_factory=lambda cfg, model_dir: KeptRunning(engine))
     fields = ("doc_id", "resps", "filtered_resps", "exact_match")
     load = lambda d: [{k: s[k] for k in fields} for s in read_samples(d, "evalkit_arith")]
     for point in points:

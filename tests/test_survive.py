@@ -25,7 +25,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.run.results import read_samples
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 from evalkit.run.evaluate import evaluate
 from tests.conftest import EAGER, run_dirs
 
@@ -236,7 +236,7 @@ def test_sigkill_mid_task_then_a_rerun_backs_off_a_real_memory_failure_and_recom
 
     cfg = compose_config(["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", f"output_dir={tmp_path / 'clean'}",
                           "gpu_memory_utilization=0.25"])
-    clean = evaluate(cfg, engine_factory=lambda cfg, model_dir: Lent(engine))
+    clean = evaluate(cfg, engine_factory=lambda cfg, model_dir: KeptRunning(engine))
     fields = ("doc_id", "resps", "filtered_resps", "exact_match", "finish_reason", "output_tokens")
     load = lambda d: [{k: s[k] for k in fields} for s in read_samples(d, "evalkit_arith")]
     assert load(run_dir) == load(clean)

@@ -2,7 +2,7 @@
 
 Every run is ``evalkit.run.evaluate.evaluate`` in this process with divergence_top_k=20 and resume off, on the
 embedded model (float32 unless the plan says otherwise, eager). Plans that share an engine group share one
-engine (``Lent``): the float32 group holds the reference, the noise run (``order_seed`` = seed + 1, as
+engine (``KeptRunning``): the float32 group holds the reference, the noise run (``order_seed`` = seed + 1, as
 ``python -m evalkit.compare.noise`` makes it), more orders, fast_scoring=false and another chunk_size; bf16 and
 each perturbed model get one engine each. data_parallel_size=2 (Ray actors) and engine=served with
 endpoint.serve=true start their own engines inside evaluate, as a user's run does. A run already in the folder is
@@ -98,13 +98,13 @@ def group_settings(group: str, model_dir: str, runs_dir: Path, dtype: str) -> tu
 
 def evaluate_plan(base: list[str], plan: Plan, output: Path, engine) -> Path:
     from evalkit.config import compose_config
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     cfg = compose_config([*base, *plan.overrides, f"output_dir={output}"])
     if engine is None:
         return evaluate(cfg)  # its own engines: Ray actors, or a server evalkit starts
-    return evaluate(cfg, engine_factory=lambda c, d: Lent(engine))
+    return evaluate(cfg, engine_factory=lambda c, d: KeptRunning(engine))
 
 
 def run_group(group: str, todo: list[Plan], base: list[str], runs_dir: Path, model_dir: str,

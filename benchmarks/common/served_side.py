@@ -22,12 +22,12 @@ NUM_MC = TASKS_DIR / "evalkit_bench_num_mc" / "test.jsonl"
 def evalkit_task(cfg_args: list[str], engine: Any, task: str) -> tuple[float, dict[str, Any], list, list]:
     """(seconds, results of task, log-likelihoods, generations) of one evalkit run of task on engine."""
     from evalkit.config import compose_config
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
     from evalkit.run.results import read_samples
 
     started = time.perf_counter()
-    run_dir = evaluate(compose_config([*cfg_args, f"tasks=[{task}]"]), engine_factory=lambda c, d: Lent(engine))
+    run_dir = evaluate(compose_config([*cfg_args, f"tasks=[{task}]"]), engine_factory=lambda c, d: KeptRunning(engine))
     seconds = time.perf_counter() - started
     results = json.loads((run_dir / "results.json").read_text())["results"][task]
     return (seconds, results, *answers(read_samples(run_dir, task)))

@@ -39,7 +39,7 @@ def measure(cfg: EvalConfig, engine_factory) -> tuple[Path, Path]:
 def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare.noise") -> int:
     from evalkit.compare import cli
     from evalkit.engine.factory import start_engines
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(overrides):
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare.n
     def shared(cfg, model_dir):
         if not engines:
             engines.append(start_engines(cfg, model_dir))  # the only engine of this process (or its Ray actors)
-        return Lent(engines[0])
+        return KeptRunning(engines[0])
 
     try:
         options = [a for a in overrides if a.startswith("-")]

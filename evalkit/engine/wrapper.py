@@ -1,7 +1,7 @@
-"""Engines around an engine: the explicit pass-through every wrapper builds on, an engine lent to runs, and one
-started only when a call needs it.
+"""Engines around an engine: the explicit pass-through every wrapper builds on, an engine kept running after a
+run's close() for the next run, and one started only when a call needs it.
 
-A wrapper (the request store, a lent engine, the benchmark's recorder) changes one or two members of the
+A wrapper (the request store, an engine kept running, the benchmark's recorder) changes one or two members of the
 Engine contract and passes the rest through. :class:`Wrapped` writes that pass-through out once, member by
 member (STYLE rule 11: no ``__getattr__``), and a wrapper overrides only what it changes.
 tests/test_contracts.py checks that Wrapped defines every member of the contract, so a new one cannot be
@@ -73,13 +73,13 @@ class Wrapped:
         self.engine.close()
 
 
-class Lent(Wrapped):
-    """An engine lent to one run (a noise measurement, a test session): every call goes to the engine, but the
-    run's close() leaves it running for the next run. Scoring counts are the engine's, so a run records the
-    difference over its own calls."""
+class KeptRunning(Wrapped):
+    """An engine shared by several runs (a noise measurement, a test session, a benchmark): every call goes to the
+    engine, but a run's close() leaves it running for the next run. Scoring counts are the engine's, so a run
+    records the difference over its own calls."""
 
     def close(self) -> None:
-        pass  # the lender closes it
+        pass  # whoever started the engine closes it
 
 
 class Deferred(TokenizerSide):

@@ -13,7 +13,7 @@ Run: pytest -m engine -s tests/store/test_scheduling.py
 import pytest
 
 from evalkit.config import compose_config
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 from evalkit.engine.vllm.start import start_vllm
 from evalkit.run.evaluate import evaluate
 from tests.conftest import PAIR_LIMIT, samples_by_doc
@@ -34,7 +34,7 @@ def test_memory_batching_and_compilation_do_not_change_answers(noise_pair, embed
     other = start_vllm(other_cfg, embedded_model_dir)
     assert other.describe()["choices"] == []  # tune=false: no setting chosen for this machine
     try:
-        candidate = samples_by_doc(evaluate(other_cfg, engine_factory=lambda c, d: Lent(other)), tasks)
+        candidate = samples_by_doc(evaluate(other_cfg, engine_factory=lambda c, d: KeptRunning(other)), tasks)
     finally:
         other.close()
     drift, differ = [], []

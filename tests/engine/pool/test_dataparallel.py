@@ -402,12 +402,12 @@ def test_a_data_parallel_run_gives_the_samples_and_scores_of_one_engine(pool, tm
     """The default run's documents through the pool (the pool the CLI starts for data_parallel_size=2,
     evalkit/engine/factory.py): the same results and samples as the one engine of the default run, sampled
     draws included (each request's seed is derived from `seed`, the request and its draw number)."""
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     cfg = compose_config(["limit=12", "resume=false", "data_parallel_size=2", "cluster.num_cpus=2",
                           f"output_dir={tmp_path}", *DEFAULT_RUN_TASKS])
-    run_dir = evaluate(cfg, engine_factory=lambda c, d: Lent(pool))
+    run_dir = evaluate(cfg, engine_factory=lambda c, d: KeptRunning(pool))
     _, one_dir = default_run
     dp, one = (json.loads((d / "results.json").read_text()) for d in (run_dir, one_dir))
     assert dp["results"] == one["results"]
@@ -428,13 +428,13 @@ def test_sampled_draws_depend_on_the_seed_alone(engine, tmp_path, default_run):
     """The same seed gives the same draws in this process's engine (the default run: vLLM in evalkit's own
     process, where lm-eval's torch.manual_seed once reset the generator vLLM samples from) and in an engine
     process of its own (the session's); another seed gives other draws. Two data-parallel actors: above."""
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     _, in_process = default_run
     args = ["limit=5", "tasks=[parity_sampling]", f"tasks_dirs=[{PARITY_TASKS}]", "resume=false"]
     runs = {seed: evaluate(compose_config([*args, f"output_dir={tmp_path / str(seed)}", f"seed={seed}"]),
-                           engine_factory=lambda c, d: Lent(engine))
+                           engine_factory=lambda c, d: KeptRunning(engine))
             for seed in (1234, 7)}  # 1234: the default run's seed (evalkit/config.py)
     reference = draws(in_process)
     assert len(reference) == 20 and len(set(reference.values())) > 10, reference

@@ -39,7 +39,7 @@ def answers(run_dir: Path) -> list:
 
 def test_one_engine_on_each_node_answers_as_one_engine(ray_nodes, engine, tmp_path):
     from evalkit.config import compose_config
-    from evalkit.engine.wrapper import Lent
+    from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
 
     out = tmp_path / "result"
@@ -50,6 +50,6 @@ def test_one_engine_on_each_node_answers_as_one_engine(ray_nodes, engine, tmp_pa
     actors = json.loads((run_dir / "results.json").read_text())["evalkit"]["engine"]["data_parallel"]["actors"]
     assert len({a["node"] for a in actors}) == 2, actors
     one = evaluate(compose_config([*ARGS, f"output_dir={tmp_path / 'one'}"]),
-                   engine_factory=lambda cfg, model_dir: Lent(engine))
+                   engine_factory=lambda cfg, model_dir: KeptRunning(engine))
     assert answers(run_dir) == answers(one)
 

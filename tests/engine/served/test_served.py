@@ -12,7 +12,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 from tests.conftest import DEPLOYMENT, PROMPTS, SERVER_KEY, score_requests, through
 
 
@@ -180,7 +180,7 @@ def test_a_server_read_through_the_openai_api_alone_cannot_read_given_ids(proxy,
     assert "\n" not in str(error.value) and engine.read_ids([IdsRead(context=(1, 2), ids=())]) == [()]
 
 
-class NoTraceCalls(Lent):
+class NoTraceCalls(KeptRunning):
     """The session's server, refusing a second pass: every trace must come with the answers."""
 
     def trace(self, requests, top_k=5):

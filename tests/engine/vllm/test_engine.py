@@ -13,7 +13,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
-from evalkit.engine.wrapper import Lent
+from evalkit.engine.wrapper import KeptRunning
 from evalkit.harness.budget import PromptTooLong
 from evalkit.harness.lm import EvalkitLM
 from evalkit.run.evaluate import evaluate
@@ -53,7 +53,8 @@ def test_python_m_evalkit_end_to_end(tmp_path, default_run, engine):
 
     # fast scoring off, on the session's engine (every automatic choice off too: tests/store/test_scheduling.py)
     plain_dir = evaluate(compose_config(["limit=12", "resume=false", "fast_scoring=false",
-                                         f"output_dir={tmp_path / 'plain'}"]), engine_factory=lambda c, d: Lent(engine))
+                                         f"output_dir={tmp_path / 'plain'}"]),
+                         engine_factory=lambda c, d: KeptRunning(engine))
     assert not json.loads((plain_dir / "results.json").read_text())["evalkit"]["config"]["fast_scoring"]
     assert [s["resps"] for s in read_samples(plain_dir, "evalkit_arith")] == [s["resps"] for s in samples]
     tuned, plain = read_samples(run_dir, "evalkit_facts"), read_samples(plain_dir, "evalkit_facts")
