@@ -56,6 +56,7 @@ from typing import Any
 
 from benchmarks.common import EMBEDDED, ROOT
 from benchmarks.common.evalkit_side import environment_restored
+from benchmarks.common.provenance import provenance
 from benchmarks.common.served_side import SETTINGS, evalkit_task, lm_eval_task, reset_prefix_cache
 from benchmarks.common.table import primary_metric
 
@@ -267,7 +268,7 @@ def main(argv: list[str]) -> None:
     total = {s: sum(statistics.median(r[0] for r in found[t]["runs"][s]) for t in found) for s in SIDES}
     rows.append(["**all tasks**: seconds, sum of the medians", *(f"{total[s]:.1f}" for s in SIDES)])
     rows.append(["server start (evalkit's endpoint.serve, probe included), s", f"{server_start:.1f}", "", ""])
-    text = "\n".join([f"- command: python -m benchmarks.served {' '.join(argv)}",
+    text = "\n".join([f"- command: python -m benchmarks.served {' '.join(argv)}", f"- {provenance()}",
                       f"- machine: {os.cpu_count()} cores; load average at start {load[0]:.2f} {load[1]:.2f} "
                       f"{load[2]:.2f}, at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
                       f"- server: {served.describe()['deployment']}", "",

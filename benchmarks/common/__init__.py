@@ -5,7 +5,8 @@
 * ``lm_eval_side``: lm-eval's own vllm and hf backends on the same documents;
 * ``served_side``: a vLLM server's runs (evalkit served, lm-eval's local-completions) and its prefix cache;
 * ``divergence_runs``: the runs that ``benchmarks.divergence_verdict`` compares, made and kept in a folder;
-* ``verdict_trials``, ``verdict_families``: the simulated comparisons of ``benchmarks.verdict``.
+* ``verdict_trials``, ``verdict_families``: the simulated comparisons of ``benchmarks.verdict``;
+* ``provenance``: the date, machine and commit a benchmark's output names.
 """
 
 from pathlib import Path

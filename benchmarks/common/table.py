@@ -9,6 +9,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from benchmarks.common.provenance import machine, provenance
+
 SIDES = ("evalkit", "floor", "lm-eval vllm", "lm-eval hf")
 HEADERS = ["measure", "evalkit", "raw vLLM floor", "lm-eval vllm", "lm-eval hf", "target"]
 
@@ -61,10 +63,9 @@ def agree(side: TaskResult, reference: TaskResult) -> TaskResult:
 
 
 def header(command: str, model: str, model_dir: str, versions: dict[str, Any]) -> list[str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor() or "unknown CPU")
     return [f"command: {command}",
-            f"machine: {os.cpu_count()} cores, {cpu}, {platform.platform()}",
+            provenance(),
+            f"machine: {machine()}, {platform.platform()}",
             f"model: {model} ({model_dir}), float32, max_model_len 4096, eager (in process)",
             f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other work slows every side)",
             "versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v)]
