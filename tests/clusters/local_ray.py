@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,14 +21,10 @@ from pathlib import Path
 
 import psutil
 
+from tests.clusters import free_port, run_against
+
 RAY = str(Path(sys.executable).with_name("ray"))
 START_WAIT = 120.0  # seconds for every node to join
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalRay:
@@ -117,12 +112,7 @@ class LocalRay:
 
 
 def main(argv: list[str]) -> int:
-    command = argv[argv.index("--") + 1:] if "--" in argv else [RAY, "status"]
-    cluster = LocalRay().start()
-    try:
-        return subprocess.run(command, env=cluster.env).returncode
-    finally:
-        cluster.stop()
+    return run_against(lambda: LocalRay().start(), argv, [RAY, "status"])
 
 
 if __name__ == "__main__":

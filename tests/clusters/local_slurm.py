@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.clusters import free_port, run_against
+
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "sinfo", "squeue", "scontrol", "scancel", "sacct", "sacctmgr")
 INSTALL = "apt-get install slurm-wlm slurmdbd munge mariadb-server"
@@ -100,12 +102,6 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "a local Slurm runs its jobs through slurmd as root; run as root"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening(port: int) -> bool:
@@ -263,12 +259,7 @@ def main(argv: list[str]) -> int:
     if why:
         print(f"local Slurm: {why}", file=sys.stderr)
         return 2
-    command = argv[argv.index("--") + 1:] if "--" in argv else ["sinfo"]
-    cluster = LocalSlurm().start()
-    try:
-        return subprocess.run(command, env=cluster.env).returncode
-    finally:
-        cluster.stop()
+    return run_against(lambda: LocalSlurm().start(), argv, ["sinfo"])
 
 
 if __name__ == "__main__":
