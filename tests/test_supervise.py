@@ -370,8 +370,8 @@ def test_gpu_memory_that_does_not_come_back_is_waited_for_a_bounded_time_and_sai
     supervise(gpu_tries)
     shown = capsys.readouterr().err
     assert ("evalkit: GPU 0 (NVIDIA H100 80GB HBM3) has 9.0 GiB free 1 s after the try ended, 79.0 GiB before the "
-            "run: another process holds the rest, or one of the try's still ends; what follows fits itself to what "
-            "is free") in shown, shown
+            "run: another process holds the rest, or one of the engine's still ends; what follows fits itself to "
+            "what is free") in shown, shown
     assert "evalkit: try 2 found 9 GiB free" in shown
 
 

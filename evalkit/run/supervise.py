@@ -69,7 +69,7 @@ class Outcome:
 
 
 STOP_GRACE = 10.0  # seconds a signalled try has to end its group before SIGKILL
-GPU_MEMORY_WAIT = 60.0  # seconds, at most, the GPUs' memory has to come back after a try before the run goes on
+GPU_MEMORY_WAIT = gpus.MEMORY_WAIT  # seconds, at most, the GPUs' memory has to come back after a try before the run goes on
 
 
 def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outcome]) -> tuple[Outcome, list]:
@@ -296,7 +296,5 @@ def wait_for_gpu_memory(before: list[gpus.Gpu]) -> None:
     for each that has not. vLLM's engine processes free a GPU's memory only as they end, and some are outside
     the try's group (a data-parallel actor's lead their own; Ray frees an actor's GPU when it kills it)."""
     for then, now in gpus.memory_back(before, timeout=GPU_MEMORY_WAIT):
-        print(f"evalkit: GPU {then.index} ({then.name}) has {now.free_bytes / 2**30:.1f} GiB free "
-              f"{GPU_MEMORY_WAIT:g} s after the try ended, {then.free_bytes / 2**30:.1f} GiB before the run: another "
-              "process holds the rest, or one of the try's still ends; what follows fits itself to what is free",
+        print(f"evalkit: {gpus.short_line(then, now, GPU_MEMORY_WAIT, after='the try ended', before='the run')}",
               file=sys.stderr, flush=True)

@@ -37,6 +37,7 @@ ROOT = "/"
 DRIVER_FILES = ("proc/driver/nvidia", "dev/nvidiactl", "dev/dxg")
 DEVICE_NODE = re.compile(r"^nvidia(\d+)$")
 MEMORY_SLACK = 2**29  # free memory within this of an earlier reading counts as back (other processes move it a little)
+MEMORY_WAIT = 60.0  # seconds, at most, a GPU's memory has to come back after an engine ended before the next one starts
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,13 @@ def memory_back(before: Sequence[Gpu], *, timeout: float, poll: float = 0.25) ->
         if not short or time.monotonic() >= deadline:
             return short
         time.sleep(poll)
+
+
+def short_line(then: Gpu, now: Gpu, waited: float, *, after: str, before: str) -> str:
+    """The one line said of a GPU whose memory did not come back (memory_back) within waited seconds."""
+    return (f"GPU {then.index} ({then.name}) has {now.free_bytes / 2**30:.1f} GiB free {waited:g} s after {after}, "
+            f"{then.free_bytes / 2**30:.1f} GiB before {before}: another process holds the rest, or one of the "
+            "engine's still ends; what follows fits itself to what is free")
 
 
 def driver_cuda() -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from evalkit.config import EvalConfig, devices_per_engine
 from evalkit.contracts import Generation, GenRequest, IdsRead, Scored, ScoreRequest, TokenTrace
+from evalkit.engine.machine.gpus import Gpu, memory_back, visible_gpus
 from evalkit.engine.machine.process_group import guard_own_group
 from evalkit.engine.pool.output import call_explained, keep_tails
 from evalkit.engine.pool.plan import core_share
@@ -58,11 +59,18 @@ class EngineActor:
         CUDA_VISIBLE_DEVICES makes the visible GPUs this actor's own)."""
         import ray
 
-        from evalkit.engine.machine.gpus import visible_gpus
-
         return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "gpu_models": [gpu.name for gpu in visible_gpus()]}
+
+    def gpu_memory(self) -> list[Gpu]:
+        """This actor's GPUs as NVML reads them now, free memory included (before its engine starts)."""
+        return visible_gpus()
+
+    def memory_back(self, before: list[Gpu], timeout: float) -> list[tuple[Gpu, Gpu]]:
+        """Wait, at most timeout seconds, until those of this actor's GPUs that before names have the memory
+        free again that they had then: (then, now) for each still short (machine/gpus.py, memory_back)."""
+        return memory_back(before, timeout=timeout)
 
     def start(self, cfg: EvalConfig, model_dir: str, slot: int, slots: int) -> dict[str, Any]:
         """Start the engine; on a node without GPUs, on this actor's share of the node's cores."""

@@ -2,7 +2,8 @@
 
 Each actor (pool/actor.py) starts its engine once. One that dies is replaced by a fresh actor with the same
 settings; one whose engine runs out of memory, by one with the next smaller settings of the run's memory
-back-off (``oom_retry``, evalkit/engine/backoff.py), while the others keep theirs. An actor whose engine fails
+back-off (``oom_retry``, evalkit/engine/backoff.py), while the others keep theirs; either starts once its GPUs
+have the memory back that the run found there (the killed actor's engine processes free it as they end). An actor whose engine fails
 to start (a segfault, the kernel's OOM killer) is replaced ``REPLACEMENTS`` times, then the run fails with one
 line naming it and its last error. Engines on two GPU models are refused before they start, the replacement's
 too, since they would share one request store (machine/gpus.py, ``pool_gpus``).
@@ -17,7 +18,7 @@ from typing import Any
 from evalkit.config import EvalConfig, devices_per_engine, memory_settings
 from evalkit.engine.backoff import classify, weights_failure
 from evalkit.engine.machine import local_ray
-from evalkit.engine.machine.gpus import engine_gpus, pool_gpus
+from evalkit.engine.machine.gpus import MEMORY_WAIT, engine_gpus, pool_gpus, short_line
 from evalkit.engine.pool.actor import EngineActor
 from evalkit.engine.pool.plan import PLACE_WAIT, REPLACEMENTS, actor_resources, one_line, replacement_settings
 
@@ -62,6 +63,7 @@ class Replicas:
         self.settings = [self.cfg] * self.cfg.data_parallel_size
         self.actors = [self.remote.options(**self.resources).remote() for _ in self.settings]
         self.places = ray.get([a.place.remote() for a in self.actors])
+        self.before = ray.get([a.gpu_memory.remote() for a in self.actors])  # each actor's GPUs, no engine yet
         nodes = [p["node"] for p in self.places]
         self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
         self.descriptions: list[dict[str, Any]] = [{} for _ in self.actors]
@@ -118,6 +120,18 @@ class Replicas:
         self.places[i] = self._placed(i, error)
         self.replaced += 1
         self._one_gpu_model()  # the replacement may land on another GPU model
+        self._memory_back(i)
+
+    def _memory_back(self, i: int) -> None:
+        """Wait until the GPUs of actor i's replacement that its first actor had have their memory back, at most
+        MEMORY_WAIT seconds: Ray frees a killed actor's GPU at once, while its engine's processes (a group of
+        their own) free the memory only as they end; started sooner, the replacement would fit itself to what
+        they still hold. One line for each GPU still short."""
+        import ray
+
+        for then, now in ray.get(self.actors[i].memory_back.remote(self.before[i], MEMORY_WAIT)):
+            log.warning("engine %d: %s", i, short_line(then, now, MEMORY_WAIT, after="its last actor was stopped",
+                                                       before="the run's engines started"))
 
     def _placed(self, i: int, error: Exception) -> dict[str, Any]:
         """The place of actor i's replacement; the run fails in one line when no node has room for it within

@@ -19,6 +19,7 @@ import pytest
 
 from evalkit.config import ConfigError, OomRetry, compose_config, validate
 from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.engine.pool.actor import EngineActor
 from evalkit.engine.pool.plan import actor_resources, core_share, one_line, replacement_settings, shard
 from evalkit.engine.vllm.start import parallel_kwargs
 from evalkit.run.results import read_samples
@@ -107,6 +108,8 @@ class FakeActor:
         self.pid, self.deaths = 100 + FakeActor.made, deaths
         self.place = SimpleNamespace(remote=lambda: Ref({"node": "n1", "host": "node-b", "pid": self.pid}))
         self.start = SimpleNamespace(remote=lambda *args: self._start())
+        # the real actor's wait, in this process (its GPUs are what NVML says here)
+        self.memory_back = SimpleNamespace(remote=lambda *args: Ref(EngineActor().memory_back(*args)))
 
     def _start(self):
         import ray
@@ -131,7 +134,52 @@ def fake_pool(deaths, monkeypatch):
     pool.remote = SimpleNamespace(options=lambda **kwargs: SimpleNamespace(remote=lambda: FakeActor(deaths)))
     pool.actors = [FakeActor(deaths)]
     pool.places, pool.descriptions, pool.replaced = [pool.actors[0].place.remote().get()], [{}], 0
+    pool.before = [[]]  # no GPU
     return pool
+
+
+GPU = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0a0b", "total": 80 << 30, "free": 79 << 30}
+
+
+@pytest.mark.parametrize("back_after", [0.5, None], ids=["memory back", "memory kept"])
+def test_a_replacement_starts_once_its_gpus_memory_is_back_waiting_a_bounded_time(tmp_path, monkeypatch, caplog,
+                                                                                    back_after):
+    """Ray frees a killed actor's GPU at once; its engine's processes (a group of their own) free the memory only
+    as they end. The replacement starts once the GPU has what the run found free there, or after MEMORY_WAIT
+    with one line saying what is still held (GPUs faked at NVML, tests/fake_gpus.py)."""
+    import threading
+
+    from evalkit.engine.pool import replicas
+    from tests.fake_gpus import on_fake_gpus
+
+    on_fake_gpus(monkeypatch, tmp_path / "machine", [])
+    (tmp_path / "machine" / "dev" / "nvidia0").touch()
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps([GPU]))
+    monkeypatch.setenv("FAKE_NVML", f"@{nvml}")
+    pool = fake_pool([0], monkeypatch)
+    pool.before = [EngineActor().gpu_memory()]  # read as the run's actors are placed
+    assert [g.free_bytes for g in pool.before[0]] == [79 << 30]
+    nvml.write_text(json.dumps([dict(GPU, free=9 << 30)]))  # the killed actor's EngineCore still holds 70 GiB
+    back = threading.Event()
+
+    def give_back():
+        time.sleep(back_after)
+        nvml.write_text(json.dumps([GPU]))
+        back.set()
+
+    if back_after is not None:
+        threading.Thread(target=give_back, daemon=True).start()
+    else:
+        monkeypatch.setattr(replicas, "MEMORY_WAIT", 0.5)
+    with caplog.at_level("WARNING", logger="evalkit"):
+        pool._replace(0, RuntimeError("CUDA out of memory"))
+    said = [r.getMessage() for r in caplog.records if "GiB free" in r.getMessage()]
+    if back_after is not None:
+        assert back.is_set() and said == []  # it started no sooner than the memory came back
+    else:
+        assert len(said) == 1 and said[0].startswith("engine 0: GPU 0 (NVIDIA H100 80GB HBM3) "), said
+        assert "has 9.0 GiB free 0.5 s after its last actor was stopped, 79.0 GiB before" in said[0]
 
 
 def test_an_actor_that_dies_at_every_start_fails_the_run_naming_it_after_the_replacements(monkeypatch):
