@@ -1,7 +1,7 @@
 """``evalkit COMMAND ...``: the one command over every entry point (the ``evalkit`` console script).
 
 ``evalkit run key=value ...`` is ``python -m evalkit key=value ...`` (evalkit/__main__.py), ``evalkit compare``
-is evalkit/compare/cli.py, ``evalkit noise`` evalkit/compare/noise.py and ``evalkit report`` evalkit/report.py,
+is evalkit/compare/cli.py, ``evalkit noise`` evalkit/compare/noise.py and ``evalkit report`` evalkit/sweep/cli.py,
 each with the same arguments. Hydra's shell completion of run's keys: ``eval "$(evalkit run -sc install=bash)"``.
 """
 
@@ -34,7 +34,7 @@ def noise(argv: list[str]) -> int:
 
 
 def report(argv: list[str]) -> int:
-    from evalkit.report import main
+    from evalkit.sweep.cli import main
 
     return main(argv, prog="evalkit report")
 

@@ -205,7 +205,7 @@ def test_the_noise_pair_and_a_run_reading_the_reference_complete_and_another_ord
 
 
 def test_the_sweep_report_shows_the_divergence_of_a_point_in_this_dtype(flow, tmp_path):
-    from evalkit.report import main as report_main
+    from evalkit.sweep.cli import main as report_main
     from evalkit.sweep.points import PointRecord, write_point
 
     dtype, (first, _), third = flow

@@ -1,4 +1,4 @@
-"""Sweep points, the skip of completed points and the sweep report (evalkit/sweep/, evalkit/report.py), no vLLM.
+"""Sweep points, the skip of completed points and the sweep report (evalkit/sweep/, its command sweep/cli.py), no vLLM.
 
 The point runs are real run folders made by evaluate() through lm-eval with the deterministic fake engine, which
 answers arithmetic right unless told to reply a fixed text, so the verdicts are known; a sweep whose points fail
@@ -17,7 +17,7 @@ import pytest
 
 from evalkit.__main__ import run_point
 from evalkit.config import EvalConfig
-from evalkit.report import main as report_main
+from evalkit.sweep.cli import main as report_main
 from evalkit.run.evaluate import evaluate
 from evalkit.sweep import points as sweep_points
 from evalkit.sweep.points import PointRecord, completed_run, read_points, sweep_line, sweep_total, write_point

@@ -1,8 +1,9 @@
 """``python -m evalkit.report <sweep dir> [--reference N] [--tolerance 0.02]``: the report of a sweep.
 
-Writes report.csv, report.md, report.html, scores.png, throughput.png and the comparison reports into the
-sweep folder (evalkit/sweep/report.py) and prints report.md. The end of a sweep writes the same report by
-itself (evalkit/sweep/callback.py); this command writes it again, e.g. against another reference point.
+The command behind ``evalkit report`` (evalkit/cli.py) and ``python -m evalkit.report``, its first name
+(evalkit/report/__main__.py); the line above is the --help description of both. Writes report.csv, report.md, report.html, scores.png, throughput.png and the comparison reports into the
+sweep folder (report.py) and prints report.md. The end of a sweep writes the same report by
+itself (callback.py); this command writes it again, e.g. against another reference point.
 Bad input (not a sweep folder, no points, an unknown reference): one line on stderr, exit 2.
 """
 
@@ -34,8 +35,3 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.report") 
     print(f"written: {', '.join(p.name for p in written)} in {report_md.parent}")
     return 0
 
-
-if __name__ == "__main__":
-    if sys.stderr.isatty():  # said to a person; a script reading stderr sees what it always saw
-        print("evalkit: note: `python -m evalkit.report` is `evalkit report` (the same arguments)", file=sys.stderr)
-    raise SystemExit(main())
