@@ -2,7 +2,7 @@
 
 The harness (lm-eval adapter) talks to any :class:`Engine`: the real vLLM one in ``engine/vllm/engine.py``, or a
 deterministic fake in the unit tests,
-and every wrapper around one (the request store, a lent engine, the data-parallel pool) implements it in full:
+and every wrapper around one (the request store, an engine kept running, the data-parallel pool) implements it in full:
 ``isinstance(x, Engine)`` checks that each method is there (tests/test_contracts.py). Token ids are the currency; text only enters and leaves through
 the engine's tokenizer methods.
 """
