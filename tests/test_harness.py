@@ -6,7 +6,8 @@ import pytest
 
 from evalkit.contracts import GenRequest
 from evalkit.harness.budget import PromptTooLong
-from evalkit.harness.lm import EvalkitLM, strip_thinking
+from evalkit.harness.generation import strip_thinking
+from evalkit.harness.lm import EvalkitLM
 from tests.fake_engine import BOS, FakeEngine
 
 
