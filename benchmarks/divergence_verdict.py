@@ -41,6 +41,7 @@ from scipy.stats import beta
 
 from benchmarks.common import ROOT
 from benchmarks.common.divergence_runs import make_runs, other_dtype, plans
+from benchmarks.common.provenance import provenance
 from evalkit.compare.divergence import between, noise_verdict, records
 from evalkit.compare.statistics.paired import compare_runs
 from evalkit.compare.runs import Run, load_run
@@ -256,7 +257,7 @@ def report(found: dict, args: argparse.Namespace, seconds: float) -> str:
     head = (f"`{' '.join(['python -m benchmarks.divergence_verdict', *sys.argv[1:]])}`: reference-like runs in "
             f"{args.dtype}, tasks {args.tasks}, limit {args.limit or 'all'}, divergence_top_k=20, runs made in "
             f"{seconds:.0f} s")
-    return "\n".join([head, "", *parts, ""])
+    return "\n".join([f"- {provenance()}", "", head, "", *parts, ""])
 
 
 def main(argv: list[str]) -> None:
