@@ -8,6 +8,11 @@ reference's, on the same resampled documents (relative: that difference over |th
 
 Resamples are sized to the family: a bootstrap p-value is at least 1 / (B + 1), and Holm over m rows needs
 alpha / m, so a bootstrap draws at least 20 m / alpha resamples (resamples_for).
+
+The percentile bootstrap is asymptotic: on few documents its resamples vary less than the documents do (a
+resample of 2 documents is one of 3 tables), and it falsely calls a row worse 25 % of the time at 2 documents,
+7 % at 10 (benchmarks/small_samples.py). A row read by it on fewer than MIN_DOCUMENTS documents (for a group,
+in its smallest leaf, whose resamples vary least) shows no evidence either way: too_few says why.
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ from evalkit.compare.statistics.interval import Interval, orient, relative_chang
 
 MAX_CELLS = 1 << 21  # resampled document indices held at once by the bootstrap (16 MiB of float64)
 RESOLUTION = 20  # resamples per unit of the level a row needs (alpha / family): a p-value floor 20 times below it
+
+
+MIN_DOCUMENTS = 30  # fewest documents a percentile bootstrap is read at: measured, benchmarks/small_samples.py
+
+
+def too_few(documents: int) -> str:
+    """The note of a bootstrap row on fewer than MIN_DOCUMENTS documents ("" from MIN_DOCUMENTS on)."""
+    if documents >= MIN_DOCUMENTS:
+        return ""
+    return (f"{documents} documents: a percentile bootstrap does not hold its level on fewer than {MIN_DOCUMENTS}, "
+            "so this row is not tested (inconclusive, whatever it shows)")
 
 
 def resamples_for(family: int, alpha: float) -> int:

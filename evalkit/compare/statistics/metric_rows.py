@@ -134,6 +134,9 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
             read = None
         if read is not None and np.allclose(read.scores, scores, rtol=1e-9, atol=0.0):
             return (*stats.delta_reading(read, **reading), f"delta stratified {name}", 0.0)
+    diff = relative_change(*scores) if tolerance.relative else scores[1] - scores[0]
+    if bootstrap.too_few(min(len(ref) for ref, _ in pairs)):  # the smallest leaf's resamples vary least
+        return (*stats.untested(diff, **reading), "bootstrap stratified", 1.0)
     means = [is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)]
     aggregates = [aggregation(results, t, metric)[1] for t in tasks]
     fast = [None if m else tuple(corpus.additive(agg, side, score) for side, score in zip(pair, leaf))
@@ -142,7 +145,6 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
     totals = sum(wt * stratum_statistics(agg, *pair, mean=m, count=count, seed=settings["seed"] + k, fast=f)
                  for k, (wt, agg, pair, m, f) in enumerate(zip(w, aggregates, pairs, means, fast)))
     statistics = relative_change(totals[0], totals[1]) if tolerance.relative else totals[1] - totals[0]
-    diff = relative_change(*scores) if tolerance.relative else scores[1] - scores[0]
     return (*stats.bootstrap_reading(diff, statistics, **reading), "bootstrap stratified", 1.0 / (count + 1))
 
 
@@ -162,7 +164,8 @@ def stratified_row(results: dict[str, Any], group: str, tasks: list[str], metric
     return {"reference": scores[0], "candidate": scores[1], "diff": interval.diff, "ci_low": interval.low,
             "ci_high": interval.high, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None, "method": method,
             **p, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative,
-            "note": "", "p_floor": floor, "changed": sum(r != c for ref, cand in pairs for r, c in zip(ref, cand))}
+            "note": bootstrap.too_few(min(len(r) for r, _ in pairs)) if floor == 1.0 else "", "p_floor": floor,
+            "changed": sum(r != c for ref, cand in pairs for r, c in zip(ref, cand))}
 
 
 def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group: str, key: str, *,

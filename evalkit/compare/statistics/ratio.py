@@ -108,3 +108,24 @@ def read(strata: list[Stratum], weights: Sequence[float], aggregation: str, *, r
     estimate = math.log(totals[1] / totals[0]) if relative else float(totals[1] - totals[0])
     return Reading(estimate=estimate, se=math.sqrt(variance), df=df, scores=(float(totals[0]), float(totals[1])),
                    relative=relative)
+
+
+def paired_sums(part: Stratum, aggregation: str, *, relative: bool
+                ) -> tuple[np.ndarray, np.ndarray, Callable[[float], float], Callable[[float], float]] | None:
+    """The row's difference as a ratio of per-document sums, sum(d) / sum(u) with every u > 0, on the scale
+    to_test maps a bound to (to_row maps it back), where the documents' denominators are the same in both runs
+    (words and bytes are the document's): a relative perplexity row is exp(-sum(ll_c - ll_r) / sum(den)) - 1
+    (to_test: log1p); a bits_per_byte row is sum(ll_c - ll_r) / sum(ll_r) relative, -sum(ll_c - ll_r) / ln 2 /
+    sum(den) absolute. None for an absolute perplexity row (no ratio of sums) or where a unit is not positive:
+    the delta method reads those. means.sign_flip tests such a ratio exactly where it can."""
+    if not np.array_equal(part.den[0], part.den[1]):
+        return None
+    gain = part.num[1] - part.num[0]  # candidate's log-likelihood minus the reference's, per document
+    same = (lambda x: x), (lambda x: x)
+    if aggregation == "bits_per_byte":
+        d, u, scale = (-gain, -part.num[0], same) if relative else (-gain / LN2, part.den[0], same)
+    elif relative:
+        d, u, scale = -gain, part.den[0], ((lambda x: math.log1p(x) if x > -1.0 else -math.inf), lambda x: float(np.expm1(min(x, 700.0))))
+    else:
+        return None
+    return (d, u, *scale) if (u > 0).all() else None

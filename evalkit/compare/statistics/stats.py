@@ -28,8 +28,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from evalkit.compare.statistics import corpus, means, ratio, tost
-from evalkit.compare.statistics.bootstrap import aggregate_statistics, resamples_for
-from evalkit.compare.statistics.interval import Interval, orient
+from evalkit.compare.statistics.bootstrap import aggregate_statistics, resamples_for, too_few
+from evalkit.compare.statistics.interval import Interval, orient, relative_change
 from evalkit.compare.statistics.proportions import mcnemar_exact
 
 
@@ -114,6 +114,13 @@ def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, 
                                    tolerance=tolerance, higher_is_better=higher_is_better)
 
 
+def untested(diff: float, *, tolerance: float, confidence: float, higher_is_better: bool | None
+             ) -> tuple[Interval, dict[str, float]]:
+    """A row its method cannot read (bootstrap.too_few): an unbounded interval and no evidence of anything."""
+    interval = orient(Interval(float(diff), -math.inf, math.inf, 2 * confidence - 1), higher_is_better)
+    return interval, dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
+
+
 def is_bounded(*runs: np.ndarray) -> bool:
     """Every value of both runs in [0, 1]: the metric is read as bounded there (F1, ROUGE, a share)."""
     return all(bool(((values >= 0.0) & (values <= 1.0)).all()) for values in runs)
@@ -156,16 +163,40 @@ def delta_reading(reading: ratio.Reading, *, tolerance: float, confidence: float
                                    tolerance=tolerance, higher_is_better=higher_is_better)
 
 
-def _delta(reference: Sequence[Any], candidate: Sequence[Any], name: str, scores: tuple[float, float], *,
-           relative: bool, **settings: Any) -> tuple[Interval, dict[str, float]] | None:
-    """The analytic reading of a perplexity-family row, None where it does not reproduce lm-eval's scores."""
+def ratio_reading(part: ratio.Stratum, name: str, *, relative: bool, draws: int, seed: int, tolerance: float,
+                  confidence: float, higher_is_better: bool | None) -> tuple[Interval, dict[str, float], float] | None:
+    """(interval, p-values, p_floor) of a perplexity-family row whose difference is a ratio of per-document sums
+    (ratio.paired_sums): the sign-flip test of means.py on the documents' log-likelihood changes, each with its
+    words or bytes as its unit. None where it is no such ratio."""
+    form = ratio.paired_sums(part, name, relative=relative)
+    if form is None:
+        return None
+    d, u, to_test, to_row = form
+    test, alpha = means.sign_flip(d, units=u, draws=draws, seed=seed), 1.0 - confidence
+    low, high = test.limits(alpha)
+    diff = float(d.sum() / u.sum())
+    interval = orient(Interval(to_row(diff), to_row(low), to_row(high), 2 * confidence - 1), higher_is_better)
+    p = tost_p_values(lambda t: test.p(to_test(t), "below"), lambda t: test.p(to_test(t), "above"),
+                      tolerance=tolerance, higher_is_better=higher_is_better)
+    return interval, p, test.floor
+
+
+def _ratio(reference: Sequence[Any], candidate: Sequence[Any], name: str, scores: tuple[float, float], *,
+           relative: bool, draws: int, seed: int, **settings: Any) -> tuple[str, Interval, dict[str, float], float] | None:
+    """(method, interval, p-values, p_floor) of a perplexity-family row: the sign-flip test where its difference
+    is a ratio of per-document sums, else the delta method; None where the values do not reproduce lm-eval's
+    scores."""
     try:
-        reading = ratio.read([ratio.stratum(reference, candidate, name)], [1.0], name, relative=relative)
+        part = ratio.stratum(reference, candidate, name)
+        reading = ratio.read([part], [1.0], name, relative=relative)
     except (TypeError, ValueError, ZeroDivisionError):  # not the values the aggregation's ratio is made of
         return None
     if not np.allclose(reading.scores, scores, rtol=1e-9, atol=0.0):
         return None
-    return delta_reading(reading, **settings)
+    exact = ratio_reading(part, name, relative=relative, draws=draws, seed=seed, **settings)
+    if exact is not None:
+        return f"sign-flip {name}", *exact
+    return f"delta {name}", *delta_reading(reading, **settings), 0.0
 
 
 def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggregate: Callable[[list], float] | None,
@@ -201,18 +232,23 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
             method, interval, p, floor = mean_reading(np.asarray(reference, dtype=float),
                                                       np.asarray(candidate, dtype=float), relative=relative,
                                                       draws=max(iterations, needed), seed=seed, **settings)
-        elif analytic and (read := _delta(reference, candidate, aggregate_name, scores, relative=relative,
-                                          **settings)) is not None:
-            method, (interval, p) = f"delta {aggregate_name}", read
+        elif analytic and (read := _ratio(reference, candidate, aggregate_name, scores, relative=relative,
+                                          draws=max(iterations, needed), seed=seed, **settings)) is not None:
+            method, interval, p, floor = read
         else:
             fast = (corpus.additive(aggregate, reference, scores[0]), corpus.additive(aggregate, candidate, scores[1]))
             count = max(iterations, needed)
             count = count if None not in fast else min(count, aggregate_iterations)  # slow: each re-aggregates
-            method = f"bootstrap {aggregate_name}"
-            interval, p = bootstrap_reading(*aggregate_statistics(
-                reference, candidate, aggregate, relative=relative, iterations=count, seed=seed, fast=fast),
-                **settings)
-            floor = 1.0 / (count + 1)
+            method, short = f"bootstrap {aggregate_name}", too_few(len(reference))
+            if short:
+                diff = relative_change(*scores) if relative else scores[1] - scores[0]
+                (interval, p), floor = untested(diff, **settings), 1.0
+                notes.append(short)
+            else:
+                interval, p = bootstrap_reading(*aggregate_statistics(
+                    reference, candidate, aggregate, relative=relative, iterations=count, seed=seed, fast=fast),
+                    **settings)
+                floor = 1.0 / (count + 1)
     except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError) as error:
         return Comparison(*scores, nan, nan, nan, *mcnemar, method, **NO_EVIDENCE,
                           note="; ".join(notes + [f"not compared: {error}"]), changed=changed)

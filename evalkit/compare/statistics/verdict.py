@@ -18,9 +18,10 @@ lower/higher  shown inside +-tolerance (p_equivalent) and shown below/above 0 (p
 equivalent    shown inside +-tolerance, no difference from 0 shown
 inconclusive  none of these shown (too few documents, or a zero-width bootstrap: no evidence either way)
 
-A bootstrap p-value cannot go below 1 / (resamples + 1) (its p_floor); where that floor times the rows is not
-below alpha, the row's note says that its resolution, not the data, limits it (bootstrap.resamples_for sizes the
-resamples so that this happens only to corpus-level rows, whose resamples are bounded).
+A bootstrap p-value cannot go below 1 / (resamples + 1) (its p_floor); where that floor times the rows its claim
+is adjusted over (for worse and better, Tarone's count of the rows that could be worse) is not below alpha, the
+row's note says that its resolution, not the data, limits it (bootstrap.resamples_for sizes the resamples so
+that this happens only to corpus-level rows, whose resamples are bounded).
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def holm(p_values: np.ndarray) -> np.ndarray:
     return adjusted
 
 
+def tarone_count(reach: np.ndarray, alpha: float) -> int:
+    """Tarone's count of rows with smallest attainable p-values reach: the smallest k with at most k of them
+    reaching alpha / k (the rows a family-wise test at alpha divides it among)."""
+    return next(k for k in range(1, len(reach) + 1) if np.count_nonzero(reach <= alpha / k) <= k)
+
+
 def tarone_holm(p_values: np.ndarray, reach: np.ndarray, alpha: float) -> np.ndarray:
     """Holm's step-down procedure with Tarone's count of the rows that could still be rejected (Tarone 1990,
     "A modified Bonferroni method for discrete data", Biometrics 46:515-522; its step-down form: Hommel &
@@ -106,7 +113,7 @@ def tarone_holm(p_values: np.ndarray, reach: np.ndarray, alpha: float) -> np.nda
     reach = np.maximum(np.nan_to_num(np.asarray(reach, dtype=float), nan=1.0), 0.0)
     adjusted, left, running = np.ones(len(p)), list(np.argsort(p, kind="stable")), 0.0
     while left:
-        count = next(k for k in range(1, len(left) + 1) if np.count_nonzero(reach[left] <= alpha / k) <= k)
+        count = tarone_count(reach[left], alpha)
         testable = [row for row in left if reach[row] <= alpha / count]
         if not testable:
             break
@@ -153,15 +160,23 @@ def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
 
 def resolution_notes(rows: pd.DataFrame, alpha: float) -> list[str]:
     """Each row's note, with a word where the smallest p-value its method can give (p_floor: 1 / (resamples + 1)
-    for a bootstrap), times the rows Holm adjusts over, cannot reach alpha: a verdict the row could not show."""
-    floors = rows["p_floor"] if "p_floor" in rows else pd.Series(0.0, index=rows.index)
+    for a bootstrap) cannot reach the level its claims need: alpha over Tarone's count of the rows that could be
+    worse (tarone_count over reach) for worse and better, alpha over every row for equivalent. Only rows it
+    concerns: one where no document changed needs no resolution to be not worse, and one whose method cannot
+    read it at all (p_floor 1) says why in its own note."""
+    floors = (rows["p_floor"] if "p_floor" in rows else pd.Series(0.0, index=rows.index)).fillna(0.0)
     notes = rows["note"] if "note" in rows else pd.Series("", index=rows.index)
-    m, out = len(rows), []
-    for floor, note, shown in zip(floors.fillna(0.0), notes.fillna(""), rows["verdict"]):
-        limited = floor * m >= alpha and shown not in ("worse", "changed", "better")
-        words = (f"resolution: its p-values cannot go below {floor:.2g} (its method's smallest), and Holm over {m} "
-                 f"rows needs {alpha / m:.2g}: this row cannot be shown worse, better or equivalent here")
-        out.append("; ".join(filter(None, [note, words if limited else ""])))
+    reaches, m = reach(rows), len(rows)
+    count = tarone_count(reaches, alpha) if m else 0
+    out = []
+    for floor, row_reach, note, shown in zip(floors, reaches, notes.fillna(""), rows["verdict"]):
+        blind = [claim for claim, k in (("worse or better", count), ("equivalent", m)) if floor * k >= alpha]
+        limited = row_reach < 1.0 and blind and shown not in ("worse", "changed", "better")
+        words = (f"resolution: its p-values cannot go below {floor:.2g} (its method's smallest), and Holm over "
+                 f"{count} rows that could be worse needs {alpha / count:.2g}"
+                 + (f" ({alpha / m:.2g} over all {m} for equivalent)" if count != m else "")
+                 + f": this row cannot be shown {' or '.join(blind)} here") if limited else ""
+        out.append("; ".join(filter(None, [note, words])))
     return out
 
 
