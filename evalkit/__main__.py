@@ -12,6 +12,7 @@ the end of the sweep (evalkit/sweep/callback.py).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -92,6 +93,7 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
         run_dir = supervise(cfg, wait_for_lock=POINT_LOCK_WAIT)
     except RunStopped as error:
         finish("failed", error=f"stopped: {error}")
+        notice_to_launcher(error.exit_code - 128, num=num)
         fail(f"stopped: {error}", code=error.exit_code)
     except (ConfigError, RunFailed) as error:
         finish("failed", error=one_line(str(error)))
@@ -108,6 +110,20 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
         raise
     finish("ok", run_dir)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
+
+
+def notice_to_launcher(signum: int, *, num: int) -> None:
+    """A point stopped by a signal that its launcher handles too reaches that handler once the point is recorded:
+    submitit's, in a Slurm job, takes SIGUSR2 (the notice of the time limit, ``--signal=USR2@N``, or of a
+    preemption) to requeue the job where its rules allow, and the requeued job resumes the point from the request
+    store. SIGTERM and SIGINT are the stop itself; a signal no one else handles goes nowhere."""
+    handler = signal.getsignal(signum)
+    if signum in (signal.SIGTERM, signal.SIGINT) or not callable(handler):
+        return
+    try:
+        handler(signum, None)  # submitit: requeues the job and exits
+    except Exception as error:  # submitit's UncompletedJobError: not requeued (timed out too often, not checkpointable)
+        print(f"evalkit: point {num} is not requeued: {one_line(str(error))}", file=sys.stderr)
 
 
 def one_line(text: str) -> str:

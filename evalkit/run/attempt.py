@@ -4,7 +4,8 @@ Reads the config and the earlier tries from SPEC (JSON), runs it, and writes an 
 (JSON, atomically). It leads its own process group, which holds the vLLM engine processes too. A watchdog
 thread, not the main thread (which may sit in a long C call), kills the whole group at once when
 
-* the try gets SIGTERM or SIGINT from outside (a scheduler preempting the job, a user): the outcome says
+* the try gets SIGTERM, SIGINT or a Slurm job's notice (:func:`stop_signals`) from outside (a scheduler
+  preempting the job or warning of its time limit, a user): the outcome says
   "stopped" first, so the supervisor neither retries nor reads the kill as a lack of memory;
 * the supervisor dies, even by SIGKILL: the pipe DEATH_FD, whose only writer is the supervisor, reads
   end-of-file (and PR_SET_PDEATHSIG sends SIGTERM as a second line of defence).
@@ -126,9 +127,17 @@ def watchdog(signals: int, death: int | None, outcome: OutcomeFile, end: Callabl
     end(gone=True)  # the supervisor's pipe closed: it is gone
 
 
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop a run from outside: SIGTERM, SIGINT, and the notice a Slurm job of submitit's gets
+    before its time limit or a preemption (SIGUSR2, or the signal SUBMITIT_PREEMPT_SIGNAL names), whose default
+    action would end every process of the run at once, without a record."""
+    notice = getattr(signal, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}", signal.SIGUSR2)
+    return signal.SIGTERM, signal.SIGINT, notice
+
+
 def guard(outcome: OutcomeFile, death: int | None, end: Callable[..., None] = die_with_group) -> None:
-    """SIGTERM/SIGINT and the supervisor's death handled off the main thread (see the module docstring);
-    the main thread's own handler does the same when it gets there first (or when a library took the wakeup fd).
+    """The stop signals (:func:`stop_signals`) and the supervisor's death handled off the main thread (see the
+    module docstring); the main thread's own handler does the same when it gets there first (or when a library took the wakeup fd).
 
     None of it reaches a forked child (vLLM's EngineCore and workers on GPUs): the child gets the handlers back
     that were there before, no wakeup fd and none of the pipes (evalkit/engine/machine/forks.py); else the
@@ -139,7 +148,7 @@ def guard(outcome: OutcomeFile, death: int | None, end: Callable[..., None] = di
     forks.wakeup_in_child(write)
     signal.set_wakeup_fd(write)  # the C-level handler writes the signal number here at once
     forks.handlers_in_child({sig: signal.signal(sig, lambda signum, frame: stop(signum, outcome, wait=False, kill=end))
-                             for sig in (signal.SIGTERM, signal.SIGINT)})
+                             for sig in stop_signals()})
     threading.Thread(target=watchdog, args=(read, death, outcome, end), daemon=True, name="evalkit-watchdog").start()
 
 

@@ -9,7 +9,7 @@ failure stops at once with its message. After every try the whole process group 
 until it is empty (evalkit/engine/machine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it, and
 then, on GPUs, waited for until NVML shows each GPU's memory free again as before the first try, at most
 ``GPU_MEMORY_WAIT`` seconds (engine processes outside the group, a data-parallel actor's, may hold it a little
-longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C and SIGTERM send SIGTERM to the try's group (the try records "stopped"
+longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C, SIGTERM and a Slurm job's notice (SIGUSR2, attempt.stop_signals) send SIGTERM to the try's group (the try records "stopped"
 and kills its group) and never wait in the handler: the main thread sits in the try's ``wait()``, which then
 returns, and ends the run in its own time (the group gone, the try's temporary folder removed). A try whose
 supervisor dies kills its own group when the pipe it watches closes (evalkit/run/attempt.py).
@@ -45,6 +45,7 @@ from evalkit.engine.machine.process_group import end_group, signal_group
 from evalkit.store.fingerprint import answers_key
 from evalkit.engine.machine.tuning import Choice
 from evalkit.store.lock import result_lock
+from evalkit.run.attempt import stop_signals
 from evalkit.run.progress import RunLog, Terminal, show_failure
 
 class RunFailed(RuntimeError):
@@ -65,7 +66,7 @@ class Outcome:
     message: str = ""
     run_dir: str | None = None
     memory_kind: str | None = None  # pressure | kv_cache, for status "memory"
-    signal: str | None = None  # SIGTERM | SIGINT, for status "stopped"
+    signal: str | None = None  # SIGTERM | SIGINT | SIGUSR2 (attempt.stop_signals), for status "stopped"
 
 
 STOP_GRACE = 10.0  # seconds a signalled try has to end its group before SIGKILL
@@ -221,7 +222,7 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
         for attempt in current:
             attempt.interrupt()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, on_signal) for s in stop_signals()}
     forks.handlers_in_child(previous)  # a forked child does not stop this run's tries
     outcome: Outcome | None = None
     try:
