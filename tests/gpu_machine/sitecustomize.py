@@ -23,7 +23,6 @@ torch here is the CPU build: with ``torch._C._cuda_getDeviceCount`` present it t
 
 from __future__ import annotations
 
-import importlib.abc
 import json
 import os
 import sys
@@ -78,31 +77,6 @@ def patch_vllm(vllm) -> None:
     vllm.LLM = Recorder
 
 
-class AfterImport(importlib.abc.MetaPathFinder):
-    """Patches a module as soon as it is imported, before anything else can use it."""
-
-    PATCHES = {"torch": patch_torch, "vllm": patch_vllm}
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.PATCHES:
-            return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-        else:
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            self.PATCHES[name](module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def recreate() -> None:
     root = os.environ["EVALKIT_TEST_GPU_ROOT"]
     from evalkit import config
@@ -122,7 +96,11 @@ def recreate() -> None:
             out.write(real.read() + "7f3a1c000000-7f3a1d2a4000 r-xp 00000000 08:01 1234 "
                                     "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n")
         environment.MAPS = maps
-    sys.meta_path.insert(0, AfterImport())
+    # the import hook both process models share (only this folder is on PYTHONPATH: its home is added at the end)
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "process_model"))
+    from after_import import patch_after_import
+
+    patch_after_import({"torch": patch_torch, "vllm": patch_vllm})
 
 
 if os.environ.get("EVALKIT_TEST_GPU_ROOT"):
