@@ -95,7 +95,7 @@ class EvalConfig:
     # --- the model (a preset from conf/model/ fills these) ---
     model_name: str = MISSING  # names the folder under result/
     vllm_path: str = MISSING  # local weights folder, a hub id, or embedded://<name>
-    dtype: str = "auto"  # one of DTYPES; float32 is the right choice on CPU (see README)
+    dtype: str = "auto"  # one of DTYPES; float32 is the right choice on CPU (docs/install.md, CPU-only machines)
     trust_remote_code: bool = False
     apply_chat_template: bool = False  # wrap prompts in the tokenizer's chat template
     system_instruction: Optional[str] = None  # a system message before every prompt (lm-eval's --system_instruction)

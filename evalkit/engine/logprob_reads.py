@@ -1,4 +1,5 @@
-"""Reading vLLM's log-probabilities, every read checked against the request it answers (STYLE 14).
+"""Reading vLLM's log-probabilities, every read checked against the request it answers (docs/architecture.md, "A
+reader of an engine's or a server's output").
 
 Pure functions over the structures vLLM 0.32 returns; nothing here imports vLLM. Two model runners build
 prompt log-probabilities differently (tests/engine/test_logprob_reads.py builds both as vLLM's code does):

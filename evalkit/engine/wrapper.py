@@ -3,7 +3,8 @@ run's close() for the next run, and one started only when a call needs it.
 
 A wrapper (the request store, an engine kept running, the benchmark's recorder) changes one or two members of the
 Engine contract and passes the rest through. :class:`Wrapped` writes that pass-through out once, member by
-member (STYLE rule 11: no ``__getattr__``), and a wrapper overrides only what it changes.
+member (no ``__getattr__`` forwarding, which would hide what a wrapper does), and a wrapper overrides only what it
+changes.
 tests/test_contracts.py checks that Wrapped defines every member of the contract, so a new one cannot be
 forgotten here and silently missing from every wrapper.
 """

@@ -5,12 +5,12 @@ With ``divergence_top_k`` > 0 the harness asks each engine call for its answers'
 top-k entries. An engine that reads both in one pass (vLLM: its scores come from the trace reads, its greedy
 generations return the top-k of each step) answers them there; what an engine leaves without a trace is traced
 in one more batched ``trace`` call. The positions recorded per kind are :data:`RECORDED`. Each trace is checked
-against what was asked before it is kept (STYLE 14): one log-probability and one top list per position, at most
-k distinct entries, best first, the text token's value agreeing with its own entry, and no entry missing that
-the text token outranks (a read of the wrong position or token shows as one). A log-likelihood's traced tokens
-must also sum to what the engine scored: from one pass they are the same numbers; from separate reads (other
-batches, prefixes computed apart) they differ by the engine's own noise, which is measured and recorded, and a
-gap beyond :func:`gross_gap` fails the run in one line.
+against what was asked before it is kept (docs/architecture.md, "A reader of an engine's or a server's output"): one
+log-probability and one top list per position, at most k distinct entries, best first, the text token's value
+agreeing with its own entry, and no entry missing that the text token outranks (a read of the wrong position or token
+shows as one). A log-likelihood's traced tokens must also sum to what the engine scored: from one pass they are the
+same numbers; from separate reads (other batches, prefixes computed apart) they differ by the engine's own noise,
+which is measured and recorded, and a gap beyond :func:`gross_gap` fails the run in one line.
 
 Checks of values that may come from two engine calls (a text token read apart from its top list, a reference's
 id read apart) allow the rounding between calls of the engine's logits dtype (``contracts.apart_tolerance``:

@@ -5,8 +5,8 @@ Prompts and outputs are built as lm-eval's own ``vllm`` backend (0.4.13) builds 
 the tokenizer's default special tokens (BOS for Llama, Mistral, Gemma) unless it already starts with the
 BOS text, or as ``add_bos_token`` forces; (context, continuation) pairs are encoded as ``TemplateLM`` encodes
 them (``lm_eval_compat.py``) with its empty-context rule. Where evalkit departs from that backend on purpose
-(the length budget, the ``max_tokens`` ceiling, unfinished reasoning), the README says so ("Differences from
-lm-eval").
+(the length budget, the ``max_tokens`` ceiling, unfinished reasoning), docs/differences-from-lm-eval.md says
+so.
 
 The parts: ``loglikelihood.py`` (pairs and rolling windows as score requests), ``generation.py`` (generation
 requests, their settings, seeds and answers), ``calls.py`` (each engine call in the run's order, timed) and,

@@ -1,4 +1,5 @@
-"""lm-eval internals evalkit needs where lm-eval has no public API, all in this one module (STYLE rule 12).
+"""lm-eval internals evalkit needs where lm-eval has no public API, all in this one module (docs/architecture.md,
+"Layout").
 
 Checked against lm-eval ``CHECKED`` (pyproject.toml allows the same range); tests/test_lm_eval_compat.py
 fails the day one of them moves or changes. Everything else evalkit uses of lm-eval is public.

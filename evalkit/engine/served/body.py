@@ -2,10 +2,11 @@
 the reads of what comes back, and which of them each request gets (:class:`VLLMApi`).
 
 Bodies carry the prompt as token ids and every sampling field explicitly, so a server's ``generation_config``
-defaults cannot change an answer. Each read checks itself against the request (STYLE 14): the prompt token ids
-the server saw, the token of every log-probability row, finite values <= 0. Responses are shaped as vLLM 0.32's
-``vllm/entrypoints/openai/completion/serving.py`` builds them (``request_output_to_completion_response``);
-tests/engine/served/test_served_units.py builds them with vLLM's own protocol classes. Nothing here imports vLLM.
+defaults cannot change an answer. Each read checks itself against the request (docs/architecture.md, "A reader of an
+engine's or a server's output"): the prompt token ids the server saw, the token of every log-probability row, finite
+values <= 0. Responses are shaped as vLLM 0.32's ``vllm/entrypoints/openai/completion/serving.py`` builds them
+(``request_output_to_completion_response``); tests/engine/served/test_served_units.py builds them with vLLM's own
+protocol classes. Nothing here imports vLLM.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ answers (``Engine.score`` / ``Engine.generate`` asked with ``top_k`` > 0): :clas
   (``completion/serving.py``, ``_create_completion_logprobs``) writes one top list per output token, keyed
   ``token_id:N``, the sampled token first, then the top-k in rank order without it (k + 1 entries where the
   token is not among them, k where it is). :func:`read_steps` reads one trace row per output token id, each
-  checked against that token (STYLE 14): one list per token, the token named and listed, its value its own
-  entry's, at most k distinct others best first, and the token not above the last where it is not among them
-  (``contracts.top_list_fault``). A sampled generation is asked nothing more: it is not traced.
+  checked against that token (docs/architecture.md, "A reader of an engine's or a server's output"): one list per
+  token, the token named and listed, its value its own entry's, at most k distinct others best first, and the token
+  not above the last where it is not among them (``contracts.top_list_fault``). A sampled generation is asked nothing
+  more: it is not traced.
 * A **score** reads the whole prompt's log-probabilities at ``prompt_logprobs: k``, the request ``trace`` sends,
   and takes both its score and its trace from those rows: the two are the same numbers, and the second call the
   harness made for the traces is not sent. Chained next-token reads (``fast``) give no top list, so a traced

@@ -1,5 +1,6 @@
 """Reading token traces (the text token's log-probability and the top-k beside it) from what vLLM 0.32 returns,
-every read checked against the request it answers (STYLE 14). Pure functions; nothing here imports vLLM.
+every read checked against the request it answers (docs/architecture.md, "A reader of an engine's or a server's
+output"). Pure functions; nothing here imports vLLM.
 
 Two structures carry a trace, both as a ``FlatLogprobs`` (``flat_logprobs=True``) whose every row holds the
 target first, then the top-k (``vllm/logprobs.py`` ``append_logprobs_for_next_position``: ranks
