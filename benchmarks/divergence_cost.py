@@ -53,7 +53,7 @@ def store_bytes(out: Path) -> int:
 
 
 def one_run(base: list[str], engine: Any, task: str, k: int, out: Path) -> dict[str, Any]:
-    """One task's run with divergence_top_k=k on the lent engine, prefix cache cold: its facts."""
+    """One task's run with divergence_top_k=k on the engine kept running, prefix cache cold: its facts."""
     from evalkit.config import compose_config
     from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate

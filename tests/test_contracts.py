@@ -55,8 +55,8 @@ def test_each_engine_class_implements_every_method_with_the_contracts_arguments(
 
 
 def test_wrappers_pass_every_call_through(tmp_path):
-    """A lent engine, the resumable one and the benchmark's recorder answer as the engine they wrap: trace and
-    counts included."""
+    """An engine kept running (KeptRunning), the resumable one and the benchmark's recorder answer as the engine
+    they wrap: trace and counts included."""
     engine = FakeEngine()
     resumable = ResumableEngine(engine, RequestStore(tmp_path / "store.jsonl"), chunk_size=4)
     request = [ScoreRequest(ids=(1, 97, 98), start=1)]
