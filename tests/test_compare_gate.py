@@ -191,3 +191,16 @@ def test_each_row_states_the_smallest_drop_it_could_show(tmp_path, b, n):
     assert ">mde<" in page
     if n == 149:
         assert row.mde == pytest.approx(0.0399, abs=2e-4)
+
+
+@pytest.mark.parametrize("unchanged", [0, 3, 59])
+def test_the_header_says_which_rows_worse_is_adjusted_over(tmp_path, capsys, unchanged):
+    """The promise (a candidate with no change beyond the tolerance fails with probability at most alpha) names
+    the rows `worse` is adjusted over: Tarone's screen leaves out unchanged rows (here the `u` tasks), so one
+    task losing 10 of 100 documents fails however many unchanged tasks stand beside it."""
+    ref, cand = hand_pair(tmp_path, {"t": (10, 0, 100), **{f"u{i:02d}": (0, 0, 100) for i in range(unchanged)}})
+    assert cli.main([str(ref), str(cand)]) == 1
+    promise = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("- exit code 1"))
+    assert f"Holm-adjusted over all {unchanged + 1} rows" in promise
+    assert "Tarone's screen leaves out rows where no document changed" in promise
+    assert "fails with probability at most 0.05" in promise

@@ -229,13 +229,12 @@ def test_few_iterations_leave_no_row_blind(tmp_path):
     assert cli.main([str(ref), str(cand), "--iterations", "100"]) == 1
 
 
-def test_a_corpus_row_says_when_its_resolution_limits_it(tmp_path):
-    """F1 is re-aggregated on every resample, so its resamples stop at 1,000: among 60 rows the note says that a
-    p-value of at least 1/1001 cannot reach 0.05 / 60 (the other rows change, so each could be worse)."""
-    tasks = {f"t{i:02d}": (2, 2, 100) for i in range(59)}
+def f1_pair(tmp_path, tasks, every=3):
+    """Hand-made 0/1 tasks and `cls`, 300 documents of F1 (lm-eval's f1_score, re-aggregated on every resample),
+    the candidate's prediction flipped on every `every`-th document."""
     ref, cand = hand_pair(tmp_path, tasks)
     for folder, shift in ((ref, 0), (cand, 1)):
-        lines = [{"doc_id": i, "filter": "none", "metrics": ["f1"], "f1": [i % 2, (i + shift * (i % 3 == 0)) % 2],
+        lines = [{"doc_id": i, "filter": "none", "metrics": ["f1"], "f1": [i % 2, (i + shift * (i % every == 0)) % 2],
                   "doc_hash": f"d{i}", "prompt_hash": f"p{i}", "target_hash": f"t{i}"} for i in range(300)]
         (folder / "samples_cls.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         results = json.loads((folder / "results.json").read_text())
@@ -243,11 +242,42 @@ def test_a_corpus_row_says_when_its_resolution_limits_it(tmp_path):
         results["higher_is_better"]["cls"], results["n-shot"]["cls"], results["versions"]["cls"] = {"f1": True}, 0, 1
         results["evalkit"]["files"]["samples"]["cls"] = "samples_cls.jsonl"
         (folder / "results.json").write_text(json.dumps(results))
+    return ref, cand
+
+
+def test_a_corpus_row_says_when_its_resolution_limits_it(tmp_path):
+    """F1 is re-aggregated on every resample, so its resamples stop at 1,000: among 60 rows the note says that a
+    p-value of at least 1/1001 cannot reach 0.05 / 59 (Tarone's count: the other rows change, so each could be
+    worse, and this one cannot reach)."""
+    ref, cand = f1_pair(tmp_path, {f"t{i:02d}": (2, 2, 100) for i in range(59)})
     table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
     row = table.set_index("task").loc["cls"]
     assert row.method == "bootstrap f1_score" and row.p_floor == pytest.approx(1 / 1001)
     assert row.verdict == "inconclusive" and "resolution: its p-values cannot go below 0.001" in row.note
     assert "Holm over 59 rows that could be worse needs 0.00085 (0.00083 over all 60 for equivalent)" in row.note
+
+
+@pytest.mark.parametrize("unchanged", [1, 20, 59])
+def test_a_corpus_row_beside_unchanged_ones_is_adjusted_over_itself(tmp_path, unchanged):
+    """Beside tasks where no document changed, the F1 row is the only one that could be worse: Tarone's screen
+    adjusts its p-value over itself alone, so its 1,000 resamples are enough and it is `worse`."""
+    ref, cand = f1_pair(tmp_path, {f"t{i:02d}": (0, 0, 100) for i in range(unchanged)})
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    assert table.set_index("task").loc["cls"].verdict == "worse" and not table.note.str.contains("resolution").any()
+    assert cli.main([str(ref), str(cand)]) == 1
+
+
+@pytest.mark.parametrize("unchanged", [50, 59])
+def test_the_resolution_note_counts_only_rows_that_could_be_worse(tmp_path, unchanged):
+    """An F1 row that changed a little (6 of 300 documents) beside unchanged tasks: `worse` and `better` are
+    adjusted over it alone (Tarone's count: 1), which its 1,000 resamples can reach; only `equivalent`, adjusted
+    over every row, is beyond them. The note said that it could be shown none of the three, over all the rows."""
+    ref, cand = f1_pair(tmp_path, {f"t{i:02d}": (0, 0, 100) for i in range(unchanged)}, every=50)
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    row = table.set_index("task").loc["cls"]
+    assert row.verdict == "inconclusive" and (table.note.str.contains("resolution").sum() == 1)
+    assert (f"Holm over 1 row that could be worse needs 0.05 ({0.05 / (unchanged + 1):.2g} over all {unchanged + 1} "
+            "for equivalent): this row cannot be shown equivalent here") in row.note
 
 
 def perplexity_group(tmp_path, rise, *, leaves=4, documents=62):
@@ -336,6 +366,23 @@ def test_a_bleu_group_is_relative_and_its_resamples_are_sums(tmp_path):
     assert group.relative and leaf.relative and group.method == "bootstrap stratified"
     assert group["diff"] == pytest.approx(group.candidate / group.reference - 1) and group["diff"] < 0
     assert group.p_floor == leaf.p_floor == pytest.approx(1 / 10_001)  # --iterations, above 20 * 4 / 0.05
+
+
+@pytest.mark.parametrize("documents, verdict", [(2, "inconclusive"), (10, "inconclusive"), (29, "inconclusive"),
+                                                (30, "worse"), (60, "worse")])
+def test_a_bootstrapped_group_is_tested_only_from_30_documents_a_leaf(tmp_path, documents, verdict):
+    """Medians (re-aggregated on every resample) of leaves that all lose 0.3: a percentile bootstrap calls rows
+    at the bound worse a quarter of the time at 2 documents, so the group is untested (and says why) until its
+    smallest leaf has 30 documents."""
+    rng = np.random.default_rng(documents)
+    leaves = [(scores.tolist(), (scores - 0.3).tolist()) for scores in (rng.random(documents) for _ in range(3))]
+    leaves[0] = (leaves[0][0] * 2, leaves[0][1] * 2)  # a bigger leaf: the smallest one counts
+    ref, cand = corpus_group(tmp_path, "score", "median", leaves)
+    table, _ = paired.compare_runs(*map(on_disk.load_run, (ref, cand)))
+    group = table.set_index("task").loc["g"]
+    assert group.method == "bootstrap stratified" and group.verdict == verdict
+    assert ("a percentile bootstrap does not hold its level on fewer than 30" in group.note) == (documents < 30)
+    assert cli.main([str(ref), str(cand)]) == (verdict == "worse")
 
 
 def test_a_slow_corpus_group_is_bounded_like_a_corpus_row(tmp_path):

@@ -62,7 +62,9 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
     counts = table["verdict"].value_counts().to_dict()
     over = f"{family} rows" + (f" of {comparisons} comparisons" if comparisons > 1 else "")
     lines = [f"- exit code 1 when any row is `worse` (or `changed`, direction unknown): verdicts are Holm-adjusted "
-             f"over all {over}, so a candidate with no change beyond the tolerance fails with probability at most "
+             f"over all {over} (`worse` and `better` over those that could reach the level: Tarone's screen leaves out "
+             "rows where no document changed and rows whose method's smallest p-value cannot reach it), so a "
+             "candidate with no change beyond the tolerance fails with probability at most "
              f"{alpha:g} (family-wise); `p_worse_holm`, `p_equivalent_holm`: the adjusted p-values; `mde`: the "
              "smallest drop each row could have shown `worse` at its size (its tolerance plus its interval's upper "
              "half-width), so a passing gate says how much it could see",
@@ -75,9 +77,11 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
              "of `worse` rejects alone, inside ±tolerance exactly when its two tests of equivalence do; Holm over "
              f"{over} asks more of each row, so a row inside can still be `inconclusive` (read `p_equivalent_holm`). "
              "Method `tango`: 0/1 metrics, exact unconditional tests ordered by Tango's score, at every size; "
-             "`betting`: means of values in [0, 1], valid at every size; `sign-flip`: other means, exact sign-flip "
-             "test; `bootstrap <aggregation>`: the metric's own "
-             "lm-eval aggregation, bootstrapped; `delta <aggregation>`: perplexities, analytic"]
+             "`betting`: means of values in [0, 1], valid at every size; `sign-flip`: other means, sign-flip "
+             "test with a pseudo-document for what skewed differences could hide; `sign-flip <aggregation>`: "
+             "perplexities, the same test on per-document log-likelihood changes; `bootstrap <aggregation>`: the "
+             "metric's own lm-eval aggregation, bootstrapped, from 30 documents on (a group: in its smallest leaf); "
+             "`delta <aggregation>`: other perplexity rows, analytic"]
     if 0 < tolerance < 1:
         needed = proportions.documents_needed(tolerance, confidence=confidence)
         fewer = sorted(set(table.loc[(table["method"] == "tango") & (table["n"] < needed), "task"]))

@@ -173,7 +173,7 @@ def resolution_notes(rows: pd.DataFrame, alpha: float) -> list[str]:
         blind = [claim for claim, k in (("worse or better", count), ("equivalent", m)) if floor * k >= alpha]
         limited = row_reach < 1.0 and blind and shown not in ("worse", "changed", "better")
         words = (f"resolution: its p-values cannot go below {floor:.2g} (its method's smallest), and Holm over "
-                 f"{count} rows that could be worse needs {alpha / count:.2g}"
+                 f"{count} {'row' if count == 1 else 'rows'} that could be worse needs {alpha / count:.2g}"
                  + (f" ({alpha / m:.2g} over all {m} for equivalent)" if count != m else "")
                  + f": this row cannot be shown {' or '.join(blind)} here") if limited else ""
         out.append("; ".join(filter(None, [note, words])))
