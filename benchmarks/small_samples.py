@@ -1,21 +1,29 @@
 """Does every method of ``python -m evalkit.compare`` keep its promise at every number of documents? The size (how
 often a row is called `worse` when its true change is exactly -tolerance, the largest change that must pass) and
 the power (how often when it is twice that) of one row, and how often an `equivalent` claim is false, simulated
-through evalkit/compare/statistics/stats.py's compare_paired (the code the command runs) at n = 2, 3, 5, 10, 30, 100, 1,000.
+through the code the command runs (evalkit/compare/statistics/stats.py's compare_paired, metric_rows.py's
+stratified_reading) at n = 2, 3, 5, 10, 30, 100, 1,000.
 
 Methods and the documents each is given (tolerance 0.02, alpha 0.05, one row):
 
 * ``tango`` (0/1 metrics): each document lost with probability tolerance (power: twice it), none gained.
 * ``sign-flip`` (means of unbounded values): differences Normal(-tolerance, 0.05) (power: mean -2 tolerance);
-  and ``sign-flip, skewed``: differences -tolerance + 0.05 (Exp(1) - 1), asymmetric about their mean, the case
-  its exactness does not cover.
+  and ``sign-flip, skewed``: differences -tolerance + 0.05 (Exp(1) - 1), asymmetric about their mean, which the
+  test's pseudo-document (evalkit/compare/statistics/means.py) is there for.
 * ``betting`` (means of values in [0, 1], per-document F1 in [0.9, 1]): a document drops to 0 with probability
   tolerance / 0.95 (a true change of -tolerance), the rest move by Uniform(-0.005, 0.005) (power: twice the
   drops); `equivalent` when wrong: 10 % of documents drop to 0 (a true change of -0.095).
-* ``bootstrap`` (the paired bootstrap of the mean these rows used before; for contrast): as sign-flip, and for
-  `equivalent` as betting.
-* ``delta`` (perplexity-family): per-document (log-likelihood, words), the candidate's log-likelihood per word
-  off by the log of 1.02 (a 2 % rise in perplexity) plus Normal(0, 0.01) noise; power: 4 %.
+* ``bootstrap (percentile, for contrast)``: the paired percentile bootstrap of the mean, read at every size: as
+  sign-flip, and for `equivalent` as betting. It is why bootstrap rows are read from 30 documents on.
+* ``sign-flip word_perplexity`` (lm-eval's perplexity family, relative): per-document (log-likelihood, words),
+  the candidate's log-likelihood per word off by the log of 1.02 (a 2 % rise in perplexity) plus
+  Normal(0, 0.01) noise; power: 4 %.
+* ``bootstrap bleu`` (corpus BLEU, relative, resampled from summed n-gram counts): documents drawn from 300
+  segments of 8-20 words, the reference's hypothesis each reference with a fifth of its words replaced; the
+  candidate's, on a share q of documents, with half replaced instead, q such that the corpus BLEU of the whole
+  pool falls by exactly 2 % (power: 4 %).
+* ``bootstrap stratified`` (a group averaging two leaves of n / 2 documents equally, absolute): differences as
+  sign-flip in both leaves; read from 30 documents in its smallest leaf on.
 
 Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 400] [--seed 0] [--sizes 2,3,5,...]
 """
@@ -95,7 +103,7 @@ def bootstrapped(delta, rng):
     return type("Row", (), p)
 
 
-def delta(rng, n, rise):
+def perplexity(rng, n, rise):
     words = rng.integers(50, 400, n).astype(float)
     per_word = np.log(1 / 15) * (1 + 0.1 * rng.normal(size=n))
     ref = [(float(w * p), float(w)) for w, p in zip(words, per_word)]
@@ -103,15 +111,73 @@ def delta(rng, n, rise):
     return row(ref, cand, by_mean=False, name="weighted_perplexity", hib=False, relative=True, analytic=True)
 
 
+class Segments:
+    """The pool of segments the BLEU rows draw documents from, and the share of degraded documents that lowers
+    the pool's corpus BLEU by a given fraction (corpus BLEU of summed counts: any corpus with the pool's mean
+    counts scores the same)."""
+
+    WORDS = "the a cat dog sat on mat river runs to sea birds sing in morning she reads book rain falls over hill"
+
+    def __init__(self, seed: int = 0, size: int = 300):
+        from evalkit.compare.statistics import corpus
+
+        rng, words = np.random.default_rng(seed), self.WORDS.split()
+        self.refs = [" ".join(rng.choice(words, size=rng.integers(8, 20))) for _ in range(size)]
+        noisy = lambda r, p: " ".join(w if rng.random() > p else str(rng.choice(words)) for w in r.split())  # noqa
+        self.good, self.bad = [noisy(r, 0.2) for r in self.refs], [noisy(r, 0.5) for r in self.refs]
+        self.counts = [corpus._bleu_counts(list(zip(self.refs, h))).mean(axis=0) for h in (self.good, self.bad)]
+        self.score = corpus.bleu_scores
+
+    def share(self, fall: float) -> float:
+        from scipy.optimize import brentq
+
+        base = float(self.score(self.counts[0])[0])
+        return brentq(lambda q: float(self.score((1 - q) * self.counts[0] + q * self.counts[1])[0]) / base - 1 + fall,
+                      0.0, 1.0, xtol=1e-10)
+
+
+SEGMENTS: list[Segments] = []
+
+
+def bleu(rng, n, fall):
+    if not SEGMENTS:
+        SEGMENTS.append(Segments())
+    pool = SEGMENTS[0]
+    docs, worse_docs = rng.integers(0, len(pool.refs), n), rng.random(n) < pool.share(fall)
+    ref = [(pool.refs[i], pool.good[i]) for i in docs]
+    cand = [(pool.refs[i], pool.bad[i] if d else pool.good[i]) for i, d in zip(docs, worse_docs)]
+    return row(ref, cand, by_mean=False, name="bleu", relative=True)
+
+
+def stratified(rng, n, mean):
+    from evalkit.compare.statistics import metric_rows
+    from evalkit.compare.statistics.verdict import Tolerance
+
+    sizes = [max(1, n // 2), max(1, n - n // 2)]
+    pairs = []
+    for size in sizes:
+        ref = rng.uniform(2.0, 3.0, size)
+        pairs.append((ref.tolist(), (ref + rng.normal(mean, 0.05, size)).tolist()))
+    each = [[float(np.mean(side)) for side in pair] for pair in pairs]
+    w = np.array([0.5, 0.5])
+    scores = (float(w @ [e[0] for e in each]), float(w @ [e[1] for e in each]))
+    settings = {"confidence": 1 - ALPHA, "iterations": 2_000, "seed": int(rng.integers(1 << 30))}
+    _, p, _, _ = metric_rows.stratified_reading({}, ["a", "b"], "acc", pairs, w, scores, each, settings=settings,
+                                                tolerance=Tolerance(TOL, relative=False), higher_is_better=True)
+    return type("Row", (), p)
+
+
 CASES = [  # name, make, claim, value at the boundary (size), value for power
     ("tango", tango, worse, TOL, 2 * TOL),
     ("sign-flip", normal, worse, -TOL, -2 * TOL),
     ("sign-flip, skewed", skewed, worse, -TOL, -2 * TOL),
     ("betting", betting, worse, TOL / 0.95, 2 * TOL / 0.95),
-    ("bootstrap (before)", bootstrap, worse, -TOL, -2 * TOL),
-    ("delta", delta, worse, TOL, 2 * TOL),
+    ("bootstrap (percentile, for contrast)", bootstrap, worse, -TOL, -2 * TOL),
+    ("sign-flip word_perplexity", perplexity, worse, TOL, 2 * TOL),
+    ("bootstrap bleu", bleu, worse, TOL, 2 * TOL),
+    ("bootstrap stratified", stratified, worse, -TOL, -2 * TOL),
 ]
-EQUIVALENCE = [("betting", betting, 0.10), ("bootstrap (before)", bootstrap_drop, 0.10)]
+EQUIVALENCE = [("betting", betting, 0.10), ("bootstrap (percentile, for contrast)", bootstrap_drop, 0.10)]
 
 
 def rate(make, claim, value, n, trials, rng) -> float:
@@ -123,6 +189,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", default="2,3,5,10,30,100,1000")
+    parser.add_argument("--only", default="", help="method names to run, separated by ';' (default: all)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     rng = np.random.default_rng(args.seed)
@@ -131,13 +198,18 @@ def main() -> None:
           f"alpha {ALPHA}\n")
     print("| method | | " + " | ".join(f"n={n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
+    only = set(filter(None, args.only.split(";")))
     for name, make, claim, boundary, power in CASES:
+        if only and name not in only:
+            continue
         started = time.perf_counter()
         for label, value in (("size", boundary), ("power", power)):
             cells = [f"{rate(make, claim, value, n, args.trials, rng):.3f}" for n in sizes]
             print(f"| {name} | {label} | " + " | ".join(cells) + " |", flush=True)
         print(f"<!-- {name}: {time.perf_counter() - started:.0f} s -->", flush=True)
     for name, make, value in EQUIVALENCE:
+        if only and name not in only:
+            continue
         cells = [f"{rate(make, equivalent, value, n, args.trials, rng):.3f}" for n in sizes]
         print(f"| {name} | `equivalent` at a true change of -0.10 | " + " | ".join(cells) + " |", flush=True)
 

@@ -5,13 +5,14 @@ Both runs must have seen the same tasks at the same versions, the same documents
 For every task, filter and metric, and for every group score lm-eval recorded (scored as lm-eval scores it,
 evalkit/compare/statistics/metric_rows.py), the difference gets an interval and the p-values of the one-sided tests against
 the row's tolerance (absolute for 0-1 metrics, relative for unbounded ones): Tango's score and McNemar's exact
-test for 0/1 metrics averaged over documents, a paired bootstrap of the mean difference for other averaged
-metrics, the delta method for lm-eval's perplexity family (evalkit/compare/statistics/ratio.py), and for other corpus-level
-metrics (BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation. Verdicts are Holm-adjusted
-over every row of every candidate (compare_family, evalkit/compare/statistics/verdict.py), with resamples sized to that
-family, so the exit code is a family-wise test at --alpha. A metric whose direction (``higher_is_better``) is
-unknown is compared unoriented. The sample-level view lists flipped documents, diverging generations,
-finish-reason and length shifts, and log-probability drift on log-likelihood tasks.
+test for 0/1 metrics averaged over documents, betting or the sign-flip test for other averaged metrics
+(evalkit/compare/statistics/means.py), the sign-flip test of per-document log-likelihood changes (or the delta
+method) for lm-eval's perplexity family (evalkit/compare/statistics/ratio.py), and for other corpus-level metrics
+(BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation, from 30 documents on. Verdicts are
+Holm-adjusted over every row of every candidate (compare_family, evalkit/compare/statistics/verdict.py), with
+resamples sized to that family, so the exit code is a family-wise test at --alpha. A metric whose direction
+(``higher_is_better``) is unknown is compared unoriented. The sample-level view lists flipped documents, diverging
+generations, finish-reason and length shifts, and log-probability drift on log-likelihood tasks.
 
 The runs on disk and the like-for-like check: runs.py; the command line: cli.py.
 """

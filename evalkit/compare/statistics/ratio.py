@@ -1,4 +1,10 @@
-"""An analytic test for lm-eval's perplexity-family aggregations: no resamples, so no floor under the p-value.
+"""lm-eval's perplexity-family aggregations as ratios of per-document sums: the form the sign-flip test reads
+(paired_sums), and the delta method for what has no such form (read).
+
+Where the documents' denominators are the same in both runs (words and bytes are the document's), a relative
+perplexity row and every bits_per_byte row is sum(d) / sum(u) over the documents (paired_sums), which
+means.sign_flip tests at every size; the delta method below reads the rest (an absolute perplexity row, a group
+of perplexity leaves).
 
 lm-eval's ``perplexity`` (exp(-mean(ll))), ``weighted_perplexity`` (word_perplexity and byte_perplexity:
 exp(-sum(ll) / sum(words or bytes))) and ``bits_per_byte`` (-sum(ll) / sum(bytes) / ln 2) are each a smooth
@@ -125,7 +131,8 @@ def paired_sums(part: Stratum, aggregation: str, *, relative: bool
     if aggregation == "bits_per_byte":
         d, u, scale = (-gain, -part.num[0], same) if relative else (-gain / LN2, part.den[0], same)
     elif relative:
-        d, u, scale = -gain, part.den[0], ((lambda x: math.log1p(x) if x > -1.0 else -math.inf), lambda x: float(np.expm1(min(x, 700.0))))
+        d, u, scale = -gain, part.den[0], ((lambda x: math.log1p(x) if x > -1.0 else -math.inf),
+                                           (lambda x: float(np.expm1(min(x, 700.0)))))
     else:
         return None
     return (d, u, *scale) if (u > 0).all() else None

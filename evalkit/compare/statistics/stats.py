@@ -4,14 +4,19 @@ interval and one-sided p-values it gives (compare_paired, Comparison). Pure func
 * 0/1 metrics averaged over documents: Tango's score interval and McNemar's exact test
   (evalkit/compare/statistics/proportions.py), with the exact one-sided tests of evalkit/compare/statistics/tost.py.
 * Other means over documents: tests that hold at every size (evalkit/compare/statistics/means.py): betting where every
-  value lies in [0, 1], else the sign-flip test.
-* Everything else: the paired bootstrap (evalkit/compare/statistics/bootstrap.py) of the metric's own aggregation.
+  value lies in [0, 1], else the sign-flip test with its pseudo-document (skewed differences).
+* Everything else: the paired bootstrap (evalkit/compare/statistics/bootstrap.py) of the metric's own aggregation,
+  read from bootstrap.MIN_DOCUMENTS documents on (on fewer the row is untested and its note says why).
 * The p-values of the one-sided tests against the tolerance (evalkit/compare/statistics/tost.py) go with each interval;
   evalkit/compare/statistics/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
 * A relative comparison (unbounded metrics: perplexity, BLEU, ...) reads (candidate - reference) / |reference|,
   whose sign is the difference's whatever the sign of the reference's score.
 * lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte) are not resampled:
-  evalkit/compare/statistics/ratio.py tests them analytically (the delta method), so their p-values have no floor.
+  where the row's difference is a ratio of per-document sums (ratio.paired_sums: a relative perplexity row, any
+  bits_per_byte row) the sign-flip test of means.py reads the documents' log-likelihood changes, each weighted by
+  its words or bytes, which holds its level at every size (the delta method's t test was above it at every
+  size, 0.058-0.077, benchmarks/small_samples.py); an absolute perplexity row keeps the delta method
+  (ratio.read, asymptotic, no floor).
 * Resamples are sized to the family (bootstrap.resamples_for); corpus-level aggregations that re-aggregate every
   resample draw at most aggregate_iterations (BLEU, whose resamples are sums of per-document counts,
   evalkit/compare/statistics/corpus.py, is not bounded). Each row says the smallest p-value its method can give (p_floor),
@@ -74,7 +79,8 @@ class Comparison:
     mcnemar_b: int | None  # 0/1 metrics: documents right only in the reference
     mcnemar_c: int | None  # ... right only in the candidate
     mcnemar_p: float | None
-    method: str | None  # "tango", "betting", "sign-flip", "delta <aggregation>" or "bootstrap <aggregation>"
+    method: str | None  # "tango", "betting", "sign-flip", "sign-flip <aggregation>", "delta <aggregation>" or
+    # "bootstrap <aggregation>"
     p_worse: float  # one-sided p-values (tost_p_values), before any adjustment for the number of rows
     p_better: float
     p_equivalent: float
@@ -82,7 +88,7 @@ class Comparison:
     p_higher: float
     note: str  # why a reading is weaker than it looks ("" when nothing to say)
     p_floor: float = 0.0  # the smallest p-value the method can give: 1 / (draws + 1) for a bootstrap or drawn
-    # sign-flips, 2^-n for enumerated ones, else 0
+    # sign-flips, 2^-n for enumerated ones, 1 for a row its method cannot read (too few documents), else 0
     changed: int | None = None  # documents whose values differ between the runs
 
 
@@ -182,7 +188,8 @@ def ratio_reading(part: ratio.Stratum, name: str, *, relative: bool, draws: int,
 
 
 def _ratio(reference: Sequence[Any], candidate: Sequence[Any], name: str, scores: tuple[float, float], *,
-           relative: bool, draws: int, seed: int, **settings: Any) -> tuple[str, Interval, dict[str, float], float] | None:
+           relative: bool, draws: int, seed: int, **settings: Any
+           ) -> tuple[str, Interval, dict[str, float], float] | None:
     """(method, interval, p-values, p_floor) of a perplexity-family row: the sign-flip test where its difference
     is a ratio of per-document sums, else the delta method; None where the values do not reproduce lm-eval's
     scores."""
@@ -209,8 +216,9 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
     by_mean (the metric's aggregation is the mean) with 0/1 values: Tango's interval, McNemar's test and the
     exact p-values (tost.py); with other numbers: mean_reading (betting or sign-flip, means.py); anything else
     (perplexity's (ll, words), BLEU's (ref, pred), a non-mean aggregation) or relative (tolerance a fraction
-    of the reference's score): the bootstrap of the aggregation itself, except analytic (aggregate is lm-eval's
-    perplexity-family aggregation aggregate_name): the delta method (ratio.py). confidence is 1 - alpha: the
+    of the reference's score): the bootstrap of the aggregation itself (from bootstrap.MIN_DOCUMENTS documents on),
+    except analytic (aggregate is lm-eval's perplexity-family aggregation aggregate_name): the sign-flip test of
+    the documents' log-likelihood changes, or the delta method (_ratio). confidence is 1 - alpha: the
     interval is the (1 - 2 alpha) one that the two one-sided tests at alpha read. family: the rows the
     verdicts are Holm-adjusted over, which sizes the resamples (resamples_for).
     """
