@@ -2,7 +2,8 @@
 
 Engine-marked, on the embedded model in float32: against lm-eval's own ``hf`` backend on the same documents
 (the same token ids scored and prompted, log-likelihoods within HF_LOGPROB_TOL, identical greedy
-generations: one library on both sides, so any difference is ours); ``trace`` against ``score``; against
+generations, the same forward-pass shapes at one batch size: one library on both sides, so any difference is
+ours); ``trace`` against ``score``; against
 the vLLM engine (both float32) on score requests and greedy generations; a rerun that reuses the request
 store. The pure parts (sampling settings, refusals, stop strings, batching): tests/engine/hf/test_hf_settings.py.
 
@@ -50,14 +51,22 @@ class Recording(Wrapped):
     def __init__(self, engine):
         super().__init__(engine)
         self.scored, self.generated = [], []
+        self.answering = False  # within a score or generate call
 
     def score(self, requests, progress=None, *, fast=True, top_k=0):
         self.scored += requests
-        return self.engine.score(requests, progress, fast=fast, top_k=top_k)
+        return self.answer(self.engine.score, requests, progress, fast=fast, top_k=top_k)
 
     def generate(self, requests, progress=None, *, top_k=0):
         self.generated += requests
-        return self.engine.generate(requests, progress, top_k=top_k)
+        return self.answer(self.engine.generate, requests, progress, top_k=top_k)
+
+    def answer(self, call, *args, **kwargs):
+        self.answering = True
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.answering = False
 
 
 def lm_eval_hf(model_dir, batch_size):
@@ -97,10 +106,18 @@ def against_lm_eval(request, embedded_model_dir, tmp_path_factory):
     cfg = compose_config([f"vllm_path={embedded_model_dir}", "engine=hf", "resume=false", f"limit={limit}",
                           f"max_tokens={MAX_TOKENS}", f"output_dir={tmp_path_factory.mktemp('hf')}",
                           f"tasks=[{','.join(TASKS)}]", *(["batch_size=1"] if batch == 1 else [])])
-    ours = {}
-    run_dir = evaluate(cfg, engine_factory=lambda c, d: ours.setdefault("engine", Recording(start_engines(c, d))))
+    ours, shapes = {}, {"ours": [], "theirs": []}
+
+    def started(c, d):
+        recording = ours.setdefault("engine", Recording(start_engines(c, d)))
+        # the passes of lm-eval's requests; not those of the divergence record's traces, which lm-eval has not
+        passes(recording.engine.loaded.model, shapes["ours"], when=lambda: recording.answering)
+        return recording
+
+    run_dir = evaluate(cfg, engine_factory=started)
     mine = {task: {(s["doc_id"], s["filter"]): s for s in read_samples(run_dir, task)} for task in TASKS}
     lm = lm_eval_hf(embedded_model_dir, batch)
+    passes(lm.model, shapes["theirs"])
     seed_as_lm_eval(cfg.task_seeds)
     manager, tasks = load_tasks(TASKS, task_data={}, extra_dirs=[])
     outcome = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=True)
@@ -108,19 +125,28 @@ def against_lm_eval(request, embedded_model_dir, tmp_path_factory):
     recorded = ours["engine"]
     sent = (sorted((r.ids[:r.start], r.ids[r.start:]) for r in recorded.scored),
             sorted((r.prompt_ids, r.stop, r.max_tokens) for r in recorded.generated))
-    return mine, theirs, sent, (sorted(lm.scored), sorted(lm.generated)), run_dir, limit
+    return mine, theirs, sent, (sorted(lm.scored), sorted(lm.generated)), run_dir, limit, shapes
+
+
+def passes(model, shapes, when=lambda: True):
+    """Write down the shape of the input of each forward pass of model, (sequences, positions), while when()."""
+    def pre_hook(module, args, kwargs):
+        if when():
+            shapes.append(tuple((args[0] if args else kwargs["input_ids"]).shape))
+
+    model.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
 
 @pytest.mark.engine
 def test_the_same_token_ids_are_scored_and_prompted_as_lm_evals_hf_backend(against_lm_eval):
-    _, _, (ours_scored, ours_generated), (theirs_scored, theirs_generated), _, limit = against_lm_eval
+    _, _, (ours_scored, ours_generated), (theirs_scored, theirs_generated), _, limit, _ = against_lm_eval
     assert len(ours_scored) == len(theirs_scored) > limit and ours_scored == theirs_scored
     assert len(ours_generated) == len(theirs_generated) == limit and ours_generated == theirs_generated
 
 
 @pytest.mark.engine
 def test_the_same_loglikelihoods_and_greedy_generations_as_lm_evals_hf_backend(against_lm_eval):
-    ours, theirs, _, _, run_dir, limit = against_lm_eval
+    ours, theirs, _, _, run_dir, limit, _ = against_lm_eval
     diffs, differ = [], {}
     for task in TASKS:
         assert set(ours[task]) == set(theirs[task]) and len(ours[task]) == limit
@@ -138,6 +164,15 @@ def test_the_same_loglikelihoods_and_greedy_generations_as_lm_evals_hf_backend(a
     print(f"\nhf engine vs lm-eval hf, batch size {batch}: log-likelihood max |diff| {max(diffs):.1e} over "
           f"{len(diffs)} choices; generations identical {limit - len(differ)}/{limit}")
     assert max(diffs) <= HF_LOGPROB_TOL and not differ, differ
+
+
+@pytest.mark.engine
+def test_the_same_forward_passes_as_lm_evals_hf_backend_at_the_same_batch_size(against_lm_eval):
+    """In bfloat16 (and on GPUs in any dtype) a sequence's last bits depend on the shape of the matrix products it
+    goes through: the same batches, padded to the same length, in the same order, give lm-eval's numbers
+    wherever both run; at one sequence a pass, lm-eval's default, and at 16, evalkit's."""
+    shapes = against_lm_eval[6]
+    assert shapes["ours"] and shapes["ours"] == shapes["theirs"], shapes
 
 
 @pytest.mark.engine
