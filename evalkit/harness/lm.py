@@ -10,7 +10,7 @@ so.
 
 The parts: ``loglikelihood.py`` (pairs and rolling windows as score requests), ``generation.py`` (generation
 requests, their settings, seeds and answers), ``calls.py`` (each engine call in the run's order, timed) and,
-with ``divergence_top_k`` > 0, ``tracing.py`` (the traces of what each call scores or generates, in the same
+with ``divergence_top_k`` > 0, ``trace_calls.py`` (the traces of what each call scores or generates, in the same
 pass where the engine can, kept on the records for the divergence record). Every request goes through the
 length budget (``budget.py``) and leaves a :class:`RequestRecord`, which the results stage merges into the
 per-sample output: raw text, finish reason, token counts, clamps, truncations.
@@ -30,7 +30,7 @@ from evalkit.harness.divergence_traces import ReferenceIds, TraceLog, given_trac
 from evalkit.harness.generation import Generations
 from evalkit.harness.lm_eval_compat import encode_pairs
 from evalkit.harness.loglikelihood import pair_requests, rolling_windows
-from evalkit.harness.tracing import Tracer
+from evalkit.harness.trace_calls import Tracer
 
 
 class EvalkitLM(TemplateLM):

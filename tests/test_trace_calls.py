@@ -1,9 +1,9 @@
-"""The divergence record's engine calls (evalkit/harness/tracing.py) on the deterministic fake engine: what is
-traced apart, once, and the reference's ids read apart. Run: pytest tests/test_tracing.py"""
+"""The divergence record's engine calls (evalkit/harness/trace_calls.py) on the deterministic fake engine: what is
+traced apart, once, and the reference's ids read apart. Run: pytest tests/test_trace_calls.py"""
 
 from evalkit.contracts import RequestRecord, ScoreRequest
 from evalkit.harness.calls import Calls
-from evalkit.harness.tracing import Tracer
+from evalkit.harness.trace_calls import Tracer
 from tests.fake_engine import FakeEngine
 from tests.test_recording import TracingEngine
 
