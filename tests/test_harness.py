@@ -6,7 +6,7 @@ import pytest
 
 from evalkit.contracts import GenRequest
 from evalkit.harness.budget import PromptTooLong
-from evalkit.harness.generation import strip_thinking
+from evalkit.harness.generate_until import strip_thinking
 from evalkit.harness.lm import EvalkitLM
 from tests.fake_engine import BOS, FakeEngine
 

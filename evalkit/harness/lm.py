@@ -8,7 +8,7 @@ them (``lm_eval_compat.py``) with its empty-context rule. Where evalkit departs 
 (the length budget, the ``max_tokens`` ceiling, unfinished reasoning), docs/differences-from-lm-eval.md says
 so.
 
-The parts: ``loglikelihood.py`` (pairs and rolling windows as score requests), ``generation.py`` (generation
+The parts: ``loglikelihood.py`` (pairs and rolling windows as score requests), ``generate_until.py`` (generation
 requests, their settings, seeds and answers), ``calls.py`` (each engine call in the run's order, timed) and,
 with ``divergence_top_k`` > 0, ``trace_calls.py`` (the traces of what each call scores or generates, in the same
 pass where the engine can, kept on the records for the divergence record). Every request goes through the
@@ -27,7 +27,7 @@ from lm_eval.api.model import TemplateLM
 from evalkit.contracts import Engine, RequestRecord, ScoreRequest
 from evalkit.harness.calls import Calls, OpenProgress
 from evalkit.harness.divergence_traces import ReferenceIds, TraceLog, given_traces, outputs
-from evalkit.harness.generation import Generations
+from evalkit.harness.generate_until import Generations
 from evalkit.harness.lm_eval_compat import encode_pairs
 from evalkit.harness.loglikelihood import pair_requests, rolling_windows
 from evalkit.harness.trace_calls import Tracer

@@ -1,5 +1,5 @@
-"""Generation requests and their answers (evalkit/harness/generation.py), without an engine: tokens are
-characters. Run: pytest tests/test_generation.py"""
+"""Generation requests and their answers (evalkit/harness/generate_until.py), without an engine: tokens are
+characters. Run: pytest tests/test_generate_until.py"""
 
 from types import SimpleNamespace
 
@@ -7,7 +7,7 @@ import pytest
 
 from evalkit.contracts import Generation
 from evalkit.harness.budget import PromptTooLong
-from evalkit.harness.generation import Generations
+from evalkit.harness.generate_until import Generations
 
 EOS = "\x02"
 
