@@ -9,7 +9,9 @@ kept the try's wakeup fd wrote that signal into the try's pipe, which the watchd
   "stopped", no run folder, no process left, the finished answers kept; the rerun then ends with its results;
 * Ctrl-C mid-scoring stops it so too (exit 130);
 * weights that do not fit, as Model Runner V2 raises it (a plain torch.OutOfMemoryError from vLLM's model loader),
-  fail at once in one line naming tensor_parallel_size.
+  fail at once in one line naming tensor_parallel_size;
+* endpoint.serve=true: the API server the try starts forks its EngineCore; the run ends with its results, and
+  neither outlives it.
 Run: pytest -m engine -s tests/test_forked_engine.py
 """
 
@@ -17,6 +19,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,34 @@ def test_weights_that_do_not_fit_fail_at_once_in_one_line_naming_tensor_parallel
                     f"tensor_parallel_size (or use a smaller dtype) (vLLM, loading them: OutOfMemoryError: {oom}) "
                     "(tries: {'gpu_memory_utilization': 0.25, 'batch_size': None, 'enforce_eager': True}: error)"]
     assert "ran out of memory" not in log and "try 2" not in log
+
+
+def test_a_served_run_whose_server_forks_its_engine_ends_with_its_results(tmp_path, forked_engine):
+    """endpoint.serve=true: the vLLM API server the try starts forks its EngineCore as on CUDA; the run ends with
+    exit 0 and its results, and neither the server nor the EngineCore it forked outlives the run."""
+    import psutil
+
+    out, log = tmp_path / "result", tmp_path / "log"
+    with open(log, "w") as written:
+        run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true", "limit=3",
+                                "resume=false", "gpu_memory_utilization=0.15", EAGER, f"output_dir={out}"],
+                               stdout=written, stderr=subprocess.STDOUT, env=forked_engine)
+    servers: set[int] = set()
+    while run.poll() is None:  # the server, not its guard, as it runs
+        try:
+            servers |= {p.pid for p in psutil.Process(run.pid).children(recursive=True)
+                        if "vllm.entrypoints.openai.api_server" in p.cmdline() and "GUARD" not in p.cmdline()}
+        except psutil.Error:
+            pass  # a process ended as it was read
+        time.sleep(0.2)
+    text = log.read_text()
+    assert run.returncode == 0, text[-3000:]
+    (server,) = servers
+    engine_cores = forked_from(forked_engine, server)
+    assert engine_cores, forks(forked_engine)  # the server forked its EngineCore, as CUDA vLLM does
+    (run_dir,) = run_dirs(out / MODEL)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["evalkit"]["engine"]["name"] == "served" and set(results["results"]) == {"evalkit_arith",
+                                                                                            "evalkit_facts"}
+    assert "stopped" not in text
+    assert not [pid for pid in [server, *(r["pid"] for r in engine_cores)] if psutil.pid_exists(pid)]
