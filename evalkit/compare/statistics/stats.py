@@ -178,6 +178,9 @@ def ratio_reading(part: ratio.Stratum, name: str, *, relative: bool, draws: int,
     if form is None:
         return None
     d, u, to_test, to_row = form
+    if not d.any():  # no document's log-likelihood moved: no evidence of anything, as for the delta method
+        none = dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
+        return Interval(0.0, 0.0, 0.0, 2 * confidence - 1), none, 1.0
     test, alpha = means.sign_flip(d, units=u, draws=draws, seed=seed), 1.0 - confidence
     low, high = test.limits(alpha)
     diff = float(d.sum() / u.sum())
