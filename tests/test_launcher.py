@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from evalkit.config import CONF_DIR, ConfigError, compose_config, register_configs
-from evalkit.sweep.devices import SLURM, check_launcher_devices, point_launcher
+from evalkit.sweep.devices import EVALKIT_SLURM, SLURM, check_launcher_devices, point_launcher
 from evalkit.sweep.points import read_points
 
 APP = Path(__file__).parent / "sweep_app" / "app.py"
@@ -237,9 +237,10 @@ def launcher(*overrides: str) -> dict:
     return OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
 
 
-def test_check_launcher_devices_slurm():
-    slurm = launcher("hydra/launcher=submitit_slurm", "hydra.launcher.gpus_per_node=2")
-    assert slurm["_target_"] == SLURM  # the name the check looks for is submitit's
+@pytest.mark.parametrize("name", ["submitit_slurm", "evalkit_slurm"])
+def test_check_launcher_devices_slurm(name):
+    slurm = launcher(f"hydra/launcher={name}", "hydra.launcher.gpus_per_node=2")
+    assert slurm["_target_"] == {"submitit_slurm": SLURM, "evalkit_slurm": EVALKIT_SLURM}[name]  # the names checked
     check_launcher_devices(2, slurm)
     with pytest.raises(ConfigError, match=r"^this point needs 4 GPUs and the launcher gives it 2 \(hydra.launcher."
                                           r"gpus_per_node=2 x nodes=1\): pass hydra.launcher.gpus_per_node=4$"):

@@ -2,11 +2,14 @@
 fixture; skipped where Slurm is not installed).
 
 * the sbatch settings docs/sweeps.md gives (partition, cpus, memory, time, GPUs) reach Slurm as written: a
-  two-point sweep of tests/sweep_app/app.py through hydra/launcher=submitit_slurm, read back with
+  two-point sweep of tests/sweep_app/app.py through hydra/launcher=evalkit_slurm, read back with
   ``scontrol show job``; each point is a Slurm job that ``sacct`` shows (about 30 s, no vLLM);
-* marked engine: a real two-point evalkit sweep through submitit_slurm whose scores and samples equal the same
-  points run on one engine; one of its points requeued mid-scoring (``scontrol requeue``, SIGTERM then SIGKILL
-  after KillWait, as a preemption) resumes from the request store and computes only what was missing.
+* a point cancelled for good (``scancel``) while another runs: hydra/launcher=evalkit_slurm records it failed
+  with one line and waits for the other (about 50 s, no vLLM);
+* marked engine: a real three-point evalkit sweep through evalkit_slurm whose scores and samples equal the same
+  points run on one engine; point 0 gets the time limit's SIGUSR2 mid-scoring (submitit requeues it) and point 1
+  is requeued (``scontrol requeue``, SIGTERM then SIGKILL after KillWait, as a preemption): both resume from the
+  request store and compute only what was missing; point 2, cancelled for good mid-scoring, is reported failed.
 
     .venv/bin/python -m pytest tests/test_slurm.py
 """
@@ -23,7 +26,7 @@ import pytest
 from evalkit.sweep.points import read_points
 
 APP = Path(__file__).parent / "sweep_app" / "app.py"
-SBATCH = ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=local", "hydra.launcher.cpus_per_task=1",
+SBATCH = ["hydra/launcher=evalkit_slurm", "hydra.launcher.partition=local", "hydra.launcher.cpus_per_task=1",
           "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=7", "hydra.launcher.tasks_per_node=1",
           "hydra.launcher.nodes=1"]
 
@@ -53,29 +56,29 @@ def test_points_are_slurm_jobs_with_the_sbatch_settings_as_written(slurm, tmp_pa
     assert "#SBATCH --signal=USR2@120\n" in script and "#SBATCH --mem=1GB\n" in script, script
 
 
+def test_a_point_cancelled_for_good_is_recorded_and_the_sweep_waits_for_the_others(slurm, tmp_path):
+    """Point 0 cancelled while it runs and point 1 still runs: the launcher records point 0 failed with one line
+    and returns once point 1 has finished (submitit's own wait raises at once for point 0, leaving point 1 to
+    run unwatched). The app has no sweep callback: evalkit's report and exit status are the engine test's."""
+    cmd = [sys.executable, str(APP), "-m", *SBATCH, f"hydra.sweep.dir={tmp_path}", "tag=0,1", "sleep=40"]
+    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm.env)
+    wait_for(lambda: (tmp_path / "0" / "pid").is_file() and (tmp_path / "1" / "pid").is_file(), driver, "both ran")
+    job = job_ids(tmp_path)[0]
+    slurm.run("scancel", job)  # SIGTERM (submitit's job ignores it), SIGKILL KillWait later: no result
+    stdout, stderr = driver.communicate(timeout=300)
+    assert driver.returncode == 0, stderr[-3000:]
+    points = read_points(tmp_path)
+    assert [(p.num, p.status) for p in points] == [(0, "failed"), (1, "ok")], points
+    assert points[0].error == f"Slurm job {job} ended CANCELLED without a result", points[0]
+    assert (f"evalkit: point 0 (tag=0) was not finished: its Slurm job {job} ended CANCELLED; the same command "
+            "again runs only the points without results\n") in stderr, stderr[-3000:]
+
+
 # --- a real evalkit sweep on Slurm (engine) ---
 
 LIMIT = 16
 POINTS = ["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", "gpu_memory_utilization=0.25",
-          "max_model_len=1024,2048"]
-
-
-def store_of(job: str) -> Path | None:
-    """The request store a running point of Slurm job ``<array id>_<index>`` holds open, from its processes."""
-    import psutil
-
-    array, index = job.split("_")
-    for process in psutil.process_iter():
-        try:
-            env = process.environ()
-            if (env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")) != (array, index):
-                continue
-            for opened in process.open_files():
-                if "/.requests/" in opened.path and opened.path.endswith(".jsonl"):
-                    return Path(opened.path)
-        except (psutil.Error, OSError):
-            continue
-    return None
+          "model_name=p0,p1,p2"]
 
 
 def lines(path: Path | None) -> int:
@@ -92,11 +95,19 @@ def wait_for(condition, driver: subprocess.Popen, what: str, timeout: float = 60
     return found
 
 
+def point_record(sweep_dir: Path, num: int):
+    return next((p for p in read_points(sweep_dir) if p.num == num), None)
+
+
 @pytest.mark.engine
-def test_sweep_on_slurm_equals_one_engine_and_a_requeued_point_resumes(slurm, engine, tmp_path):
-    """Two points as Slurm jobs; point 1 requeued mid-scoring (as a preemption): it records that it stopped,
-    runs again when Slurm starts it again and computes only the answers its store lacks; the sweep gathers both,
-    and their samples equal the same documents on one engine."""
+def test_sweep_on_slurm_equals_one_engine_stopped_points_resume_a_cancelled_one_is_reported(slurm, engine, tmp_path):
+    """Three points as Slurm jobs, two at a time on the node's two cores, each in a folder of its own (model_name)
+    so that its request store is known. Mid-scoring, point 0 gets the notice of its time limit (SIGUSR2, as
+    ``--signal=USR2@N`` sends it) and point 1 is requeued (as a preemption): each records that it stopped, runs
+    again when Slurm starts it again (point 0 requeued by submitit's handler, which evalkit passes the notice on
+    to) and computes only the answers its store lacks. Point 2, cancelled for good mid-scoring, is recorded failed
+    with one line; the sweep writes its report and exits 1, and the finished points' samples equal the same
+    documents on one engine."""
     from evalkit.config import compose_config
     from evalkit.engine.wrapper import KeptRunning
     from evalkit.run.evaluate import evaluate
@@ -108,31 +119,44 @@ def test_sweep_on_slurm_equals_one_engine_and_a_requeued_point_resumes(slurm, en
            EAGER, f"output_dir={out}"]
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm.env)
     sweep_dir = wait_for(lambda: next((out / ".sweeps").glob("*/.submitit"), None), driver, "it submitted").parent
-    job = wait_for(lambda: (lambda jobs: jobs[1] if len(jobs) == 2 else None)(job_ids(sweep_dir)), driver, "jobs")
-    store = wait_for(lambda: store_of(job), driver, "point 1 opened its store")
-    wait_for(lambda: lines(store) >= 4, driver, "point 1 scored part of its documents")
-    slurm.run("scontrol", "requeue", job)  # SIGTERM to its processes, SIGKILL KillWait later; then pending again
-    stopped = wait_for(lambda: next((p for p in read_points(sweep_dir) if p.num == 1 and p.status != "running"),
-                                    None), driver, "point 1 recorded its stop")
-    kept = lines(store)
+    jobs = wait_for(lambda: (lambda found: found if len(found) == 3 else None)(job_ids(sweep_dir)), driver, "jobs")
+    stops = {0: ("scancel", "--signal=USR2", jobs[0]), 1: ("scontrol", "requeue", jobs[1]),  # requeue: SIGTERM
+             2: ("scancel", jobs[2])}
+    enough = {0: 4, 1: 4, 2: 2}  # answers stored before the stop
+    store = lambda num: next((out / f"p{num}" / ".requests").glob("*.jsonl"), None)
+
+    def stop_each_when_it_has_enough() -> bool:
+        for num in [n for n in stops if lines(store(n)) >= enough[n]]:
+            slurm.run(*stops.pop(num))
+        return not stops
+
+    wait_for(stop_each_when_it_has_enough, driver, "each point scored part of its documents")
+    stopped = {num: wait_for(lambda: (lambda p: p if p and p.status != "running" else None)(
+        point_record(sweep_dir, num)), driver, f"point {num} recorded its stop") for num in (0, 1)}
+    kept = {num: lines(store(num)) for num in (0, 1)}
     stdout, stderr = driver.communicate(timeout=900)
-    assert driver.returncode == 0, stderr[-4000:]
-    assert stopped.status == "failed" and stopped.error.startswith("stopped:"), stopped  # not memory, not retried
-    assert 4 <= kept < LIMIT
-    assert int(slurm.job(job)["Restarts"]) == 1
+    assert driver.returncode == 1, stderr[-4000:]  # a failed point: point 2
+    assert stopped[0].error.startswith("stopped: by SIGUSR2;"), stopped  # not memory, not retried
+    assert stopped[1].error.startswith("stopped: by SIGTERM;"), stopped
+    assert all(4 <= kept[num] < LIMIT for num in kept), kept
+    assert [int(slurm.job(jobs[num])["Restarts"]) for num in (0, 1, 2)] == [1, 1, 0]
     points = read_points(sweep_dir)
-    assert [(p.num, p.status) for p in points] == [(0, "ok"), (1, "ok")], points
+    assert [(p.num, p.status) for p in points] == [(0, "ok"), (1, "ok"), (2, "failed")], points
+    assert points[2].error.startswith("stopped: by SIGTERM;"), points[2]  # its own record, kept
+    assert (f"evalkit: point 2 (model_name=p2) was not finished: its Slurm job {jobs[2]} ended CANCELLED; the "
+            "same command again runs only the points without results\n") in stderr, stderr[-3000:]
     assert "evalkit: sweep report in " in stderr and (sweep_dir / "report.md").is_file()
-    resumed = json.loads((Path(points[1].run_dir) / "results.json").read_text())["evalkit"]
-    assert resumed["resume"]["reused"] >= kept and resumed["resume"]["computed"] <= LIMIT - kept, resumed["resume"]
-    assert [a["status"] for a in resumed["attempts"]] == ["ok"]
+    for num in (0, 1):
+        resumed = json.loads((Path(points[num].run_dir) / "results.json").read_text())["evalkit"]
+        assert resumed["resume"]["reused"] >= kept[num], resumed["resume"]
+        assert resumed["resume"]["computed"] <= LIMIT - kept[num], resumed["resume"]
+        assert [a["status"] for a in resumed["attempts"]] == ["ok"]
 
     cfg = compose_config(["tasks=[evalkit_arith]", f"limit={LIMIT}", "chunk_size=2", "gpu_memory_utilization=0.25",
                           f"output_dir={tmp_path / 'one'}"])
     one = evaluate(cfg, engine_factory=lambda cfg, model_dir: KeptRunning(engine))
     fields = ("doc_id", "resps", "filtered_resps", "exact_match")
     load = lambda d: [{k: s[k] for k in fields} for s in read_samples(d, "evalkit_arith")]
-    for point in points:
+    for point in points[:2]:
         assert load(Path(point.run_dir)) == load(one), point.num
-    print(f"\nrequeued after {kept}/{LIMIT} answers; the rerun computed {resumed['resume']['computed']}; "
-          f"wall seconds {[p.wall_seconds for p in points]}")
+    print(f"\nstopped after {kept} of {LIMIT} answers; wall seconds {[p.wall_seconds for p in points]}")

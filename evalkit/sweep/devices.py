@@ -1,6 +1,6 @@
 """The GPUs a Hydra launcher gives each point of a sweep, checked against what the point needs.
 
-Under Slurm (``hydra/launcher=submitit_slurm``) a point waits in the queue before it runs; given fewer GPUs than
+Under Slurm (``hydra/launcher=evalkit_slurm`` or ``submitit_slurm``) a point waits in the queue before it runs; given fewer GPUs than
 ``tensor x pipeline x data parallel`` it would then fail once its engine starts. Checked inside the point,
 before the engine: :func:`point_launcher` reads the launcher's settings (``hydra.launcher``) and
 :func:`check_launcher_devices` compares. The Ray launcher (``evalkit_ray``) sizes each point itself, and
@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 from evalkit.config import ConfigError
 
 SLURM = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+EVALKIT_SLURM = "hydra_plugins.evalkit_slurm_launcher.slurm_launcher.EvalkitSlurmLauncher"  # submitit's, evalkit's wait
 SUBMITIT_LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 KEYS = ("_target_", "gpus_per_node", "gpus_per_task", "gres", "nodes")  # what the check reads of hydra.launcher
 GRES_GPUS = re.compile(r"(?:^|,)gpu(?::[^:,]+)?:(\d+)(?:,|$)")  # gres=gpu:4, gres=gpu:a100:4
@@ -26,7 +27,7 @@ def launcher_gpus(launcher: Mapping[str, Any]) -> Optional[tuple[int, str, str]]
     target = launcher.get("_target_")
     if target == SUBMITIT_LOCAL and launcher.get("gpus_per_node"):
         return int(launcher["gpus_per_node"]), f"gpus_per_node={launcher['gpus_per_node']}", "gpus_per_node"
-    if target != SLURM:
+    if target not in (SLURM, EVALKIT_SLURM):
         return None
     if launcher.get("gpus_per_task"):
         return int(launcher["gpus_per_task"]), f"gpus_per_task={launcher['gpus_per_task']}", "gpus_per_task"

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+import socket
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,23 @@ def checks(record: PointRecord) -> list[tuple[str, bool]]:
             ("error", text(record.error)), ("devices", text(record.devices)),
             ("wall_seconds", record.wall_seconds is None or (type(record.wall_seconds) in (int, float))),
             ("host", text(record.host, optional=False)), ("started", text(record.started, optional=False))]
+
+
+def record_failure(folder: Path, *, num: int, overrides: list[str], error: str) -> None:
+    """Mark point `num` (its Hydra folder) failed with `error`, as a launcher does for a point it lost (a Ray worker
+    killed, a Slurm job without a result); a record the point wrote as failed is kept."""
+    path = Path(folder) / POINT_FILE
+    try:
+        record = read_point(path) if path.is_file() else None
+    except SweepError:
+        record = None  # torn by the kill that lost the point
+    if record is not None and record.status == "failed":
+        return
+    if record is None:
+        record = PointRecord(num=num, overrides=overrides, status="running", run_dir=None, error=None,
+                             wall_seconds=0.0, devices=None, host=socket.gethostname(), started=now_iso())
+    elapsed = (datetime.now().astimezone() - datetime.fromisoformat(record.started)).total_seconds()
+    write_point(folder, replace(record, status="failed", error=error, wall_seconds=round(elapsed, 1)))
 
 
 def read_points(sweep_dir: Path) -> list[PointRecord]:

@@ -6,7 +6,7 @@ points fill the machine without a scheduler of our own; a point waits here only 
 the lock its run will take, or both are data parallel (``_plan.exclusive``). Each task sets Hydra up as the
 point's own process would (``Singleton.set_state``, ``setup_globals``) and calls ``run_job``, as Hydra's Ray
 and submitit launchers do. What a point prints reaches this terminal through Ray's log forwarding, prefixed
-``(point N pid=...)``. A point that fails is recorded failed (``_records``) and the sweep goes on, as with
+``(point N pid=...)``. A point that fails is recorded failed (evalkit/sweep/points.py, ``record_failure``) and the sweep goes on, as with
 evalkit's own points.
 """
 
@@ -31,9 +31,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from evalkit.config import ConfigError
 from evalkit.engine.machine import local_ray
+from evalkit.sweep.points import record_failure
 
 from ._plan import RaySettings, Request, address_override, exclusive, request_for
-from ._records import record_failure
 
 # Ray forwards a task's output through its log monitor (polled every 0.1 s): a point's last lines arrive
 # after its result, and would be lost if Ray were shut down at once.

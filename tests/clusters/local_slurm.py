@@ -130,7 +130,6 @@ class LocalSlurm:
         self.conf = self.state / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.daemons: list[subprocess.Popen] = []
-        self.jobs: set[str] = set()  # every job id seen, to find its slurmstepd at the end
         for sub in ("ctld", "slurmd"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self.state, 0o755)  # munged wants its socket reachable by all, its key writable by none but it
@@ -202,7 +201,6 @@ class LocalSlurm:
 
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job -o`` as key -> value (JobState, Partition, NumCPUs, MinMemoryNode, TimeLimit...)."""
-        self.jobs.add(str(job_id))
         fields = {}
         for word in self.run("scontrol", "show", "job", "-o", str(job_id)).split():
             key, _, value = word.partition("=")
@@ -213,15 +211,12 @@ class LocalSlurm:
         """Every job (not its steps) as ``sacct`` shows it: JobID, JobName, State, ExitCode, Partition, NodeList."""
         names = ("JobID", "JobName", "State", "ExitCode", "Partition", "NodeList")
         out = self.run("sacct", "-a", "-X", "-P", "-n", "-S", "now-1days", "-o", ",".join(names))
-        rows = [dict(zip(names, line.split("|"))) for line in out.splitlines() if line]
-        self.jobs.update(r["JobID"] for r in rows)
-        return rows
+        return [dict(zip(names, line.split("|"))) for line in out.splitlines() if line]
 
     def stop(self) -> None:
         """Cancel every job, wait for them to end, stop the daemons, and leave no slurmstepd of this cluster."""
         if any(Path(p.args[0]).name == "slurmctld" and p.poll() is None for p in self.daemons):
             queue = subprocess.run([which("squeue"), "-h", "-o", "%i"], capture_output=True, text=True, env=self.env)
-            self.jobs.update(queue.stdout.split())
             subprocess.run([which("scancel"), "--full", *queue.stdout.split()], capture_output=True, env=self.env)
             deadline = time.monotonic() + KILL_WAIT + 15
             while self.steps() and time.monotonic() < deadline:
@@ -241,15 +236,17 @@ class LocalSlurm:
             raise RuntimeError(f"local Slurm: slurmstepd {left} still running after stop")
 
     def steps(self) -> list[int]:
-        """The pids of this cluster's slurmstepd processes (their command line names the job: ``[<id>.batch]``)."""
+        """The pids of this cluster's slurmstepd processes, whatever their job: those whose environment holds this
+        cluster's SLURM_CONF, which slurmd passes on (a command line names the raw job id, ``slurmstepd: [3.0]``,
+        which an array task's id, 1_2, does not show)."""
+        ours = f"SLURM_CONF={self.conf}".encode() + b"\0"
         found = []
         for entry in Path("/proc").iterdir():
             try:
-                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if (entry / "cmdline").read_bytes().startswith(b"slurmstepd:") and ours in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
             except (OSError, ValueError):
                 continue
-            if line.startswith("slurmstepd:") and any(f"[{job}." in line for job in self.jobs):
-                found.append(int(entry.name))
         return found
 
 
