@@ -212,10 +212,11 @@ def slurm():
 
 @pytest.fixture(scope="session")
 def ray_nodes():
-    """A Ray cluster of two nodes on this machine, one CPU each (tests/clusters/local_ray.py); its env joins it."""
+    """A Ray cluster of two nodes on this machine, one CPU each (tests/clusters/local_ray.py); its env joins it.
+    Where namespaces can be made (root), the second node has its own hostname and does not see ``head_only``."""
     pytest.importorskip("ray")
-    from tests.clusters.local_ray import LocalRay
+    from tests.clusters.local_ray import LocalRay, apart_here
 
-    cluster = LocalRay(nodes=2, cpus=1).start()
+    cluster = LocalRay(nodes=2, cpus=1, apart=apart_here()).start()
     yield cluster
     cluster.stop()

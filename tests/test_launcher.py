@@ -185,10 +185,47 @@ def test_a_sweep_on_a_cluster_of_two_nodes_runs_one_point_on_each(ray_nodes, tmp
     assert traces[0]["node"] != traces[1]["node"] and overlap(*traces), traces  # side by side, one per node
 
 
+HOLD_HEAD = """
+import sys, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init()
+head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+holder = ray.remote(num_cpus=1)(type("Hold", (), {"ready": lambda self: True}))
+held = holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+ray.get(held.ready.remote())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_point_on_a_node_without_the_model_fails_at_its_start_naming_the_node(ray_nodes, embedded_model_dir,
+                                                                                  tmp_path):
+    """A real evalkit point sent to the second node (the head's one CPU held), which lacks the model's folder
+    (tests/clusters/local_ray.py, head_only): it fails at its start, before any engine, and the sweep's line
+    names that node."""
+    if ray_nodes.head_only is None:
+        pytest.skip("nodes with a filesystem of their own need namespaces (root, unshare)")
+    model = ray_nodes.head_only_copy(Path(embedded_model_dir), f"model-{tmp_path.name}")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=ray_nodes.env)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        cmd = [sys.executable, "-m", "evalkit", "-m", "hydra/launcher=evalkit_ray", "hydra.launcher.address=auto",
+               f"vllm_path={model}", "tasks=[evalkit_arith]", "limit=2", f"output_dir={tmp_path / 'result'}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ray_nodes.env)
+    finally:
+        holder.communicate("", timeout=60)
+    assert done.returncode == 1, done.stderr[-3000:]
+    (point,) = read_points(next((tmp_path / "result" / ".sweeps").iterdir()))
+    assert point.host == "node1" and point.error.startswith(f"vllm_path={model} does not exist"), point
+    assert f") failed on node1: vllm_path={model} does not exist" in done.stderr, done.stderr[-3000:]
+
+
 def test_hydra_discovers_the_launcher_from_any_folder(tmp_path):
     info = subprocess.run([sys.executable, "-m", "evalkit", "--info", "plugins"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert "\t\tEvalkitRayLauncher\n" in info.stdout.split("Sweeper:")[0], info.stdout + info.stderr
+    assert "\t\tEvalkitSlurmLauncher\n" in info.stdout.split("Sweeper:")[0], info.stdout + info.stderr
     shown = subprocess.run([sys.executable, "-m", "evalkit", "hydra/launcher=evalkit_ray",
                             "hydra.launcher.num_gpus=8", "--cfg", "hydra", "--package", "hydra.launcher"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -3,14 +3,16 @@
 * after each point, with Hydra's basic (sequential) launcher, whose points run in this very process: the sweep's
   progress line (evalkit/sweep/points.py, ``sweep_line``), counted from the point records in the sweep folder;
 * when the sweep ends, whatever the launcher (``on_multirun_end`` runs in the driver): the sweep report
-  (evalkit/sweep/report.py) written into the sweep folder, where it is, and the exit status: 1 when any point
-  failed. Hydra turns an exception from a callback into a warning, so the status is set with SystemExit.
+  (evalkit/sweep/report.py) written into the sweep folder, where it is, a line for each failed point (naming its
+  machine where that is not this one), and the exit status: 1 when any point failed. Hydra turns an exception
+  from a callback into a warning, so the status is set with SystemExit.
 
 Nothing happens in a single run.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,7 +85,9 @@ class SweepCallback(Callback):
             print(f"evalkit: the sweep report could not be written: {error}", file=sys.stderr)
         failed = [p for p in points if p.status not in ("ok", "skipped")]  # failed, or still "running": it died
         apart = distinct_overrides(points)
-        for p in failed:
-            print(f"evalkit: point {p.num} ({apart[p.num]}) {p.status}: {p.error}", file=sys.stderr)
+        here = socket.gethostname()
+        for p in failed:  # a point that failed on another machine names it: a node may lack what this one has
+            where = f" on {p.host}" if p.host != here else ""
+            print(f"evalkit: point {p.num} ({apart[p.num]}) {p.status}{where}: {p.error}", file=sys.stderr)
         if failed:
             raise SystemExit(1)

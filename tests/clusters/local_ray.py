@@ -4,7 +4,9 @@ own resources (a second raylet is a second node to Ray), as a user's cluster is 
 Each node is a ``ray start --block`` of ours, in a session of its own: :meth:`LocalRay.stop_node` ends one node
 (its raylet and every worker and actor on it: a node loss), :meth:`LocalRay.stop` all of them, leaving no process.
 Only this cluster's processes are touched (never ``ray stop``, which stops every Ray on the machine).
-:attr:`LocalRay.env` sets ``RAY_ADDRESS``, so that ``auto`` finds this cluster and no other.
+:attr:`LocalRay.env` sets ``RAY_ADDRESS``, so that ``auto`` finds this cluster and no other. Started ``apart``
+(root, util-linux's ``unshare``; :func:`apart_here`), each worker node has a hostname of its own and does not see
+:attr:`LocalRay.head_only`, as a node of a user's cluster has its own name and disks.
 
     .venv/bin/python -m tests.clusters.local_ray -- ray status     # start two nodes, run a command, stop them
 """
@@ -12,6 +14,7 @@ Only this cluster's processes are touched (never ``ray stop``, which stops every
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,10 +30,16 @@ RAY = str(Path(sys.executable).with_name("ray"))
 START_WAIT = 120.0  # seconds for every node to join
 
 
+def apart_here() -> bool:
+    """Whether nodes can be started apart here (namespaces need root and ``unshare``)."""
+    return os.geteuid() == 0 and shutil.which("unshare") is not None
+
+
 class LocalRay:
     """A running cluster of `nodes` nodes, each with `cpus` CPUs; env joins it."""
 
-    def __init__(self, nodes: int = 2, cpus: int = 1, object_store_bytes: int = 300 * 2**20) -> None:
+    def __init__(self, nodes: int = 2, cpus: int = 1, object_store_bytes: int = 300 * 2**20,
+                 apart: bool = False) -> None:
         from ray.util import get_node_ip_address
 
         self.port = free_port()
@@ -43,6 +52,11 @@ class LocalRay:
         self.count = nodes
         self.nodes: list[subprocess.Popen] = []
         self.logs = Path(tempfile.mkdtemp(prefix="evalkit-ray-"))  # each node's ray start output
+        # apart: each worker node in namespaces of its own (``unshare``, root): its own hostname (node1, ...) and
+        # an empty folder mounted over head_only, which the head node and the driver see as it is
+        self.head_only = self.logs / "head-only" if apart else None
+        if self.head_only:
+            self.head_only.mkdir()
 
     def start(self) -> "LocalRay":
         try:
@@ -61,9 +75,24 @@ class LocalRay:
 
     def _node(self, *args: str) -> subprocess.Popen:
         env = {k: v for k, v in self.env.items() if k != "RAY_ADDRESS"}
-        with open(self.logs / f"node{len(self.nodes)}.log", "ab") as log:
-            return subprocess.Popen([RAY, "start", "--block", *self.options, *args], env=env, start_new_session=True,
-                                    stdout=log, stderr=subprocess.STDOUT)
+        index = len(self.nodes)
+        apart = [] if index == 0 or self.head_only is None else [
+            "unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c",
+            'hostname "$1" && mount -t tmpfs none "$2" && shift 2 && exec "$@"', "sh", f"node{index}",
+            str(self.head_only)]
+        with open(self.logs / f"node{index}.log", "ab") as log:  # unshare and sh exec: the pid is ray start's
+            return subprocess.Popen([*apart, RAY, "start", "--block", *self.options, *args], env=env,
+                                    start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+
+    def head_only_copy(self, source: Path, name: str) -> Path:
+        """A folder under head_only whose files link to source's (a model's): whole on the head node, missing on
+        the nodes apart."""
+        assert self.head_only is not None, "start the cluster apart"
+        folder = self.head_only / name
+        folder.mkdir()
+        for file in Path(source).iterdir():
+            (folder / file.name).symlink_to(file)
+        return folder
 
     def alive_nodes(self) -> int:
         probe = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"

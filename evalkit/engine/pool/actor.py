@@ -63,6 +63,10 @@ class EngineActor:
                 "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "gpu_models": [gpu.name for gpu in visible_gpus()]}
 
+    def has_folder(self, path: str) -> bool:
+        """Whether path is a folder on this actor's node (the model's, before its engine starts)."""
+        return os.path.isdir(path)
+
     def gpu_memory(self) -> list[Gpu]:
         """This actor's GPUs as NVML reads them now, free memory included (before its engine starts)."""
         return visible_gpus()

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from evalkit.config import EvalConfig, devices_per_engine, memory_settings
+from evalkit.config import ConfigError, EvalConfig, devices_per_engine, memory_settings
 from evalkit.engine.backoff import classify, weights_failure
 from evalkit.engine.machine import local_ray
 from evalkit.engine.machine.gpus import MEMORY_WAIT, engine_gpus, pool_gpus, short_line
@@ -70,6 +70,7 @@ class Replicas:
         self.replaced = 0
         try:
             self._one_gpu_model()
+            self._model_on_nodes(range(len(self.actors)))
             for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
                 self._started(i, ref)
         except BaseException:
@@ -120,6 +121,7 @@ class Replicas:
         self.places[i] = self._placed(i, error)
         self.replaced += 1
         self._one_gpu_model()  # the replacement may land on another GPU model
+        self._model_on_nodes([i])  # and on a node without the weights
         self._memory_back(i)
 
     def _memory_back(self, i: int) -> None:
@@ -148,6 +150,22 @@ class Replicas:
                 f"node had room for a replacement ({self.resources}) within {PLACE_WAIT:g} s; the answers finished "
                 f"so far are kept: run the same command again when the cluster has room, or with a smaller "
                 f"data_parallel_size") from None
+
+    def _model_on_nodes(self, indices: Any) -> None:
+        """ConfigError, one line naming the node, when the model's folder (a path the driver resolved: vllm_path
+        or a preset's EVALKIT_MODELS_DIR on the driver's machine) is not there on an actor's node; a hub id is
+        fetched on each node."""
+        import ray
+
+        if not Path(self.model_dir).is_absolute():
+            return
+        found = ray.get([self.actors[i].has_folder.remote(self.model_dir) for i in indices])
+        for i, here in zip(indices, found):
+            if not here:
+                place = self.places[i]
+                raise ConfigError(f"the model folder {self.model_dir} does not exist on Ray node {place['node'][:12]} "
+                                  f"({place['host']}), where engine {i} was placed: every node needs the weights at "
+                                  f"the same path")
 
     def _one_gpu_model(self) -> None:
         """Refuse engines on different GPU models before they start: they would share one store

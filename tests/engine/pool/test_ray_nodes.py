@@ -3,6 +3,8 @@
 
 * ``python -m evalkit data_parallel_size=2 cluster.address=auto`` places one engine on each node (each actor's
   node in results.json) and its samples equal one engine's;
+* a model folder that the second node lacks (a folder only the head node sees: the second node runs in a mount
+  namespace of its own, ``LocalRay.head_only``) fails in one line naming that node, before any engine starts;
 a node loss (the second node stopped mid-run) is measured by benchmarks/clusters.py, whose run waits a minute
 for a node with room before it ends.
 
@@ -12,6 +14,7 @@ for a node with room before it ends.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +56,17 @@ def test_one_engine_on_each_node_answers_as_one_engine(ray_nodes, engine, tmp_pa
                    engine_factory=lambda cfg, model_dir: KeptRunning(engine))
     assert answers(run_dir) == answers(one)
 
+
+
+def test_a_model_folder_missing_on_a_node_fails_in_one_line_naming_it(ray_nodes, embedded_model_dir, tmp_path):
+    if ray_nodes.head_only is None:
+        pytest.skip("nodes with a filesystem of their own need namespaces (root, unshare)")
+    model = ray_nodes.head_only_copy(Path(embedded_model_dir), f"model-{tmp_path.name}")
+    done = subprocess.run(evalkit(tmp_path / "result", "data_parallel_size=2", "cluster.address=auto",
+                                  f"vllm_path={model}"), capture_output=True, text=True, timeout=600, env=ray_nodes.env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("evalkit: error")]
+    assert len(said) == 1 and re.fullmatch(
+        rf"evalkit: error: the model folder {re.escape(str(model))} does not exist on Ray node [0-9a-f]{{12}} "
+        r"\(node1\), where engine [01] was placed: every node needs the weights at the same path", said[0]), said
+    assert not list((tmp_path / "result").rglob("results.json"))
