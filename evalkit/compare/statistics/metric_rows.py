@@ -118,6 +118,14 @@ def stratum_statistics(agg: Callable[[list], float], ref: list, cand: list, *, m
     return np.concatenate(parts, axis=1)
 
 
+def widened(statistics: np.ndarray, scores: list[float], documents: int) -> np.ndarray:
+    """One leaf's resampled scores (2, count) moved away from its own scores by sqrt(n / (n - 1)): resamples of n
+    documents vary (n - 1) / n as much as the documents do (the plug-in variance; Efron & Tibshirani 1993, 5.3),
+    which left the group's percentile bootstrap a little above its level at 30-50 documents a leaf."""
+    centre = np.asarray(scores, dtype=float)[:, None]
+    return centre + math.sqrt(documents / (documents - 1)) * (statistics - centre)
+
+
 def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
                        w: np.ndarray, scores: tuple[float, float], each: list[list[float]], *, tolerance: Tolerance,
                        higher_is_better: bool | None, settings: dict[str, Any]) -> tuple[Any, dict, str, float]:
@@ -142,8 +150,9 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
     fast = [None if m else tuple(corpus.additive(agg, side, score) for side, score in zip(pair, leaf))
             for m, agg, pair, leaf in zip(means, aggregates, pairs, each)]
     count = resample_count(settings, slow=any(f is not None and None in f for f in fast))
-    totals = sum(wt * stratum_statistics(agg, *pair, mean=m, count=count, seed=settings["seed"] + k, fast=f)
-                 for k, (wt, agg, pair, m, f) in enumerate(zip(w, aggregates, pairs, means, fast)))
+    totals = sum(wt * widened(stratum_statistics(agg, *pair, mean=m, count=count, seed=settings["seed"] + k, fast=f),
+                              leaf, len(pair[0]))
+                 for k, (wt, agg, pair, m, f, leaf) in enumerate(zip(w, aggregates, pairs, means, fast, each)))
     statistics = relative_change(totals[0], totals[1]) if tolerance.relative else totals[1] - totals[0]
     return (*stats.bootstrap_reading(diff, statistics, **reading), "bootstrap stratified", 1.0 / (count + 1))
 
