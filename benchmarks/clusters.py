@@ -1,7 +1,9 @@
 """Runs on the clusters users have, started on this machine: wall times, and what a node loss costs.
 
 * a two-point sweep (max_model_len=1024,2048) sequentially (Hydra's basic launcher) and as Slurm jobs
-  (hydra/launcher=submitit_slurm on the one-node Slurm of tests/clusters/local_slurm.py);
+  (hydra/launcher=evalkit_slurm on the one-node Slurm of tests/clusters/local_slurm.py);
+* the same sweep through evalkit's Ray launcher on a Ray cluster of two nodes (hydra/launcher=evalkit_ray,
+  hydra.launcher.address=auto: one point on each node);
 * data parallel on a Ray cluster of two nodes (tests/clusters/local_ray.py, one CPU each): data_parallel_size=1
   (one node) and 2 (one engine on each node);
 * the second node stopped after some answers were stored: how long until the run ends, the answers kept, and
@@ -70,13 +72,16 @@ def main() -> None:
         if missing() is None:
             slurm = LocalSlurm().start()
             try:
-                on_slurm = args(tmp / "slurm", limit, sweep, "hydra/launcher=submitit_slurm", "hydra.launcher.partition=local",
+                on_slurm = args(tmp / "slurm", limit, sweep, "hydra/launcher=evalkit_slurm", "hydra.launcher.partition=local",
                                 "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=6", sweep=True)
                 rows.append(("two-point sweep, Slurm jobs (one node, 2 cores)", timed(on_slurm, env=slurm.env)))
             finally:
                 slurm.stop()
         ray = LocalRay(nodes=2, cpus=1).start()
         try:
+            on_ray = args(tmp / "ray", limit, sweep, "hydra/launcher=evalkit_ray", "hydra.launcher.address=auto",
+                          sweep=True)
+            rows.append(("two-point sweep, evalkit_ray on two Ray nodes", timed(on_ray, env=ray.env)))
             for size in (1, 2):
                 cmd = args(tmp / f"dp{size}", limit, f"data_parallel_size={size}", "cluster.address=auto")
                 rows.append((f"data_parallel_size={size} on {size} Ray node(s)", timed(cmd, env=ray.env)))

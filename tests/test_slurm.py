@@ -45,7 +45,8 @@ def test_points_are_slurm_jobs_with_the_sbatch_settings_as_written(slurm, tmp_pa
     assert [(p.num, p.status) for p in read_points(tmp_path)] == [(0, "ok"), (1, "ok")]
     jobs = job_ids(tmp_path)
     assert len(jobs) == 2
-    accounted = {row["JobID"]: row for row in slurm.accounting()}
+    accounted = wait_for(lambda: (lambda rows: rows if set(jobs) <= set(rows) else None)(
+        {row["JobID"]: row for row in slurm.accounting()}), None, "sacct shows both jobs", 30)  # slurmdbd may lag
     for job in jobs:
         assert accounted[job]["State"] == "COMPLETED" and accounted[job]["NodeList"] == slurm.name, accounted
         shown = slurm.job(job)
@@ -85,12 +86,14 @@ def lines(path: Path | None) -> int:
     return len(path.read_text().splitlines()) if path and path.exists() else 0
 
 
-def wait_for(condition, driver: subprocess.Popen, what: str, timeout: float = 600):
+def wait_for(condition, driver: subprocess.Popen | None, what: str, timeout: float = 600):
+    """What condition returns once it is something, polled until then; fails when the sweep's driver ended (or
+    timeout seconds passed) first."""
     import time
 
     deadline = time.time() + timeout
     while not (found := condition()):
-        assert driver.poll() is None and time.time() < deadline, f"the sweep ended before {what}"
+        assert (driver is None or driver.poll() is None) and time.time() < deadline, f"ended before {what}"
         time.sleep(0.2)
     return found
 
