@@ -60,9 +60,9 @@ class LocalRay:
 
     def start(self) -> "LocalRay":
         try:
-            self.nodes.append(self._node("--head", f"--port={self.port}", "--include-dashboard=false"))
-            for _ in range(self.count - 1):
-                self.nodes.append(self._node(f"--address={self.address}"))
+            self.nodes.append(self._node(0, "--head", f"--port={self.port}", "--include-dashboard=false"))
+            for index in range(1, self.count):
+                self.nodes.append(self._node(index, f"--address={self.address}"))
             deadline = time.monotonic() + START_WAIT
             while self.alive_nodes() < self.count:
                 if time.monotonic() > deadline or any(n.poll() is not None for n in self.nodes):
@@ -73,9 +73,8 @@ class LocalRay:
             raise
         return self
 
-    def _node(self, *args: str) -> subprocess.Popen:
+    def _node(self, index: int, *args: str) -> subprocess.Popen:
         env = {k: v for k, v in self.env.items() if k != "RAY_ADDRESS"}
-        index = len(self.nodes)
         apart = [] if index == 0 or self.head_only is None else [
             "unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c",
             'hostname "$1" && mount -t tmpfs none "$2" && shift 2 && exec "$@"', "sh", f"node{index}",

@@ -27,6 +27,17 @@ from evalkit.engine.pool.replicas import Replicas
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
 
 
+def progress_queue_options() -> dict:
+    """Where the progress queue's actor lives: on this process's own node, which the run cannot outlive; placed
+    anywhere, a lost node could take it, and the run would fail on its next report instead of replacing the
+    lost engine."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+
+
 class DataParallelEngine(TokenizerSide):
     """The :class:`evalkit.contracts.Engine` over ``data_parallel_size`` engine actors."""
 
@@ -39,7 +50,7 @@ class DataParallelEngine(TokenizerSide):
         self.trust_remote_code = cfg.trust_remote_code
         self.tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,
                                         add_bos_token=cfg.add_bos_token)
-        self.queue = Queue(actor_options={"num_cpus": 0})  # the actors' progress reports
+        self.queue = Queue(actor_options=progress_queue_options())  # the actors' progress reports
         self.replicas.start()
         # the first engine's (every engine runs the same arguments)
         self.logits_dtype = str(self.replicas.descriptions[0].get("logits_dtype") or "")
