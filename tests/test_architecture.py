@@ -33,6 +33,16 @@ def test_the_contracts_are_the_stages_and_no_cycle_with_no_exceptions():
     assert not any("ignore_imports" in c or "unmatched_ignore_imports_alerting" in c for c in contracts.values())
 
 
+def test_every_benchmark_is_in_the_benchmarks_contract():
+    """A benchmark left out of the contract's top layer would escape it: it could import another benchmark."""
+    contract = next(c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+                    if c["id"] == "benchmarks")
+    listed = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+    modules = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in (ROOT / "benchmarks").iterdir() if (p / "__init__.py").exists()}
+    assert modules == listed
+
+
 def test_the_package_keeps_its_contracts():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
