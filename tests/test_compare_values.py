@@ -223,6 +223,51 @@ def test_a_mean_of_skewed_differences_holds_its_level(n):
     assert np.mean([worse() for _ in range(400)]) <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 400)
 
 
+def perplexity_leaf(rng, n, base):
+    """n documents' (log-likelihood, words) in both runs: a word perplexity about base, the candidate's higher by a
+    factor exp(log(1.02) + 0.05 (1 - Exp(1))) per document: 2 % in the log on average, now and then a large fall."""
+    words = rng.integers(50, 400, n).astype(float)
+    per_word = math.log(1 / base) * (1 + 0.1 * rng.normal(size=n))
+    rise = math.log1p(0.02) + 0.05 * (1.0 - rng.exponential(1.0, n))
+    return ([(float(w * p), float(w)) for w, p in zip(words, per_word)],
+            [(float(w * (p - r)), float(w)) for w, p, r in zip(words, per_word, rise)])
+
+
+@pytest.mark.parametrize("n", [3, 10])
+@pytest.mark.parametrize("shape", ["group", "absolute"])
+def test_perplexity_rows_a_t_test_read_hold_their_level(n, shape):
+    """A group of two word-perplexity leaves of n documents (perplexities about 15 and 40, averaged equally,
+    relative) and an absolute word-perplexity row of 2 n documents (tolerance 0.3: 2 % of 15), each exactly at
+    its bound with skewed per-document changes: `worse` at most alpha of the time (400 seeded rows, within 2.5
+    standard errors), by the sign-flip test weighted by words (and leaves). The delta method's t test called
+    them worse 0.115-0.16 of the time at these sizes."""
+    from lm_eval.api.registry import get_aggregation
+
+    from evalkit.compare.statistics import metric_rows, stats
+    from evalkit.compare.statistics.verdict import Tolerance
+
+    rng, aggregate = np.random.default_rng(n), get_aggregation("weighted_perplexity")
+
+    def worse() -> bool:
+        if shape == "absolute":
+            row = stats.compare_paired(*perplexity_leaf(rng, 2 * n, 15.0), aggregate=aggregate,
+                                       aggregate_name="weighted_perplexity", by_mean=False, higher_is_better=False,
+                                       tolerance=0.3, relative=False, analytic=True, iterations=2_000)
+            assert row.method == "sign-flip weighted_perplexity"
+            return row.p_worse < 0.05
+        pairs = [perplexity_leaf(rng, n, base) for base in (15.0, 40.0)]
+        each = [[aggregate(list(side)) for side in pair] for pair in pairs]
+        scores = tuple(float(np.mean([e[i] for e in each])) for i in (0, 1))
+        _, p, method, _, _ = metric_rows.stratified_reading(
+            {}, ["a", "b"], "word_perplexity", pairs, np.array([0.5, 0.5]), scores, each,
+            tolerance=Tolerance(0.02, relative=True), higher_is_better=False,
+            settings={"confidence": 0.95, "iterations": 2_000, "seed": 0})
+        assert method == "sign-flip stratified weighted_perplexity"
+        return p["p_worse"] < 0.05
+
+    assert np.mean([worse() for _ in range(400)]) <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 400)
+
+
 @pytest.mark.parametrize("n", [5, 12, 40])
 def test_the_sign_flip_p_values_are_scipys(n):
     from scipy.stats import permutation_test

@@ -146,7 +146,7 @@ def test_a_group_is_scored_with_the_weighting_lm_eval_recorded(tmp_path, weighte
     group = table.set_index("task").loc["g"]
     assert (group.reference, group.candidate, group["diff"]) == (1.0, pytest.approx(groups["cand"]["g"]["acc,none"]),
                                                                  pytest.approx(-0.25 if weighted else -0.5))
-    assert group.method == ("tango" if weighted else "bootstrap stratified") and group.n == 40
+    assert group.method == ("tango" if weighted else "sign-flip stratified") and group.n == 40
     assert ("weight_by_size" in group.note) and ("equally" in group.note) != weighted
 
 
@@ -313,7 +313,7 @@ def test_a_group_of_perplexity_leaves_is_judged_like_a_perplexity_task(tmp_path,
     assert group.relative and leaf.relative and group.tolerance == leaf.tolerance == 0.02
     assert group.higher_is_better == False and group["diff"] == pytest.approx(  # noqa: E712
         -(group.candidate / group.reference - 1)) and group["diff"] < 0
-    assert group.method == "delta stratified weighted_perplexity" and group.verdict == verdict
+    assert group.method == "sign-flip stratified weighted_perplexity" and group.verdict == verdict
     assert cli.main([str(ref), str(cand)]) == code
 
 

@@ -95,7 +95,7 @@ def analytic(results: dict[str, Any], task: str, metric: str) -> bool:
     from lm_eval.api.registry import get_aggregation
 
     name, agg = aggregation(results, task, metric)
-    return name in ratio.LOG_SCORE and agg is get_aggregation(name)
+    return name in ratio.SCORE and agg is get_aggregation(name)
 
 
 def resample_count(settings: dict[str, Any], *, slow: bool) -> int:
@@ -126,25 +126,51 @@ def widened(statistics: np.ndarray, scores: list[float], documents: int) -> np.n
     return centre + math.sqrt(documents / (documents - 1)) * (statistics - centre)
 
 
+def mean_sums(pairs: list[tuple[list, list]], w: np.ndarray, reference: float, *, relative: bool
+              ) -> ratio.Form | None:
+    """A weighted mean of leaves' means as a ratio of per-document sums (ratio.Form): d_i = w_k (c_i - r_i) / n_k
+    over units w_k / n_k (summing to 1), relative over |the reference's group score|. None where relative and that
+    score is 0."""
+    scale = abs(reference) if relative else 1.0
+    if not scale > 0:
+        return None
+    d = np.concatenate([wk * (np.asarray(c, dtype=float) - np.asarray(r, dtype=float)) / len(r)
+                        for wk, (r, c) in zip(w, pairs)])
+    u = np.concatenate([np.full(len(r), wk / len(r)) for wk, (r, _) in zip(w, pairs)])
+    return d, u, (lambda x: x * scale), (lambda x: x / scale)
+
+
 def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
                        w: np.ndarray, scores: tuple[float, float], each: list[list[float]], *, tolerance: Tolerance,
-                       higher_is_better: bool | None, settings: dict[str, Any]) -> tuple[Any, dict, str, float]:
-    """(interval, p-values, method, p_floor) of a weighted mean of leaves' aggregations: the delta method
-    (ratio.py) where every leaf is the same perplexity-family aggregation, else a bootstrap with each leaf's
-    documents resampled within it (the leaves are strata), relative like a task row where the tolerance is."""
+                       higher_is_better: bool | None, settings: dict[str, Any]
+                       ) -> tuple[Any, dict, str, float, str]:
+    """(interval, p-values, method, p_floor, note) of a weighted mean of leaves' aggregations, the leaves strata:
+    the sign-flip test of the documents' changes, each weighted by its leaf (ratio.paired_sums where every leaf is
+    the same perplexity-family aggregation, mean_sums where every leaf is a mean of numbers), else a bootstrap
+    with each leaf's documents resampled within it; relative like a task row where the tolerance is."""
     reading = dict(tolerance=tolerance.value, confidence=settings["confidence"], higher_is_better=higher_is_better)
+    draws, seed = resample_count(settings, slow=False), settings["seed"]
     names = {aggregation(results, t, metric)[0] for t in tasks}
     if len(names) == 1 and all(analytic(results, t, metric) for t in tasks):
         name = names.pop()
         try:
-            read = ratio.read([ratio.stratum(r, c, name) for r, c in pairs], w, name, relative=tolerance.relative)
-        except (TypeError, ValueError, ZeroDivisionError):  # not the values the ratio is made of: bootstrapped
-            read = None
-        if read is not None and np.allclose(read.scores, scores, rtol=1e-9, atol=0.0):
-            return (*stats.delta_reading(read, **reading), f"delta stratified {name}", 0.0)
+            strata = [ratio.stratum(r, c, name) for r, c in pairs]
+        except (TypeError, ValueError):  # not the values the ratio is made of: bootstrapped
+            strata = None
+        read = strata and stats.perplexity_reading(strata, w, name, scores, relative=tolerance.relative,
+                                                   draws=draws, seed=seed, **reading)
+        if read:
+            interval, p, floor, note = read
+            return interval, p, f"sign-flip stratified {name}", floor, note
+    if all(is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)):
+        form = mean_sums(pairs, w, scores[0], relative=tolerance.relative)
+        if form is not None:
+            interval, p, floor = stats.ratio_reading(form, draws=draws, seed=seed, **reading)
+            return interval, p, "sign-flip stratified", floor, ""
     diff = relative_change(*scores) if tolerance.relative else scores[1] - scores[0]
-    if bootstrap.too_few(min(len(ref) for ref, _ in pairs)):  # the smallest leaf's resamples vary least
-        return (*stats.untested(diff, **reading), "bootstrap stratified", 1.0)
+    short = bootstrap.too_few(min(len(ref) for ref, _ in pairs))  # the smallest leaf's resamples vary least
+    if short:
+        return (*stats.untested(diff, **reading), "bootstrap stratified", 1.0, short)
     means = [is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)]
     aggregates = [aggregation(results, t, metric)[1] for t in tasks]
     fast = [None if m else tuple(corpus.additive(agg, side, score) for side, score in zip(pair, leaf))
@@ -154,7 +180,7 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
                               leaf, len(pair[0]))
                  for k, (wt, agg, pair, m, f, leaf) in enumerate(zip(w, aggregates, pairs, means, fast, each)))
     statistics = relative_change(totals[0], totals[1]) if tolerance.relative else totals[1] - totals[0]
-    return (*stats.bootstrap_reading(diff, statistics, **reading), "bootstrap stratified", 1.0 / (count + 1))
+    return (*stats.bootstrap_reading(diff, statistics, **reading), "bootstrap stratified", 1.0 / (count + 1), "")
 
 
 def stratified_row(results: dict[str, Any], group: str, tasks: list[str], metric: str,
@@ -167,13 +193,13 @@ def stratified_row(results: dict[str, Any], group: str, tasks: list[str], metric
     each = [[_score(agg, side) for side in pair] for agg, pair in zip(aggregates, pairs)]
     scores = (float(np.dot(w, [s[0] for s in each])), float(np.dot(w, [s[1] for s in each])))
     tolerance = tolerances.of(group, metric, scores[0])
-    interval, p, method, floor = stratified_reading(results, tasks, metric, pairs, w, scores, each,
-                                                    tolerance=tolerance, higher_is_better=higher_is_better,
-                                                    settings=settings)
+    interval, p, method, floor, note = stratified_reading(results, tasks, metric, pairs, w, scores, each,
+                                                          tolerance=tolerance, higher_is_better=higher_is_better,
+                                                          settings=settings)
     return {"reference": scores[0], "candidate": scores[1], "diff": interval.diff, "ci_low": interval.low,
             "ci_high": interval.high, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None, "method": method,
             **p, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative,
-            "note": bootstrap.too_few(min(len(r) for r, _ in pairs)) if floor == 1.0 else "", "p_floor": floor,
+            "note": note, "p_floor": floor,
             "changed": sum(r != c for ref, cand in pairs for r, c in zip(ref, cand))}
 
 

@@ -1,23 +1,23 @@
-"""lm-eval's perplexity-family aggregations as ratios of per-document sums: the form the sign-flip test reads
-(paired_sums), and the delta method for what has no such form (read).
-
-Where the documents' denominators are the same in both runs (words and bytes are the document's), a relative
-perplexity row and every bits_per_byte row is sum(d) / sum(u) over the documents (paired_sums), which
-means.sign_flip tests at every size; the delta method below reads the rest (an absolute perplexity row, a group
-of perplexity leaves).
+"""lm-eval's perplexity-family aggregations, a task's or a group's (a weighted mean of leaves), as ratios of
+per-document sums: the form means.sign_flip tests at every number of documents (paired_sums). Pure functions.
 
 lm-eval's ``perplexity`` (exp(-mean(ll))), ``weighted_perplexity`` (word_perplexity and byte_perplexity:
-exp(-sum(ll) / sum(words or bytes))) and ``bits_per_byte`` (-sum(ll) / sum(bytes) / ln 2) are each a smooth
-function of one ratio of sums, R = sum(num) / sum(den), over the documents (den = 1 for ``perplexity``). The
-difference of two runs' scores on the same documents is a smooth function of the two ratios, and the delta
-method (a first-order expansion; e.g. Casella & Berger, Statistical Inference, 5.5.4) gives its standard error
-from each document's influence: (num_i - R den_i) / mean(den) for each run, paired document by document. A group
-of such leaves, weighted (lm-eval's ``aggregate_subtask_metrics``), adds each leaf's part, the leaves
-independent strata. The one-sided tests are Student t tests on that scale (Welch-Satterthwaite degrees of
-freedom over the strata): for a relative comparison on log(candidate / reference), so that bounds
-log(1 +- tolerance) are those of candidate / reference - 1; for an absolute one on candidate - reference.
-The p-values are asymptotic: exact in the limit of many documents, as the t test of a paired mean is.
-Pure functions.
+exp(-sum(ll) / sum(words or bytes))) and ``bits_per_byte`` (-sum(ll) / sum(bytes) / ln 2) are each a function of
+one leaf's sum of log-likelihoods over the sum of its documents' denominators (1 each for ``perplexity``), which
+are the same in both runs (words and bytes are the document's). A group (lm-eval's ``aggregate_subtask_metrics``)
+weights its leaves' scores by w_k (sizes, or equally); a task is a group of one leaf. With g_i the candidate's
+log-likelihood minus the reference's on document i of leaf k and D_k the leaf's denominator:
+
+* ``bits_per_byte`` is linear in the log-likelihoods: the group's change is sum_i d_i with
+  d_i = -w_k g_i / (D_k ln 2), and over units u_i = w_k den_i / D_k (summing to 1) that is the absolute change;
+  over u_i = -w_k ll_i / (D_k ln 2), the reference's score, it is the relative one. Both exact.
+* the perplexities: leaf k's log change is delta_k = -sum g / D_k. Over units u_i = v_k den_i / D_k, with v_k the
+  leaf's share of the reference's group score (w_k P_k / sum_j w_j P_j), sum(d) / sum(u) = sum_k v_k delta_k,
+  d_i = -v_k g_i / D_k. Every leaf's perplexity changing by one factor 1 + t (the null the test's per-document
+  centring stands for, as a task's words do) makes it log(1 + t), the log of the group's change; leaves that
+  change unequally make it smaller than that log (Jensen), so the test of `worse` (the group's perplexity rising
+  beyond the tolerance) stays valid. One leaf: exactly the task's log change. An absolute row's bound b is the
+  relative bound b / the reference's score (the row's scale is that score times the relative change).
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.stats import t as student
 
 LN2 = math.log(2)
-LOG_SCORE: dict[str, tuple[Callable[[float], float], Callable[[float], float]]] = {
-    # aggregation -> (log of the score as a function of R, its derivative in R)
-    "perplexity": (lambda r: -r, lambda r: -1.0),
-    "weighted_perplexity": (lambda r: -r, lambda r: -1.0),
-    "bits_per_byte": (lambda r: math.log(-r / LN2), lambda r: 1.0 / r),
+SCORE: dict[str, Callable[[float], float]] = {  # aggregation -> its score as a function of sum(ll) / sum(den)
+    "perplexity": lambda r: math.exp(-r),
+    "weighted_perplexity": lambda r: math.exp(-r),
+    "bits_per_byte": lambda r: -r / LN2,
 }
 
 
@@ -61,78 +59,41 @@ def stratum(reference: Sequence[Any], candidate: Sequence[Any], aggregation: str
     return Stratum(num=pairs[..., 0], den=pairs[..., 1])
 
 
-@dataclass(frozen=True)
-class Reading:
-    """The estimate on the test's scale, its standard error, degrees of freedom, and the map back to the row's
-    scale (candidate / reference - 1, or candidate - reference)."""
-
-    estimate: float
-    se: float
-    df: float
-    scores: tuple[float, float]  # the reference's and the candidate's score (weighted over the strata)
-    relative: bool
-
-    def to_row(self, x: float) -> float:
-        return math.expm1(x) if self.relative else x
-
-    def to_test(self, bound: float) -> float:
-        if not self.relative:
-            return bound
-        return math.log1p(bound) if bound > -1.0 else -math.inf
-
-    def p(self, bound: float, side: str) -> float:
-        """p-value for H1: row-scale difference < bound ("below") or > bound ("above")."""
-        statistic = (self.estimate - self.to_test(bound)) / self.se
-        return float(student.cdf(statistic, self.df) if side == "below" else student.sf(statistic, self.df))
-
-    def interval(self, confidence: float) -> tuple[float, float]:
-        """The two-sided interval at confidence on the row's scale (the one the one-sided tests invert)."""
-        if not self.se > 0:
-            return self.to_row(self.estimate), self.to_row(self.estimate)
-        half = float(student.ppf(0.5 + confidence / 2, self.df)) * self.se
-        return self.to_row(self.estimate - half), self.to_row(self.estimate + half)
-
-
-def read(strata: list[Stratum], weights: Sequence[float], aggregation: str, *, relative: bool) -> Reading:
-    """The delta-method reading of sum_k w_k score_k(candidate) against the same for the reference."""
-    log_score, slope = LOG_SCORE[aggregation]
+def scores(strata: list[Stratum], weights: Sequence[float], aggregation: str) -> tuple[float, float]:
+    """The reference's and the candidate's score: the leaves' aggregations, weighted (weights need not sum to 1)."""
     w = np.asarray(weights, dtype=float) / float(np.sum(weights))
-    ratios = [s.num.sum(axis=1) / s.den.sum(axis=1) for s in strata]  # per stratum: (R_ref, R_cand)
-    scores = [np.exp([log_score(r) for r in pair]) for pair in ratios]
-    totals = np.sum([wk * sk for wk, sk in zip(w, scores)], axis=0)  # (reference, candidate)
-    parts, df_terms = [], []
-    for wk, s, pair, sk in zip(w, strata, ratios, scores):
-        # d score / d R = score * slope(R); relative: d log(total) = that / total
-        gradient = [wk * sk[i] * slope(pair[i]) / (totals[i] if relative else 1.0) for i in (0, 1)]
-        influence = [(s.num[i] - pair[i] * s.den[i]) / s.den[i].mean() for i in (0, 1)]
-        paired = gradient[1] * influence[1] - gradient[0] * influence[0]
-        variance = float(np.var(paired, ddof=1)) / s.n if s.n > 1 else math.nan
-        parts.append(variance)
-        df_terms.append(variance ** 2 / (s.n - 1) if s.n > 1 else math.nan)
-    variance = float(np.sum(parts))
-    df = variance ** 2 / float(np.sum(df_terms)) if variance > 0 else math.nan
-    estimate = math.log(totals[1] / totals[0]) if relative else float(totals[1] - totals[0])
-    return Reading(estimate=estimate, se=math.sqrt(variance), df=df, scores=(float(totals[0]), float(totals[1])),
-                   relative=relative)
+    each = [[SCORE[aggregation](s.num[i].sum() / s.den[i].sum()) for i in (0, 1)] for s in strata]
+    return float(np.dot(w, [e[0] for e in each])), float(np.dot(w, [e[1] for e in each]))
 
 
-def paired_sums(part: Stratum, aggregation: str, *, relative: bool
-                ) -> tuple[np.ndarray, np.ndarray, Callable[[float], float], Callable[[float], float]] | None:
-    """The row's difference as a ratio of per-document sums, sum(d) / sum(u) with every u > 0, on the scale
-    to_test maps a bound to (to_row maps it back), where the documents' denominators are the same in both runs
-    (words and bytes are the document's): a relative perplexity row is exp(-sum(ll_c - ll_r) / sum(den)) - 1
-    (to_test: log1p); a bits_per_byte row is sum(ll_c - ll_r) / sum(ll_r) relative, -sum(ll_c - ll_r) / ln 2 /
-    sum(den) absolute. None for an absolute perplexity row (no ratio of sums) or where a unit is not positive:
-    the delta method reads those. means.sign_flip tests such a ratio exactly where it can."""
-    if not np.array_equal(part.den[0], part.den[1]):
+Form = tuple[np.ndarray, np.ndarray, Callable[[float], float], Callable[[float], float]]
+
+
+def paired_sums(strata: list[Stratum], weights: Sequence[float], aggregation: str, *, relative: bool
+                ) -> Form | None:
+    """(d, u, to_test, to_row): the row's change as sum(d) / sum(u) over every leaf's documents (the module's
+    docstring), to_test mapping a bound on the row's scale (candidate / reference - 1, or candidate - reference)
+    to that of sum(d) / sum(u), to_row back. None where a document's denominator differs between the runs or a
+    unit is not positive: no such ratio."""
+    if any(not np.array_equal(s.den[0], s.den[1]) for s in strata):
         return None
-    gain = part.num[1] - part.num[0]  # candidate's log-likelihood minus the reference's, per document
-    same = (lambda x: x), (lambda x: x)
+    w = np.asarray(weights, dtype=float) / float(np.sum(weights))
+    ds, us = [], []
     if aggregation == "bits_per_byte":
-        d, u, scale = (-gain, -part.num[0], same) if relative else (-gain / LN2, part.den[0], same)
-    elif relative:
-        d, u, scale = -gain, part.den[0], ((lambda x: math.log1p(x) if x > -1.0 else -math.inf),
-                                           (lambda x: float(np.expm1(min(x, 700.0)))))
+        for wk, s in zip(w, strata):
+            scale = wk / float(s.den[0].sum())
+            ds.append(-(s.num[1] - s.num[0]) * scale / LN2)
+            us.append(-s.num[0] * scale / LN2 if relative else s.den[0] * scale)
+        to_test = to_row = (lambda x: x)
     else:
-        return None
-    return (d, u, *scale) if (u > 0).all() else None
+        reference = np.array([SCORE[aggregation](s.num[0].sum() / s.den[0].sum()) for s in strata])
+        total = float(np.dot(w, reference))
+        for vk, s in zip(w * reference / total, strata):
+            scale = vk / float(s.den[0].sum())
+            ds.append(-(s.num[1] - s.num[0]) * scale)
+            us.append(s.den[0] * scale)
+        base = 1.0 if relative else total
+        to_test = (lambda x: math.log1p(x / base) if x > -base else -math.inf)
+        to_row = (lambda x: base * float(np.expm1(min(x, 700.0))))
+    d, u = np.concatenate(ds), np.concatenate(us)
+    return (d, u, to_test, to_row) if (u > 0).all() else None

@@ -11,12 +11,11 @@ interval and one-sided p-values it gives (compare_paired, Comparison). Pure func
   evalkit/compare/statistics/verdict.py turns them into verdicts, Holm-adjusted over every row of a comparison.
 * A relative comparison (unbounded metrics: perplexity, BLEU, ...) reads (candidate - reference) / |reference|,
   whose sign is the difference's whatever the sign of the reference's score.
-* lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte) are not resampled:
-  where the row's difference is a ratio of per-document sums (ratio.paired_sums: a relative perplexity row, any
-  bits_per_byte row) the sign-flip test of means.py reads the documents' log-likelihood changes, each weighted by
-  its words or bytes, which holds its level at every size (the delta method's t test was above it at every
-  size, 0.058-0.077, benchmarks/small_samples.py); an absolute perplexity row keeps the delta method
-  (ratio.read, asymptotic, no floor).
+* lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte), a task's or a
+  group's, are not resampled: their change is a ratio of per-document sums (ratio.paired_sums), which the sign-flip
+  test of means.py reads on the documents' log-likelihood changes, each weighted by its words or bytes (and, in a
+  group, its leaf's share), at every size (a t test by the delta method was above the level at every size,
+  0.058-0.077, benchmarks/small_samples.py). A row with no such ratio is untested (perplexity_reading).
 * Resamples are sized to the family (bootstrap.resamples_for); corpus-level aggregations that re-aggregate every
   resample draw at most aggregate_iterations (BLEU, whose resamples are sums of per-document counts,
   evalkit/compare/statistics/corpus.py, is not bounded). Each row says the smallest p-value its method can give (p_floor),
@@ -157,56 +156,56 @@ def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool
     return method, interval, tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better), floor
 
 
-def delta_reading(reading: ratio.Reading, *, tolerance: float, confidence: float,
-                  higher_is_better: bool | None) -> tuple[Interval, dict[str, float]]:
-    """The (1 - 2 alpha) interval and the one-sided p-values of an analytic (delta-method) reading."""
-    low, high = reading.interval(2 * confidence - 1)
-    interval = orient(Interval(diff=reading.to_row(reading.estimate), low=low, high=high,
-                               confidence=2 * confidence - 1), higher_is_better)
-    if not reading.se > 0:  # the paired parts never vary: no evidence of anything
-        return interval, dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
-    return interval, tost_p_values(lambda t: reading.p(t, "below"), lambda t: reading.p(t, "above"),
-                                   tolerance=tolerance, higher_is_better=higher_is_better)
-
-
-def ratio_reading(part: ratio.Stratum, name: str, *, relative: bool, draws: int, seed: int, tolerance: float,
-                  confidence: float, higher_is_better: bool | None) -> tuple[Interval, dict[str, float], float] | None:
-    """(interval, p-values, p_floor) of a perplexity-family row whose difference is a ratio of per-document sums
-    (ratio.paired_sums): the sign-flip test of means.py on the documents' log-likelihood changes, each with its
-    words or bytes as its unit. None where it is no such ratio."""
-    form = ratio.paired_sums(part, name, relative=relative)
-    if form is None:
-        return None
+def ratio_reading(form: ratio.Form, *, draws: int, seed: int, tolerance: float, confidence: float,
+                  higher_is_better: bool | None, diff: float | None = None
+                  ) -> tuple[Interval, dict[str, float], float]:
+    """(interval, p-values, p_floor) of a perplexity-family row, a task's or a group's, whose change is a ratio of
+    per-document sums (ratio.paired_sums): the sign-flip test of means.py on the documents' log-likelihood
+    changes, each with its unit (words or bytes, in a group times its leaf's share). diff: the row's change on its
+    scale, where sum(d) / sum(u) is only its first-order form (a group of perplexities); by default that form's."""
     d, u, to_test, to_row = form
-    if not d.any():  # no document's log-likelihood moved: no evidence of anything, as for the delta method
+    if not d.any():  # no document's log-likelihood moved: no evidence of anything
         none = dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
         return Interval(0.0, 0.0, 0.0, 2 * confidence - 1), none, 1.0
     test, alpha = means.sign_flip(d, units=u, draws=draws, seed=seed), 1.0 - confidence
     low, high = test.limits(alpha)
-    diff = float(d.sum() / u.sum())
-    interval = orient(Interval(to_row(diff), to_row(low), to_row(high), 2 * confidence - 1), higher_is_better)
+    diff = to_row(float(d.sum() / u.sum())) if diff is None else diff
+    interval = orient(Interval(diff, to_row(low), to_row(high), 2 * confidence - 1), higher_is_better)
     p = tost_p_values(lambda t: test.p(to_test(t), "below"), lambda t: test.p(to_test(t), "above"),
                       tolerance=tolerance, higher_is_better=higher_is_better)
     return interval, p, test.floor
 
 
-def _ratio(reference: Sequence[Any], candidate: Sequence[Any], name: str, scores: tuple[float, float], *,
-           relative: bool, draws: int, seed: int, **settings: Any
-           ) -> tuple[str, Interval, dict[str, float], float] | None:
-    """(method, interval, p-values, p_floor) of a perplexity-family row: the sign-flip test where its difference
-    is a ratio of per-document sums, else the delta method; None where the values do not reproduce lm-eval's
-    scores."""
+NO_RATIO = ("the documents' words or bytes differ between the runs, or a unit is not positive: no ratio of "
+            "per-document sums to test, so this row is not tested (inconclusive, whatever it shows)")
+
+
+def perplexity_reading(strata: list[ratio.Stratum], weights: Sequence[float], name: str, scores: tuple[float, float],
+                       *, relative: bool, draws: int, seed: int, **settings: Any
+                       ) -> tuple[Interval, dict[str, float], float, str] | None:
+    """(interval, p-values, p_floor, note) of a perplexity-family row (a task: one stratum; a group: its leaves,
+    weighted): ratio_reading, or untested where it is no ratio of sums; None where the values do not reproduce
+    lm-eval's scores (the row is then read as any corpus row)."""
+    try:
+        if not np.allclose(ratio.scores(strata, weights, name), scores, rtol=1e-9, atol=0.0):
+            return None
+        form = ratio.paired_sums(strata, weights, name, relative=relative)
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return None
+    diff = relative_change(*scores) if relative else scores[1] - scores[0]
+    if form is None:
+        return *untested(diff, **settings), 1.0, NO_RATIO
+    return *ratio_reading(form, draws=draws, seed=seed, diff=diff, **settings), ""
+
+
+def _perplexity(reference: Sequence[Any], candidate: Sequence[Any], name: str, scores: tuple[float, float],
+                **settings: Any) -> tuple[Interval, dict[str, float], float, str] | None:
+    """A task's perplexity-family row: perplexity_reading of its one stratum (None: not lm-eval's values)."""
     try:
         part = ratio.stratum(reference, candidate, name)
-        reading = ratio.read([part], [1.0], name, relative=relative)
-    except (TypeError, ValueError, ZeroDivisionError):  # not the values the aggregation's ratio is made of
+    except (TypeError, ValueError):
         return None
-    if not np.allclose(reading.scores, scores, rtol=1e-9, atol=0.0):
-        return None
-    exact = ratio_reading(part, name, relative=relative, draws=draws, seed=seed, **settings)
-    if exact is not None:
-        return f"sign-flip {name}", *exact
-    return f"delta {name}", *delta_reading(reading, **settings), 0.0
+    return perplexity_reading([part], [1.0], name, scores, **settings)
 
 
 def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggregate: Callable[[list], float] | None,
@@ -221,7 +220,7 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
     (perplexity's (ll, words), BLEU's (ref, pred), a non-mean aggregation) or relative (tolerance a fraction
     of the reference's score): the bootstrap of the aggregation itself (from bootstrap.MIN_DOCUMENTS documents on),
     except analytic (aggregate is lm-eval's perplexity-family aggregation aggregate_name): the sign-flip test of
-    the documents' log-likelihood changes, or the delta method (_ratio). confidence is 1 - alpha: the
+    the documents' log-likelihood changes (perplexity_reading). confidence is 1 - alpha: the
     interval is the (1 - 2 alpha) one that the two one-sided tests at alpha read. family: the rows the
     verdicts are Holm-adjusted over, which sizes the resamples (resamples_for).
     """
@@ -243,9 +242,10 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
             method, interval, p, floor = mean_reading(np.asarray(reference, dtype=float),
                                                       np.asarray(candidate, dtype=float), relative=relative,
                                                       draws=max(iterations, needed), seed=seed, **settings)
-        elif analytic and (read := _ratio(reference, candidate, aggregate_name, scores, relative=relative,
-                                          draws=max(iterations, needed), seed=seed, **settings)) is not None:
-            method, interval, p, floor = read
+        elif analytic and (read := _perplexity(reference, candidate, aggregate_name, scores, relative=relative,
+                                               draws=max(iterations, needed), seed=seed, **settings)) is not None:
+            method, (interval, p, floor, note) = f"sign-flip {aggregate_name}", read
+            notes += [note] if note else []
         else:
             fast = (corpus.additive(aggregate, reference, scores[0]), corpus.additive(aggregate, candidate, scores[1]))
             count = max(iterations, needed)
