@@ -313,3 +313,18 @@ def test_a_model_output_loads_nothing_and_links_nowhere(runs, tmp_path):
 def test_the_pages_of_ordinary_runs_are_inert_too(runs):
     cli.main([str(runs["ref"]), str(runs["broken"])])
     inert(page_of(runs["broken"], runs["ref"]))
+
+
+def test_the_page_and_the_text_report_say_the_same_adjustment(runs):
+    """The page's facts line and the text report's header say in one sentence (verdict.adjusted_over) how the
+    verdicts are adjusted: Holm over every row, `worse` and `better` over the rows Tarone's screen keeps."""
+    cli.main([str(runs["ref"]), str(runs["broken"])])
+    table, _ = paired.compare_runs(on_disk.load_run(runs["ref"]), on_disk.load_run(runs["broken"]))
+    sentence = verdict.adjusted_over(f"{len(table)} rows")
+    assert "Tarone's screen" in sentence
+    text = (runs["broken"] / f"compare-vs-{runs['ref'].parent.name}-{runs['ref'].name}.md").read_text()
+    assert sentence in " ".join(text.split())
+    body = page_of(runs["broken"], runs["ref"]).all("body")[0]
+    facts = [n for n in body.children if isinstance(n, Node)][2]
+    assert facts.tag == "p" and sentence.replace("`", "") in facts.words()
+    assert [c.words() for c in facts.all("code")][2:4] == ["worse", "better"]  # after the two runs' names

@@ -154,7 +154,8 @@ def statistics(table: pd.DataFrame) -> str:
 
 def facts(reference: str, candidate: str, *, family: int, confidence: float, noise: bool = False) -> str:
     return (f"reference <code>{page.escape(reference)}</code> · candidate <code>{page.escape(candidate)}</code> · "
-            f"verdicts Holm-adjusted over {family} rows at α = {1 - confidence:.2g}; exit 1 when a row is worse or "
+            f"{verdict.adjusted_over(f'{family} rows', lambda word: f'<code>{word}</code>')} at "
+            f"α = {1 - confidence:.2g}; exit 1 when a row is worse or "
             "changed" + (" or the divergence is beyond noise (<a href=#divergence>divergence</a>)" if noise else "")
             + " · <a href=#changed>documents that changed</a> · <a href=#report>text report</a>")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from evalkit.compare.statistics import proportions
+from evalkit.compare.statistics import proportions, verdict
 from evalkit.compare.divergence import report as divergence_report
 from evalkit.compare.divergence.between import Divergence
 from evalkit.compare.statistics.paired import TaskDetail
@@ -61,10 +61,8 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
     alpha, family = 1.0 - confidence, len(table) if family is None else family
     counts = table["verdict"].value_counts().to_dict()
     over = f"{family} rows" + (f" of {comparisons} comparisons" if comparisons > 1 else "")
-    lines = [f"- exit code 1 when any row is `worse` (or `changed`, direction unknown): verdicts are Holm-adjusted "
-             f"over all {over} (`worse` and `better` over those that could reach the level: Tarone's screen leaves out "
-             "rows where no document changed and rows whose method's smallest p-value cannot reach it), so a "
-             "candidate with no change beyond the tolerance fails with probability at most "
+    lines = [f"- exit code 1 when any row is `worse` (or `changed`, direction unknown): "
+             f"{verdict.adjusted_over(over)}, so a candidate with no change beyond the tolerance fails with probability at most "
              f"{alpha:g} (family-wise); `p_worse_holm`, `p_equivalent_holm`: the adjusted p-values; `mde`: the "
              "smallest drop each row could have shown `worse` at its size (its tolerance plus its interval's upper "
              "half-width), so a passing gate says how much it could see",
@@ -79,9 +77,10 @@ def header(table: pd.DataFrame, *, tolerance: float, confidence: float, family: 
              "Method `tango`: 0/1 metrics, exact unconditional tests ordered by Tango's score, at every size; "
              "`betting`: means of values in [0, 1], valid at every size; `sign-flip`: other means, sign-flip "
              "test with a pseudo-document for what skewed differences could hide; `sign-flip <aggregation>`: "
-             "perplexities, the same test on per-document log-likelihood changes; `bootstrap <aggregation>`: the "
-             "metric's own lm-eval aggregation, bootstrapped, from 30 documents on (a group: in its smallest leaf); "
-             "`delta <aggregation>`: other perplexity rows, analytic"]
+             "perplexities, the same test on per-document log-likelihood changes; `sign-flip stratified` (and "
+             "`sign-flip stratified <aggregation>`): a group of means (of perplexities), the same test with each "
+             "document weighted by its leaf; `bootstrap <aggregation>`, `bootstrap stratified`: the metric's own "
+             "lm-eval aggregation, bootstrapped, from 30 documents on (a group: in its smallest leaf)"]
     if 0 < tolerance < 1:
         needed = proportions.documents_needed(tolerance, confidence=confidence)
         fewer = sorted(set(table.loc[(table["method"] == "tango") & (table["n"] < needed), "task"]))

@@ -135,6 +135,14 @@ def reach(rows: pd.DataFrame) -> np.ndarray:
 P_COLUMNS = ("p_worse", "p_better", "p_equivalent", "p_lower", "p_higher")
 
 
+def adjusted_over(rows: str, mark=lambda word: f"`{word}`") -> str:
+    """The sentence every page's header says decide's adjustment in: rows ("60 rows", "60 rows of 3 comparisons"),
+    mark the form a verdict's name is set in (Markdown's code by default)."""
+    return (f"verdicts are Holm-adjusted over all {rows} ({mark('worse')} and {mark('better')} over those that could "
+            "reach the level: Tarone's screen leaves out rows where no document changed and rows whose method's "
+            "smallest p-value cannot reach it)")
+
+
 def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
     """Every row of every table one family: adjusted p-values (p_worse_holm, p_equivalent_holm columns) and the
     verdicts they show at alpha. Worse and better are adjusted by tarone_holm over the rows that could reach
