@@ -2,7 +2,7 @@
 often a row is called `worse` when its true change is exactly -tolerance, the largest change that must pass) and
 the power (how often when it is twice that) of one row, and how often an `equivalent` claim is false, simulated
 through the code the command runs (evalkit/compare/statistics/stats.py's compare_paired, metric_rows.py's
-stratified_reading) at n = 2, 3, 5, 10, 30, 100, 1,000.
+stratified_reading) at n = 2, 3, 5, 10, 30, 100, 1,000 documents (a group: over all its leaves).
 
 Methods and the documents each is given (tolerance 0.02, alpha 0.05, one row):
 
@@ -22,10 +22,18 @@ Methods and the documents each is given (tolerance 0.02, alpha 0.05, one row):
   segments of 8-20 words, the reference's hypothesis each reference with a fifth of its words replaced; the
   candidate's, on a share q of documents, with half replaced instead, q such that the corpus BLEU of the whole
   pool falls by exactly 2 % (power: 4 %).
-* ``bootstrap stratified`` (a group averaging two leaves of n / 2 documents equally, absolute): differences as
-  sign-flip in both leaves; read from 30 documents in its smallest leaf on.
+* ``sign-flip word_perplexity, absolute``: the same documents, an absolute row whose tolerance is 0.3 (2 % of
+  the perplexity of 15), read on the relative scale over the reference's score.
+* ``sign-flip stratified word_perplexity`` (a group of perplexity leaves, relative): two leaves of a third and two
+  thirds of the documents, perplexities 15 and 40, averaged equally, each 2 % higher (power: 4 %).
+* ``sign-flip stratified`` (a group of mean leaves, evalkit/compare/statistics/metric_rows.py's mean_sums): two
+  leaves of n / 2 documents averaged equally, differences as sign-flip in both; and ``sign-flip stratified, 3
+  unequal leaves, skewed``: leaves of a sixth, a third and a half of the documents averaged equally (a document
+  of the smallest weighs three times one of the largest), differences as sign-flip, skewed.
+* ``bootstrap stratified bleu`` (a group of corpus leaves, relative): two BLEU leaves of a third and two thirds of
+  the documents, averaged equally, drawn as bootstrap bleu; read from 30 documents in its smallest leaf on.
 
-Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 400] [--seed 0] [--sizes 2,3,5,...]
+Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 1000] [--seed 0] [--sizes 2,3,5,...]
 """
 
 from __future__ import annotations
@@ -41,12 +49,13 @@ from evalkit.compare.statistics import stats
 TOL, ALPHA = 0.02, 0.05
 
 
-def row(ref, cand, *, by_mean=True, aggregate=None, name="mean", hib=True, relative=False, analytic=False):
+def row(ref, cand, *, by_mean=True, aggregate=None, name="mean", hib=True, relative=False, analytic=False,
+        tolerance=TOL):
     from lm_eval.api.registry import get_aggregation
 
     aggregate = aggregate or get_aggregation(name)
     return stats.compare_paired(list(ref), list(cand), aggregate=aggregate, aggregate_name=name, by_mean=by_mean,
-                                higher_is_better=hib, tolerance=TOL, relative=relative, iterations=2_000,
+                                higher_is_better=hib, tolerance=tolerance, relative=relative, iterations=2_000,
                                 analytic=analytic)
 
 
@@ -103,12 +112,25 @@ def bootstrapped(delta, rng):
     return type("Row", (), p)
 
 
-def perplexity(rng, n, rise):
+def ll_pairs(rng, n, rise, base=15.0):
+    """Per-document (log-likelihood, words) in both runs: a perplexity of base, the candidate's rise times higher
+    give or take Normal(0, 0.01) per word."""
     words = rng.integers(50, 400, n).astype(float)
-    per_word = np.log(1 / 15) * (1 + 0.1 * rng.normal(size=n))
+    per_word = np.log(1 / base) * (1 + 0.1 * rng.normal(size=n))
     ref = [(float(w * p), float(w)) for w, p in zip(words, per_word)]
     cand = [(float(w * (p - math.log1p(rise) + 0.01 * rng.normal())), float(w)) for w, p in zip(words, per_word)]
-    return row(ref, cand, by_mean=False, name="weighted_perplexity", hib=False, relative=True, analytic=True)
+    return ref, cand
+
+
+def perplexity(rng, n, rise):
+    return row(*ll_pairs(rng, n, rise), by_mean=False, name="weighted_perplexity", hib=False, relative=True,
+               analytic=True)
+
+
+def perplexity_absolute(rng, n, rise):
+    """An absolute word-perplexity row, its tolerance 15 tolerance (the same 2 % of a perplexity of 15)."""
+    return row(*ll_pairs(rng, n, rise), by_mean=False, name="weighted_perplexity", hib=False, relative=False,
+               analytic=True, tolerance=15 * TOL)
 
 
 class Segments:
@@ -139,32 +161,74 @@ class Segments:
 SEGMENTS: list[Segments] = []
 
 
-def bleu(rng, n, fall):
+def bleu_documents(rng, n, fall):
     if not SEGMENTS:
         SEGMENTS.append(Segments())
     pool = SEGMENTS[0]
     docs, worse_docs = rng.integers(0, len(pool.refs), n), rng.random(n) < pool.share(fall)
     ref = [(pool.refs[i], pool.good[i]) for i in docs]
     cand = [(pool.refs[i], pool.bad[i] if d else pool.good[i]) for i, d in zip(docs, worse_docs)]
-    return row(ref, cand, by_mean=False, name="bleu", relative=True)
+    return ref, cand
 
 
-def stratified(rng, n, mean):
+def bleu(rng, n, fall):
+    return row(*bleu_documents(rng, n, fall), by_mean=False, name="bleu", relative=True)
+
+
+def group(rng, pairs, metric, *, relative, hib=True, weights=None, tolerance=TOL):
+    """A group of the leaves pairs averaged equally (weight_by_size: false), through metric_rows.stratified_reading
+    with lm-eval's default aggregation of metric in each leaf."""
     from evalkit.compare.statistics import metric_rows
     from evalkit.compare.statistics.verdict import Tolerance
 
-    sizes = [max(1, n // 2), max(1, n - n // 2)]
-    pairs = []
-    for size in sizes:
-        ref = rng.uniform(2.0, 3.0, size)
-        pairs.append((ref.tolist(), (ref + rng.normal(mean, 0.05, size)).tolist()))
-    each = [[float(np.mean(side)) for side in pair] for pair in pairs]
-    w = np.array([0.5, 0.5])
+    names = [f"leaf{k}" for k in range(len(pairs))]
+    aggregate = metric_rows.aggregation({}, names[0], metric)[1]
+    each = [[float(aggregate(list(side))) for side in pair] for pair in pairs]
+    w = np.full(len(pairs), 1 / len(pairs)) if weights is None else np.asarray(weights) / np.sum(weights)
     scores = (float(w @ [e[0] for e in each]), float(w @ [e[1] for e in each]))
     settings = {"confidence": 1 - ALPHA, "iterations": 2_000, "seed": int(rng.integers(1 << 30))}
-    _, p, _, _ = metric_rows.stratified_reading({}, ["a", "b"], "acc", pairs, w, scores, each, settings=settings,
-                                                tolerance=Tolerance(TOL, relative=False), higher_is_better=True)
+    _, p, _, _, _ = metric_rows.stratified_reading({}, names, metric, pairs, w, scores, each, settings=settings,
+                                                   tolerance=Tolerance(tolerance, relative=relative),
+                                                   higher_is_better=hib)
     return type("Row", (), p)
+
+
+def split(n, shares):
+    """n documents in leaves of the given shares, at least one each."""
+    sizes = [max(1, int(n * s)) for s in shares[:-1]]
+    return sizes + [max(1, n - sum(sizes))]
+
+
+def stratified(rng, n, mean):
+    pairs = []
+    for size in split(n, [0.5, 0.5]):
+        ref = rng.uniform(2.0, 3.0, size)
+        pairs.append((ref.tolist(), (ref + rng.normal(mean, 0.05, size)).tolist()))
+    return group(rng, pairs, "acc", relative=False)
+
+
+def stratified_skewed(rng, n, mean):
+    """Three leaves of a sixth, a third and a half of the documents, averaged equally, skewed differences."""
+    pairs = []
+    for size in split(n, [1 / 6, 1 / 3, 1 / 2]):
+        ref = rng.uniform(2.0, 3.0, size)
+        pairs.append((ref.tolist(), (ref + mean + 0.05 * (rng.exponential(1.0, size) - 1.0)).tolist()))
+    return group(rng, pairs, "acc", relative=False)
+
+
+def perplexity_group(rng, n, rise):
+    """Two leaves of a third and two thirds of the documents, perplexities 15 and 40, averaged equally."""
+    pairs = [ll_pairs(rng, size, rise, base) for size, base in zip(split(n, [1 / 3, 2 / 3]), (15.0, 40.0))]
+    return group(rng, pairs, "word_perplexity", relative=True, hib=False)
+
+
+def bleu_group(rng, n, fall):
+    """Two BLEU leaves of a third and two thirds of the documents, averaged equally."""
+    pairs = []
+    for size in split(n, [1 / 3, 2 / 3]):
+        ref, cand = bleu_documents(rng, size, fall)
+        pairs.append((ref, cand))
+    return group(rng, pairs, "bleu", relative=True)
 
 
 CASES = [  # name, make, claim, value at the boundary (size), value for power
@@ -175,7 +239,11 @@ CASES = [  # name, make, claim, value at the boundary (size), value for power
     ("bootstrap (percentile, for contrast)", bootstrap, worse, -TOL, -2 * TOL),
     ("sign-flip word_perplexity", perplexity, worse, TOL, 2 * TOL),
     ("bootstrap bleu", bleu, worse, TOL, 2 * TOL),
-    ("bootstrap stratified", stratified, worse, -TOL, -2 * TOL),
+    ("sign-flip word_perplexity, absolute", perplexity_absolute, worse, TOL, 2 * TOL),
+    ("sign-flip stratified word_perplexity", perplexity_group, worse, TOL, 2 * TOL),
+    ("sign-flip stratified", stratified, worse, -TOL, -2 * TOL),
+    ("sign-flip stratified, 3 unequal leaves, skewed", stratified_skewed, worse, -TOL, -2 * TOL),
+    ("bootstrap stratified bleu", bleu_group, worse, TOL, 2 * TOL),
 ]
 EQUIVALENCE = [("betting", betting, 0.10), ("bootstrap (percentile, for contrast)", bootstrap_drop, 0.10)]
 
@@ -186,7 +254,7 @@ def rate(make, claim, value, n, trials, rng) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", default="2,3,5,10,30,100,1000")
     parser.add_argument("--only", default="", help="method names to run, separated by ';' (default: all)")

@@ -6,9 +6,9 @@ For every task, filter and metric, and for every group score lm-eval recorded (s
 evalkit/compare/statistics/metric_rows.py), the difference gets an interval and the p-values of the one-sided tests against
 the row's tolerance (absolute for 0-1 metrics, relative for unbounded ones): Tango's score and McNemar's exact
 test for 0/1 metrics averaged over documents, betting or the sign-flip test for other averaged metrics
-(evalkit/compare/statistics/means.py), the sign-flip test of per-document log-likelihood changes (or the delta
-method) for lm-eval's perplexity family (evalkit/compare/statistics/ratio.py), and for other corpus-level metrics
-(BLEU, F1, ...) a paired bootstrap of the metric's own lm-eval aggregation, from 30 documents on. Verdicts are
+(evalkit/compare/statistics/means.py), the sign-flip test of per-document log-likelihood changes for lm-eval's
+perplexity family (evalkit/compare/statistics/ratio.py), and for other corpus-level metrics (BLEU, F1, ...) a paired
+bootstrap of the metric's own lm-eval aggregation, from 30 documents on. Verdicts are
 Holm-adjusted over every row of every candidate (compare_family, evalkit/compare/statistics/verdict.py), with
 resamples sized to that family, so the exit code is a family-wise test at --alpha. A metric whose direction
 (``higher_is_better``) is unknown is compared unoriented. The sample-level view lists flipped documents, diverging
