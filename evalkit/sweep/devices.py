@@ -1,8 +1,8 @@
 """The GPUs a Hydra launcher gives each point of a sweep, checked against what the point needs.
 
-Under Slurm (``hydra/launcher=evalkit_slurm`` or ``submitit_slurm``) a point waits in the queue before it runs; given fewer GPUs than
-``tensor x pipeline x data parallel`` it would then fail once its engine starts. Checked inside the point,
-before the engine: :func:`point_launcher` reads the launcher's settings (``hydra.launcher``) and
+Under Slurm (``hydra/launcher=evalkit_slurm`` or ``submitit_slurm``) a point waits in the queue before it runs;
+given fewer GPUs than ``tensor x pipeline x data parallel`` it would then fail once its engine starts. Checked
+inside the point, before the engine: :func:`point_launcher` reads the launcher's settings (``hydra.launcher``) and
 :func:`check_launcher_devices` compares. The Ray launcher (``evalkit_ray``) sizes each point itself, and
 without a launcher the preflight counts this machine's devices (evalkit/engine/machine/preflight.py).
 """

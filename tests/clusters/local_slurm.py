@@ -243,7 +243,8 @@ class LocalSlurm:
         found = []
         for entry in Path("/proc").iterdir():
             try:
-                if (entry / "cmdline").read_bytes().startswith(b"slurmstepd:") and ours in (entry / "environ").read_bytes():
+                step = (entry / "cmdline").read_bytes().startswith(b"slurmstepd:")
+                if step and ours in (entry / "environ").read_bytes():
                     found.append(int(entry.name))
             except (OSError, ValueError):
                 continue
