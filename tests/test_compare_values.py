@@ -268,6 +268,34 @@ def test_perplexity_rows_a_t_test_read_hold_their_level(n, shape):
     assert np.mean([worse() for _ in range(400)]) <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 400)
 
 
+@pytest.mark.parametrize("sizes", [(2, 4, 6), (5, 10, 15), (30, 60, 90)])
+def test_a_group_of_mean_leaves_holds_its_level_at_every_size(sizes):
+    """Three leaves of unequal sizes averaged equally (weight_by_size: false), differences -0.02 + 0.05 (Exp(1) - 1)
+    in each (the group's true change exactly -tolerance): read by the sign-flip test with each document weighted
+    by its leaf, `worse` at most alpha of the time (400 seeded rows, within 2.5 standard errors) from 2 documents
+    a leaf on (a percentile bootstrap is untested below 30 a leaf, and measured 0.051-0.065 at 50 a leaf)."""
+    from evalkit.compare.statistics import metric_rows
+    from evalkit.compare.statistics.verdict import Tolerance
+
+    rng = np.random.default_rng(sum(sizes))
+
+    def worse() -> bool:
+        pairs = []
+        for n in sizes:
+            ref = rng.uniform(2.0, 3.0, n)
+            pairs.append((ref.tolist(), (ref - 0.02 + 0.05 * (rng.exponential(1.0, n) - 1.0)).tolist()))
+        each = [[float(np.mean(side)) for side in pair] for pair in pairs]
+        scores = tuple(float(np.mean([e[i] for e in each])) for i in (0, 1))
+        _, p, method, _, _ = metric_rows.stratified_reading(
+            {}, ["a", "b", "c"], "acc", pairs, np.full(3, 1 / 3), scores, each,
+            tolerance=Tolerance(0.02, relative=False), higher_is_better=True,
+            settings={"confidence": 0.95, "iterations": 2_000, "seed": 0})
+        assert method == "sign-flip stratified"
+        return p["p_worse"] < 0.05
+
+    assert np.mean([worse() for _ in range(400)]) <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 400)
+
+
 @pytest.mark.parametrize("n", [5, 12, 40])
 def test_the_sign_flip_p_values_are_scipys(n):
     from scipy.stats import permutation_test
