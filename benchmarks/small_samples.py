@@ -33,7 +33,11 @@ Methods and the documents each is given (tolerance 0.02, alpha 0.05, one row):
 * ``bootstrap stratified bleu`` (a group of corpus leaves, relative): two BLEU leaves of a third and two thirds of
   the documents, averaged equally, drawn as bootstrap bleu; read from 30 documents in its smallest leaf on.
 
+``--bleu-leaves`` measures instead the size of BLEU groups whose smallest leaf has 30 documents (leaves of 30
+and 60, 30 and 30, four of 30).
+
 Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 1000] [--seed 0] [--sizes 2,3,5,...]
+[--only NAMES] [--bleu-leaves]
 """
 
 from __future__ import annotations
@@ -245,6 +249,20 @@ CASES = [  # name, make, claim, value at the boundary (size), value for power
     ("sign-flip stratified, 3 unequal leaves, skewed", stratified_skewed, worse, -TOL, -2 * TOL),
     ("bootstrap stratified bleu", bleu_group, worse, TOL, 2 * TOL),
 ]
+LEAVES = [("1/3, 2/3", [1 / 3, 2 / 3], 90), ("1/2, 1/2", [0.5, 0.5], 60), ("4 x 1/4", [0.25] * 4, 120)]
+
+
+def bleu_leaves(trials: int, rng) -> None:
+    """--bleu-leaves: the size of BLEU groups whose smallest leaf has 30 documents, the fewest read."""
+    for label, shares, n in LEAVES:
+        def make(rng, n, fall, shares=shares):
+            return group(rng, [bleu_documents(rng, size, fall) for size in split(n, shares)], "bleu", relative=True)
+
+        r = rate(make, worse, TOL, n, trials, rng)
+        print(f"{label} n={n} leaves {split(n, shares)}: size {r:.3f} ({trials} rows, se "
+              f"{math.sqrt(r * (1 - r) / trials + 1e-12):.3f})", flush=True)
+
+
 EQUIVALENCE = [("betting", betting, 0.10), ("bootstrap (percentile, for contrast)", bootstrap_drop, 0.10)]
 
 
@@ -258,7 +276,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", default="2,3,5,10,30,100,1000")
     parser.add_argument("--only", default="", help="method names to run, separated by ';' (default: all)")
+    parser.add_argument("--bleu-leaves", action="store_true", help="only the BLEU groups of 30-document leaves")
     args = parser.parse_args()
+    if args.bleu_leaves:
+        return bleu_leaves(args.trials, np.random.default_rng(args.seed))
     sizes = [int(s) for s in args.sizes.split(",")]
     rng = np.random.default_rng(args.seed)
     se = math.sqrt(ALPHA * (1 - ALPHA) / args.trials)
