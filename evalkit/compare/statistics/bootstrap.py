@@ -11,7 +11,7 @@ alpha / m, so a bootstrap draws at least 20 m / alpha resamples (resamples_for).
 
 The percentile bootstrap is asymptotic: on few documents its resamples vary less than the documents do (a
 resample of 2 documents is one of 3 tables), and it falsely calls a row worse 25 % of the time at 2 documents,
-7 % at 10 (benchmarks/small_samples.py). A row read by it on fewer than MIN_DOCUMENTS documents (for a group,
+10 % at 5 (benchmarks/small_samples.py). A row read by it on fewer than MIN_DOCUMENTS documents (for a group,
 in its smallest leaf, whose resamples vary least) shows no evidence either way: too_few says why.
 """
 
