@@ -18,7 +18,8 @@ The cases of issue 28 (each: the false-fail rate at no change, the power at a ch
   documents of 50-400 words, each document's log-likelihood per word spread 10 % around log(1/15), the candidate
   off the reference by --spread per document): 60 rows. Power: word perplexity 4 % higher. Before, the perplexity
   rows were bootstrapped with 1,000 resamples: their p-value at least 1/1001, times 60 by Holm, never below 0.05
-  (power 0 by construction); now the delta method (evalkit/compare/statistics/ratio.py).
+  (power 0 by construction); now the sign-flip test of per-document log-likelihood changes
+  (evalkit/compare/statistics/ratio.py).
 * ``sweep17``: a 17-point sweep of wikitext against one reference point (51 rows). Per point: Holm over each
   point's own 3 rows, as the sweep report did; one family: Holm over all 51, as ``python -m evalkit.compare REF
   P1 ... P17`` and now the sweep report do. Power: one point's word perplexity 4 % higher.
