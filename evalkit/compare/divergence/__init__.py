@@ -1,5 +1,5 @@
 """How far did the candidate's output distribution move from the reference's? Token-level divergence between
-two runs on the tasks' own text (issue 32), measured as llama.cpp's ``llama-perplexity --kl-divergence`` does.
+two runs on the tasks' own text, measured as llama.cpp's ``llama-perplexity --kl-divergence`` does.
 
 The flow, one module per step, all pure functions:
 

@@ -41,8 +41,9 @@ TOKENS_PER_ROW = 0.75
 # (engine_kwargs.block_size); a server of smaller blocks shares more, so chains there cost less than priced.
 CACHE_BLOCK = 32
 # Prompts sent in one /v1/completions request where their bodies differ only in the prompt (batch.Sender): each
-# request costs the server's front end about as much as a prompt's prefill here (issue 31: 120 whole reads in 120
-# requests took 5.0-6.0 s, lm-eval's same reads in 8 requests of 16 4.5-5.6 s); 16 as lm-eval's fastest setting.
+# request costs the server's front end about as much as a prompt's prefill (measured on a 2-core CPU: 120 whole
+# reads in 120 requests took 5.0-6.0 s, lm-eval's same reads in 8 requests of 16 4.5-5.6 s); 16 as lm-eval's
+# fastest setting.
 PROMPTS_PER_REQUEST = 16
 
 

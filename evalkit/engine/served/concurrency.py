@@ -1,4 +1,4 @@
-"""engine=served: how many prompts are kept in flight, as many as the server batches (issue 31).
+"""engine=served: how many prompts are kept in flight, as many as the server batches.
 
 A server that batches decodes faster with more prompts in flight, up to its own limit (vLLM's max_num_seqs);
 past it, they wait in its queue, where their request's ``timeout`` runs and nothing goes faster. So the window
