@@ -122,17 +122,17 @@ def test_a_served_run_whose_server_forks_its_engine_ends_with_its_results(tmp_pa
         run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true", "limit=3",
                                 "resume=false", "gpu_memory_utilization=0.15", EAGER, f"output_dir={out}"],
                                stdout=written, stderr=subprocess.STDOUT, env=forked_engine)
-    servers: set[int] = set()
-    while run.poll() is None:  # the server, not its guard, as it runs
+    parents: dict[int, int] = {}  # the server and what it forked (a fork keeps its command line), as they run
+    while run.poll() is None:
         try:
-            servers |= {p.pid for p in psutil.Process(run.pid).children(recursive=True)
+            parents |= {p.pid: p.ppid() for p in psutil.Process(run.pid).children(recursive=True)
                         if "vllm.entrypoints.openai.api_server" in p.cmdline() and "GUARD" not in p.cmdline()}
         except psutil.Error:
             pass  # a process ended as it was read
         time.sleep(0.2)
     text = log.read_text()
     assert run.returncode == 0, text[-3000:]
-    (server,) = servers
+    (server,) = [pid for pid, parent in parents.items() if parent not in parents]  # the one its guard started
     engine_cores = forked_from(forked_engine, server)
     assert engine_cores, forks(forked_engine)  # the server forked its EngineCore, as CUDA vLLM does
     (run_dir,) = run_dirs(out / MODEL)

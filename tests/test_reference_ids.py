@@ -118,7 +118,7 @@ def test_a_value_read_apart_may_round_above_the_last_entry_by_its_dtype_s_noise_
             (((105, value),),)
         return
     with pytest.raises(TraceError, match=r"by more than [0-9.e-]+ nats allowed between two engine calls \(4 "
-                                         f"rounding steps of {dtype} at this size\): a read of another context"):
+                                         rf"rounding steps of {dtype} at this size\): a read of another context"):
         with_given({request: trace}, {request: [read]}, {read: (value,)}, dtype=dtype)
 
 
