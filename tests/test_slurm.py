@@ -128,15 +128,22 @@ def test_sweep_on_slurm_equals_one_engine_stopped_points_resume_a_cancelled_one_
     enough = {0: 4, 1: 4, 2: 2}  # answers stored before the stop
     store = lambda num: next((out / f"p{num}" / ".requests").glob("*.jsonl"), None)
 
+    stopped, kept = {}, {}  # points 0 and 1 as they first recorded their stop, before their requeued jobs ran
+
+    def watch() -> None:
+        for num in {0, 1} - set(stopped):
+            record = point_record(sweep_dir, num)
+            if record and record.status != "running":
+                stopped[num], kept[num] = record, lines(store(num))
+
     def stop_each_when_it_has_enough() -> bool:
+        watch()  # a point stopped first may be requeued and run again while the others reach their stops
         for num in [n for n in stops if lines(store(n)) >= enough[n]]:
             slurm.run(*stops.pop(num))
         return not stops
 
     wait_for(stop_each_when_it_has_enough, driver, "each point scored part of its documents")
-    stopped = {num: wait_for(lambda: (lambda p: p if p and p.status != "running" else None)(
-        point_record(sweep_dir, num)), driver, f"point {num} recorded its stop") for num in (0, 1)}
-    kept = {num: lines(store(num)) for num in (0, 1)}
+    wait_for(lambda: watch() or len(stopped) == 2, driver, "points 0 and 1 recorded their stops")
     stdout, stderr = driver.communicate(timeout=900)
     assert driver.returncode == 1, stderr[-4000:]  # a failed point: point 2
     assert stopped[0].error.startswith("stopped: by SIGUSR2;"), stopped  # not memory, not retried
