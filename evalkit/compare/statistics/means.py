@@ -111,7 +111,8 @@ def sign_flip(differences: np.ndarray, *, draws: int, seed: int = 0, units: np.n
     tau, shift = np.concatenate(taus), np.concatenate(shifts)
     exact = n <= EXACT_MAX
     return SignFlip(above=np.sort(np.concatenate([tau, tau - shift])),
-                    below=np.sort(np.concatenate([tau, tau + shift])), always=2 * (always if exact else always + 1), total=2 * (2 ** n if exact else draws + 1))
+                    below=np.sort(np.concatenate([tau, tau + shift])),
+                    always=2 * (always if exact else always + 1), total=2 * (2 ** n if exact else draws + 1))
 
 
 def betting_p(x: np.ndarray, bound: float, side: str, *, alpha: float, low: float = -1.0,
