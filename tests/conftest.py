@@ -38,6 +38,12 @@ def engine(embedded_model_dir):
 
 
 FORKED_ENGINE = os.path.join(os.path.dirname(__file__), "forked_engine")
+# Another processor's kernels in every process started with this environment (tests/other_kernels/sitecustomize.py
+# says which and why); an engine started in the test's own process needs VLLM_ENABLE_V1_MULTIPROCESSING=1 too, so
+# that its EngineCore starts afresh under them.
+OTHER_KERNELS = {"PYTHONPATH": os.pathsep.join(p for p in (os.path.join(os.path.dirname(__file__), "other_kernels"),
+                                                           os.environ.get("PYTHONPATH")) if p),
+                 "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 @pytest.fixture

@@ -12,10 +12,15 @@ shows as one). A log-likelihood's traced tokens must also sum to what the engine
 same numbers; from separate reads (other batches, prefixes computed apart) they differ by the engine's own noise,
 which is measured and recorded, and a gap beyond :func:`gross_gap` fails the run in one line.
 
-Checks of values that may come from two engine calls (a text token read apart from its top list, a reference's
-id read apart) allow the rounding between calls of the engine's logits dtype (``contracts.apart_tolerance``:
-0.28 nats at -9 in bfloat16, 1e-4 in float32), and say so when they fail; values read twice from one row keep
-``ENTRY_TOLERANCE``.
+Values that may come from two engine calls (a text token read apart from its top list, a reference's id read
+apart) may disagree by the engine's rounding from call to call: a value above the top list that left it out cannot
+come from that list's own row. Such positions are counted (``TraceLog.apart``, results.json's
+``evalkit.divergence.between_calls``). A reference's id read apart never ends a run on its value: its position
+keeps its own top list (the first read) and its ids read apart are left out, and those beyond the rounding of the
+engine's logits dtype between calls (``contracts.apart_tolerance``: 1 nat in bfloat16, 1e-4 in float32) are
+counted apart. A text token reaches the harness within that rounding (the engine's
+reader sends a token read beyond it again, in one call with its list); beyond it, the trace is no engine's
+answer. What is exact stays fatal: the number of values and positions, a NaN, a value above 0.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from evalkit.contracts import (ENTRY_TOLERANCE, Generation, GenRequest, IdsRead, RequestRecord, Scored, ScoreRequest,
-                               TokenTrace, apart_tolerance, apart_words, top_list_fault)
+                               TokenTrace, apart_tolerance, top_list_fault)
 
 # a reference run's top ids at each scored position of a request (ids[max(start, 1):]), None where the reference
 # recorded no such context (evalkit/run/reference.py)
@@ -43,11 +48,12 @@ RECORDED = {
 }
 
 
-def gross_gap(positions: int) -> float:
+def gross_gap(positions: int, dtype: str) -> float:
     """The largest |Σ trace − score| (nats) a request of this many scored positions may show before the run
-    fails: far above the noise between the engine's scoring paths (largest measured: docs/divergence.md), far
-    below what reading a wrong token costs (several nats at one position)."""
-    return 0.5 + 0.01 * positions
+    fails, for an engine computing its logits in dtype: 0.5 nats, and at each position the larger of 0.01 and the
+    rounding between two calls (``apart_tolerance``), far above the noise between the engine's scoring paths
+    (largest measured: docs/divergence.md)."""
+    return 0.5 + max(0.01, apart_tolerance(dtype)) * positions
 
 
 class TraceError(RuntimeError):
@@ -59,11 +65,14 @@ def scored_positions(request: ScoreRequest) -> int:
     return max(len(request.ids) - max(request.start, 1), 0)
 
 
-def check(request: ScoreRequest, trace: TokenTrace, top_k: int, *, dtype: str) -> None:
+def check(request: ScoreRequest, trace: TokenTrace, top_k: int, *, dtype: str) -> list[int]:
     """The trace answers the request: see the module docstring (dtype: the engine's logits dtype). TraceError in
-    one line where it does not."""
+    one line where it does not. Returns the positions whose text token lies above the top list that left it out,
+    within the rounding between two calls (an engine's reader reads such a token in another call than the list,
+    and sends it again in one call beyond that rounding: trace_rows.next_token_trace)."""
     start = max(request.start, 1)
     n = len(request.ids) - start
+    apart: list[int] = []
     if len(trace.logprobs) != n or len(trace.top) != n:
         raise TraceError(f"the engine's trace of a {len(request.ids)}-token request has {len(trace.logprobs)} "
                          f"log-probabilities and {len(trace.top)} top lists for its {n} scored positions")
@@ -74,20 +83,24 @@ def check(request: ScoreRequest, trace: TokenTrace, top_k: int, *, dtype: str) -
             raise TraceError(f"{where} has {len(top)} top entries; divergence_top_k={top_k} asks for 1 to {top_k}")
         if math.isnan(value) or any(math.isnan(v) for _, v in top):
             raise TraceError(f"{where} holds a NaN log-probability")
-        fault = top_list_fault(token, value, top, ENTRY_TOLERANCE, unlisted=apart_tolerance(dtype, value))
+        fault = top_list_fault(token, value, top, ENTRY_TOLERANCE, unlisted=apart_tolerance(dtype))
         if fault:
             raise TraceError(f"{where} {fault}")
+        if token not in dict(top) and value > top[-1][1] + ENTRY_TOLERANCE:
+            apart.append(p)
+    return apart
 
 
-def score_gap(request: ScoreRequest, trace: TokenTrace, scored: Scored) -> float:
-    """|Σ trace − score| of one request; TraceError where it is gross (:func:`gross_gap`)."""
+def score_gap(request: ScoreRequest, trace: TokenTrace, scored: Scored, *, dtype: str) -> float:
+    """|Σ trace − score| of one request; TraceError where it is gross (:func:`gross_gap`, dtype: the engine's
+    logits dtype)."""
     gap = abs(math.fsum(trace.logprobs) - scored.logprob)
-    allowed = gross_gap(len(trace.logprobs))
+    allowed = gross_gap(len(trace.logprobs), dtype)
     if gap > allowed:
         raise TraceError(f"the engine's trace of a {len(trace.logprobs)}-token continuation sums to "
                          f"{math.fsum(trace.logprobs):.4f} but it scored {scored.logprob:.4f}, {gap:.3g} nats apart "
-                         f"where {allowed:.3g} are allowed (0.5 + 0.01 a position: far above any dtype's rounding "
-                         "between two reads): its trace and its scores read different tokens or positions (pass "
+                         f"where {allowed:.3g} are allowed (0.5 and {max(0.01, apart_tolerance(dtype)):.3g} a position: "
+                         f"far above {dtype or 'any dtype'}'s rounding between two reads): its trace and its scores read different tokens or positions (pass "
                          "divergence_top_k=0 to run without the record, and report the engine)")
     return gap
 
@@ -107,6 +120,19 @@ class TraceLog:
         # ids read (Engine.read_ids), and why none were read where the engine cannot
         self.reference: Counter[str] = Counter()
         self.reference_not_read = ""
+        # positions whose values read in two engine calls disagree (a value above the top list that left it
+        # out), by what showed it: text_token, reference_ids; beyond_tolerance: reference ids' positions that
+        # parted by more than the rounding between calls (apart_tolerance); reads_left_out: the reference ids
+        # read at such positions and left out. Each position counted once in positions
+        self.apart: Counter[str] = Counter()
+        self._apart_at: set[tuple[ScoreRequest, int]] = set()
+
+    def disagree(self, request: ScoreRequest, position: int, shown_by: str) -> None:
+        """One position of request whose values from two engine calls disagree, shown by shown_by."""
+        self.apart[shown_by] += 1
+        if (request, position) not in self._apart_at:
+            self._apart_at.add((request, position))
+            self.apart["positions"] += 1
 
     def traced(self, kind: str, requests: Sequence[ScoreRequest]) -> None:
         self.requests[kind] += len(requests)
@@ -122,6 +148,11 @@ class TraceLog:
                 "traced_apart": {kind: n for kind, n in self.second_pass.items() if self.requests[kind]},
                 "not_recorded": {why: n for why, n in self.not_recorded.items() if n},
                 "max_score_gap": {kind: float(f"{gap:.3g}") for kind, gap in self.max_gap.items()},
+                "between_calls": {"positions": self.apart["positions"], "text_token": self.apart["text_token"],
+                                  "reference_ids": self.apart["reference_ids"],
+                                  "beyond_tolerance": self.apart["beyond_tolerance"],
+                                  "reads_left_out": self.apart["reads_left_out"],
+                                  "tolerance": float(f"{apart_tolerance(self.dtype):.3g}")},
                 **({"reference": {**self.reference, **({"not_read": self.reference_not_read}
                                                        if self.reference_not_read else {})}}
                    if self.reference or self.reference_not_read else {})}
@@ -175,11 +206,12 @@ def keep(kind: str, items: Sequence[Item], traced: dict[ScoreRequest, TokenTrace
     """Check each distinct request's trace, measure each scored item's |Σ trace − score|, and keep the trace
     on its item's record as (request number, request, trace)."""
     for request, trace in traced.items():
-        check(request, trace, log.top_k, dtype=log.dtype)
+        for position in check(request, trace, log.top_k, dtype=log.dtype):
+            log.disagree(request, position, "text_token")
     log.traced(kind, list(traced))
     for record, number, request, scored in items:
         if scored is not None:
-            log.gap(kind, score_gap(request, traced[request], scored))
+            log.gap(kind, score_gap(request, traced[request], scored, dtype=log.dtype))
         record.traced.append((number, request, traced[request]))
 
 
@@ -204,13 +236,16 @@ def reference_reads(traced: dict[ScoreRequest, TokenTrace], reference: Reference
 
 
 def with_given(traced: dict[ScoreRequest, TokenTrace], asks: dict[ScoreRequest, list[IdsRead | None]],
-               answers: dict[IdsRead, tuple[float, ...]], *, dtype: str) -> dict[ScoreRequest, TokenTrace]:
-    """Each trace with its ids read apart (``TokenTrace.given``), each value checked against the position's own
-    top list: one value per asked id, a log-probability, and not above the last entry listed by more than the
-    rounding between two calls of an engine computing in dtype (an id left out of a top list cannot outrank it:
-    a read of another context shows as one, nats above). TraceError in one line. A value kept above the last
-    entry is kept as read; the bound caps it there (evalkit/compare/divergence/between.py)."""
+               answers: dict[IdsRead, tuple[float, ...]], log: TraceLog) -> dict[ScoreRequest, TokenTrace]:
+    """Each trace with its ids read apart (``TokenTrace.given``), each value checked: one value per asked id, a
+    log-probability (TraceError in one line where not). A value above the last entry of the position's own top
+    list (an id that list left out cannot outrank it in the same row) shows the two calls disagreeing: the
+    position is counted (``TraceLog.disagree``; beyond the rounding between two calls of the engine's logits
+    dtype, apart) and keeps its own top list alone, the bound's one sound choice where the values of its ids read
+    apart are of another rounding than the list's (capped at its last entry, one came out 0.003 nats above the
+    exact KL: tests/test_divergence_dtypes.py)."""
     out = {}
+    tolerance = apart_tolerance(log.dtype)
     for request, trace in traced.items():
         given = []
         for read, top, p in zip(asks[request], trace.top, range(max(request.start, 1), len(request.ids))):
@@ -218,13 +253,16 @@ def with_given(traced: dict[ScoreRequest, TokenTrace], asks: dict[ScoreRequest, 
             if read is not None and len(values) != len(read.ids):
                 raise TraceError(f"the engine read {len(values)} log-probabilities for {len(read.ids)} asked ids "
                                  f"at position {p}")
-            last = top[-1][1] if top else 0.0
             for t, v in zip(read.ids if read else (), values):
-                if math.isnan(v) or v > ENTRY_TOLERANCE or v > last + apart_tolerance(dtype, v):
+                if math.isnan(v) or v > ENTRY_TOLERANCE:
                     raise TraceError(f"the engine reads the reference's id {t} at position {p} as {v:.6g}: not a "
-                                     f"log-probability, or above the last top entry {last:.6g} there that "
-                                     f"left it out by more than {apart_words(dtype, v)}: a read of another "
-                                     "context")
+                                     "log-probability")
+            above = max(values, default=-math.inf) - (top[-1][1] if top else 0.0)
+            if read is not None and above > ENTRY_TOLERANCE:
+                log.disagree(request, p, "reference_ids")
+                log.apart["beyond_tolerance"] += above > tolerance
+                log.apart["reads_left_out"] += len(values)
+                read = None
             given.append(tuple(zip(read.ids, values)) if read else ())
         out[request] = replace(trace, given=tuple(given)) if any(given) else trace
     return out

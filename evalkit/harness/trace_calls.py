@@ -77,4 +77,4 @@ class Tracer:
             return traced
         self.log.reference["reads"] += len(reads)
         self.log.reference["ids_read"] += sum(len(r.ids) for r in reads)
-        return with_given(traced, asks, answers, dtype=self.log.dtype)
+        return with_given(traced, asks, answers, self.log)

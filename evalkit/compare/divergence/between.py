@@ -210,7 +210,8 @@ def divergence(ref: records.Recorded, cand: records.Recorded,
         return Divergence(ref.run, cand.run, missing=left_out or "no position of the candidate shares its context "
                           "with the reference's, token for token (another tokenizer or prompt)")
     per_task, overall = summaries(tasks)
-    notes = tuple(filter(None, [_left_out(ref.run, cand.run, tasks), note, given_note]))
+    notes = tuple(filter(None, [_left_out(ref.run, cand.run, tasks), note, given_note,
+                                records.between_calls_note(cand, ref)]))
     return Divergence(ref.run, cand.run, k=k, given=cand.run in kept, notes=notes,
                       tasks=tasks, per_task=per_task, overall=overall, documents=per_document(tasks))
 

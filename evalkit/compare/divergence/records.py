@@ -42,6 +42,9 @@ class Recorded:
     read_at: str = ""  # the evalkit.run_id of the reference whose top ids it read apart; "" where it read none
     reference: str = ""  # that reference as evalkit.divergence.reference names it ("<parent>/<name>"), else ""
     not_read: str = ""  # the one line why its engine read no ids, where it was given a reference and could not
+    # positions whose values from two engine calls disagreed (evalkit.divergence.between_calls.positions); None
+    # where the run does not say (recorded by an evalkit that did not count them)
+    between_calls: int | None = None
 
     @property
     def k(self) -> int:
@@ -86,7 +89,25 @@ def read_run(run: Run) -> Recorded:
             raise CompareError(str(error)) from None
         except ValueError as error:
             raise CompareError(f"{error}; a damaged run: copy it again or rerun") from None
-    return Recorded(run.name, tasks, run_id=str(section.get("run_id") or ""), **_reference(section))
+    return Recorded(run.name, tasks, run_id=str(section.get("run_id") or ""), between_calls=_between_calls(section),
+                    **_reference(section))
+
+
+def _between_calls(section: dict[str, Any]) -> int | None:
+    """evalkit.divergence.between_calls.positions where it is a count, else None."""
+    divergence = section.get("divergence")
+    said = divergence.get("between_calls") if isinstance(divergence, dict) else None
+    count = said.get("positions") if isinstance(said, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+
+
+def between_calls_note(*runs: Recorded) -> str:
+    """The line that says at how many positions each run's engine calls disagreed; "" where no run says."""
+    said = [f"{run.run} {run.between_calls}" for run in runs if run.between_calls is not None]
+    if not said:
+        return ""
+    return ("positions where two engine calls of a run disagreed (a value read apart above the top list that left "
+            f"it out: the engine's rounding from call to call, counted, not an error): {', '.join(said)}")
 
 
 def cut(rows: Positions, k: int) -> Positions:

@@ -103,9 +103,9 @@ def next_token_trace(request: ScoreRequest, top: Top, entries: Mapping[int, floa
     if token not in entries:
         raise BadRead(f"no log-probability read for token {token} after a {request.start}-token context")
     value = entries[token]
-    if value > top[-1][1] + apart_tolerance(dtype, value):
+    if value > top[-1][1] + apart_tolerance(dtype):
         raise BadRead(f"token {token} read at {value!r}, above the last of the top entries {top[-1][1]!r} that "
-                      f"leave it out, by more than {apart_words(dtype, value)}")
+                      f"leave it out, by more than {apart_words(dtype)}")
     return TokenTrace(logprobs=(value,), top=(top,))
 
 
