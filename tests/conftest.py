@@ -46,6 +46,16 @@ OTHER_KERNELS = {"PYTHONPATH": os.pathsep.join(p for p in (os.path.join(os.path.
                  "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+def under_other_kernels(node: str) -> None:
+    """Runs one test (its pytest node id) in a process of its own under OTHER_KERNELS, and fails with its output if
+    it fails: torch chooses its kernels once per process, so a test of the HF engine, which runs in the test's own
+    process, meets another processor's rounding only in a fresh one."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", node],
+                          capture_output=True, text=True, env={**os.environ, **OTHER_KERNELS}, timeout=600)
+    print(done.stdout[-1500:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
 @pytest.fixture
 def forked_engine(tmp_path) -> dict[str, str]:
     """The environment for a `python -m evalkit` whose engine runs as CUDA vLLM's does: its EngineCore forked from

