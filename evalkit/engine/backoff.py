@@ -31,15 +31,20 @@ LOADING = "raised while vLLM loaded the model's weights"
 WEIGHTS = re.compile(r"Failed to load model - not enough GPU memory|" + LOADING)
 WEIGHTS_ADVICE = "the model's weights do not fit in one engine's GPU memory: raise tensor_parallel_size " \
                  "(or use a smaller dtype)"
+# "graphs": graph capture ran out of the device's streams (vllm-ascend: "error code 207008", "Stream resources are
+# insufficient"), which only an eager engine avoids: the back-off goes to eager at once.
+GRAPHS = re.compile(r"\b207008\b|Stream resources are insufficient", re.IGNORECASE)
 ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)")
 LOADER_FRAME = re.compile(r'File "[^"]*/vllm/model_executor/model_loader/')
 PROCESS = re.compile(r"^\(\S+ pid=\d+\)")  # vLLM's prefix of each line a process of its engine prints
 
 
 def classify(text: str) -> str | None:
-    """"weights", "kv_cache", "pressure" or None (not a memory failure) for an error message or log tail."""
+    """"weights", "graphs", "kv_cache", "pressure" or None (not a memory failure) for an error message or log tail."""
     if WEIGHTS.search(text):
         return "weights"
+    if GRAPHS.search(text):
+        return "graphs"
     if KV_CACHE.search(text):
         return "kv_cache"
     if PRESSURE.search(text):
@@ -100,6 +105,9 @@ def next_settings(cfg: EvalConfig, kind: str, policy: OomRetry) -> EvalConfig | 
     if kind == "weights":
         return None
     hf = cfg.engine == "hf"
+    if kind == "graphs":
+        eager = policy.eager and not hf and not cfg.engine_kwargs.get("enforce_eager")
+        return dataclasses.replace(cfg, engine_kwargs={**cfg.engine_kwargs, "enforce_eager": True}) if eager else None
     lower = round(cfg.gpu_memory_utilization - policy.utilization_step, 4)
     if kind == "pressure" and not hf and lower >= policy.utilization_floor - 1e-9:
         return dataclasses.replace(cfg, gpu_memory_utilization=lower)

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.engine.machine import forks, gpus, preflight
+from evalkit.engine.machine import environment, forks, gpus, preflight
 from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
 from evalkit.engine.backoff import classify, next_settings, root_cause, weights_failure
 from evalkit.engine.machine.process_group import end_group, signal_group
@@ -227,7 +227,7 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     outcome: Outcome | None = None
     try:
         terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
-        before = [] if cfg.engine == "served" and not cfg.endpoint.serve else gpus.visible_gpus()
+        before = [] if cfg.engine == "served" and not cfg.endpoint.serve else environment.devices_now()
         outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current, stops, before))
     finally:
         for s, handler in previous.items():
@@ -255,7 +255,7 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
 
 
 def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Attempt], stops: list[str],
-                             before: list[gpus.Gpu]) -> Callable[[EvalConfig, list], Outcome]:
+                             before: list[Any]) -> Callable[[EvalConfig, list], Outcome]:
     """The attempt function for run_with_retries: each try in a fresh process, its output to the log and
     the terminal, the try under way in current (for the signal handler). Once stops names a signal, no try
     starts and the one under way ends as stopped (unless it finished its run). After each try, the GPUs of
@@ -292,10 +292,11 @@ def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Atte
     return attempt
 
 
-def wait_for_gpu_memory(before: list[gpus.Gpu]) -> None:
-    """Wait until each GPU has the memory free that it had in before, at most GPU_MEMORY_WAIT seconds; one line
-    for each that has not. vLLM's engine processes free a GPU's memory only as they end, and some are outside
-    the try's group (a data-parallel actor's lead their own; Ray frees an actor's GPU when it kills it)."""
-    for then, now in gpus.memory_back(before, timeout=GPU_MEMORY_WAIT):
+def wait_for_gpu_memory(before: list[Any]) -> None:
+    """Wait until each GPU (or Ascend chip's HBM) has the memory free that it had in before, at most GPU_MEMORY_WAIT
+    seconds; one line for each that has not. vLLM's engine processes free a device's memory only as they end, and
+    some are outside the try's group (a data-parallel actor's lead their own; Ray frees an actor's GPU when it
+    kills it)."""
+    for then, now in environment.memory_back(before, timeout=GPU_MEMORY_WAIT):
         print(f"evalkit: {gpus.short_line(then, now, GPU_MEMORY_WAIT, after='the try ended', before='the run')}",
               file=sys.stderr, flush=True)

@@ -49,7 +49,9 @@ SCHEDULING_ENV = {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "
                   # set by vLLM itself: platforms/cpu.py, v1/worker/cpu_worker.py, v1/executor/ray_executor.py,
                   # config/vllm.py
                   "VLLM_DISABLE_SHARED_EXPERTS_STREAM", "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_DIST_IDENT",
-                  "VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE", "VLLM_USE_BREAKABLE_CUDAGRAPH"}
+                  "VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE", "VLLM_USE_BREAKABLE_CUDAGRAPH",
+                  # which of the machine's Ascend chips (the chips' models are hashed with the hardware)
+                  "ASCEND_RT_VISIBLE_DEVICES"}
 # The hardware facts that decide kernels; the OS release, core count and host name are recorded, not hashed. On
 # GPUs the processor computes no answer: the engine's own GPUs replace the CPU's facts (engine_gpus).
 CPU_KEYS = ("machine", "cpu_model", "cpu_bf16")

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evalkit.untrusted import environment, scrubbed
+from evalkit.engine.machine.environment import engine_environment
+from evalkit.untrusted import scrubbed
 
 READ_MACHINE = ("import json; from evalkit.engine.machine.environment import hardware, library_versions; "
                 "print(json.dumps({'versions': library_versions(), 'hardware': hardware()}))")
@@ -52,7 +53,7 @@ def described_here(recorded: dict[str, Any], machine: dict[str, Any] | None = No
     if "environment" in recorded:  # vLLM's: the VLLM_* variables it starts under, with those tuning set
         tuned = {c["setting"].split(".", 1)[1]: str(c["value"]) for c in recorded.get("choices") or []
                  if str(c.get("setting", "")).startswith("env.")}
-        here["environment"] = {**environment(dict(os.environ), "VLLM_"), **tuned}
+        here["environment"] = {**engine_environment(dict(os.environ)), **tuned}
     return here
 
 

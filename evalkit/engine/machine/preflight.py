@@ -11,11 +11,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from evalkit.engine.machine import environment, gpus, model_download
+from evalkit.engine.machine import environment, gpus, model_download, npus
 from evalkit.engine.machine.gpus import Gpu
-from evalkit.config import ConfigError, EvalConfig, devices_needed, devices_per_engine, installed_vllm_build
+from evalkit.engine.machine.npus import Npu
+from evalkit.config import (ConfigError, EvalConfig, devices_needed, devices_per_engine, installed_vllm_build,
+                            release)
 
 # config.json keys vLLM reads for a model's context length; it takes the smallest present.
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
@@ -101,8 +103,11 @@ def check_model(cfg: EvalConfig, model_dir: str) -> float:
         check_heads(config, cfg.tensor_parallel_size, cfg.model_name)
     if local_engine(cfg) and cfg.engine != "hf":
         ranks = devices_per_engine(cfg)  # the engine's GPUs: the first of those this process may use
-        return fit_utilization(cfg.gpu_memory_utilization, gpus.visible_gpus()[:ranks],
-                               weights_per_gpu(model_dir, cfg.dtype, ranks), choose=cfg.tune)
+        weights = weights_per_gpu(model_dir, cfg.dtype, ranks)
+        if installed_vllm_build() == "ascend":  # its Ascend chips' HBM, as npu-smi reads it
+            return fit_utilization(cfg.gpu_memory_utilization, npus.visible_npus()[:ranks], weights, choose=cfg.tune,
+                                   unit="NPU", visible=npus.VISIBLE)
+        return fit_utilization(cfg.gpu_memory_utilization, gpus.visible_gpus()[:ranks], weights, choose=cfg.tune)
     return cfg.gpu_memory_utilization
 
 
@@ -150,7 +155,8 @@ def weights_per_gpu(model_dir: str, dtype: str, ranks: int) -> int | None:
     return stored * run_width // stored_width // max(ranks, 1)
 
 
-def fit_utilization(asked: float, engine_gpus: Sequence[Gpu], weights: int | None, *, choose: bool) -> float:
+def fit_utilization(asked: float, engine_gpus: Sequence[Gpu | Npu], weights: int | None, *, choose: bool,
+                    unit: str = "GPU", visible: str = "CUDA_VISIBLE_DEVICES") -> float:
     """The gpu_memory_utilization an engine on these GPUs can start with: asked, where each has asked x its total
     free (vLLM's own condition, vllm/v1/worker/utils.py request_memory); else, when choose, the highest share every
     one of them has free, less MEMORY_MARGIN, rounded down to 0.01, in one step (the memory back-off would lower it
@@ -161,15 +167,15 @@ def fit_utilization(asked: float, engine_gpus: Sequence[Gpu], weights: int | Non
         return asked
     tightest = min(sized, key=lambda g: (g.free_bytes - MEMORY_MARGIN) / g.total_bytes)
     fits = math.floor(max(tightest.free_bytes - MEMORY_MARGIN, 0) / tightest.total_bytes * 100) / 100
-    where = (f"GPU {tightest.index} ({tightest.name}) has {tightest.free_bytes / GIB:.1f} GiB free of "
+    where = (f"{unit} {tightest.index} ({tightest.name}) has {tightest.free_bytes / GIB:.1f} GiB free of "
              f"{tightest.total_bytes / GIB:.1f} GiB (other processes hold the rest)")
     if fits <= 0 or fits * tightest.total_bytes < (weights or 0):
-        need = f"; the weights alone need {weights / GIB:.1f} GiB per GPU" if weights else ""
-        raise ConfigError(f"{where}{need}: free it, choose other GPUs with CUDA_VISIBLE_DEVICES, "
+        need = f"; the weights alone need {weights / GIB:.1f} GiB per {unit}" if weights else ""
+        raise ConfigError(f"{where}{need}: free it, choose other {unit}s with {visible}, "
                           "or raise tensor_parallel_size")
     if not choose:
         raise ConfigError(f"{where}, less than gpu_memory_utilization={asked:g} asks: pass "
-                          f"gpu_memory_utilization={fits:g} or less, or free the GPU")
+                          f"gpu_memory_utilization={fits:g} or less, or free the {unit}")
     return fits
 
 
@@ -192,15 +198,43 @@ def check_devices(cfg: EvalConfig) -> None:
         return  # the devices are the cluster's; Ray places the engines and refuses what does not fit
     if cfg.engine != "hf":
         check_shm(devices_per_engine(cfg), shm_bytes(SHM))
+    if cfg.engine != "hf" and installed_vllm_build() == "ascend":
+        check_ascend(environment.ascend_versions(), os.environ)
+        try:
+            npus.visible_npus()
+        except npus.VisibleError as error:
+            raise ConfigError(str(error)) from None
     kind, count = environment.accelerators()
     needed = devices_needed(cfg)  # on CPU, cores: each rank of each engine binds at least one
     if needed > count:
-        what = f"{count} GPU(s)" if kind == "cuda" else f"no GPU and {count} CPU core(s)"
+        what = {"cuda": f"{count} GPU(s)", "npu": f"{count} Ascend NPU chip(s)"}.get(
+            kind, f"no GPU and {count} CPU core(s)")
         asked = " x ".join(f"{name}={value}" for name, value in (
             ("tensor_parallel_size", cfg.tensor_parallel_size), ("pipeline_parallel_size", cfg.pipeline_parallel_size),
             ("data_parallel_size", cfg.data_parallel_size)) if value > 1)
         raise ConfigError(f"{asked} needs {needed} devices but this machine has {what}; ask for {count} or fewer, "
                           "or run on a Ray cluster (cluster.address=auto)")
+
+
+CANN_SETUP = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+
+
+def check_ascend(versions: dict[str, str | None], env: Mapping[str, str]) -> None:
+    """vllm-ascend's platform: a vLLM of the release vllm-ascend was built for (each vllm-ascend release pins one:
+    0.23.0.post1 runs on vLLM 0.23.0), torch-npu installed, and CANN set up in this shell (without it torch-npu's
+    autoload makes every `import torch` fail: "Failed to load the backend extension: torch_npu")."""
+    ascend, vllm = versions.get("vllm_ascend"), versions.get("vllm")
+    if ascend and vllm and release(ascend)[:3] != release(vllm)[:3]:
+        wanted = ".".join(map(str, release(ascend)[:3]))
+        raise ConfigError(f"vllm-ascend {ascend} runs on vLLM {wanted}, but vLLM {vllm} is installed: pip install "
+                          f"vllm=={wanted} (without its CUDA build: VLLM_TARGET_DEVICE=empty), or the vllm-ascend "
+                          f"release for vLLM {vllm}")
+    if not versions.get("torch_npu"):
+        raise ConfigError("vllm-ascend is installed but torch-npu is not: pip install the torch-npu release "
+                          "vllm-ascend names (torch-npu 2.10.0.post4 for vllm-ascend 0.23.0.post1)")
+    if not (env.get("ASCEND_TOOLKIT_HOME") or env.get("ASCEND_HOME_PATH")):
+        raise ConfigError(f"CANN is not set up in this shell (ASCEND_TOOLKIT_HOME is unset): source {CANN_SETUP} "
+                          "first; without it torch-npu fails every import of torch")
 
 
 def shm_bytes(path: str) -> int | None:

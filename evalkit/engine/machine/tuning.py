@@ -47,9 +47,10 @@ from typing import Any, Iterator, Mapping
 
 from evalkit import config
 from evalkit.config import EvalConfig, devices_per_engine
-from evalkit.engine.machine import gpus
+from evalkit.engine.machine import gpus, npus
 from evalkit.engine.machine.environment import cuda_touched
 from evalkit.engine.machine.gpus import Gpu
+from evalkit.engine.machine.npus import Npu
 from evalkit.engine.machine.preflight import fit_utilization, model_config, weights_per_gpu
 
 KV_CONTEXTS = 8  # full-length sequences the chosen KV cache holds at once
@@ -63,10 +64,11 @@ MULTIPROC_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 @dataclass(frozen=True)
 class Machine:
-    device: str  # "cuda" or "cpu"
+    device: str  # "cuda", "npu" or "cpu"
     cores: tuple[int, ...]  # CPU cores this process may run on
     ram_bytes: int
     gpus: tuple[Gpu, ...] = ()  # the GPUs this process may use, in CUDA's order, as NVML reads them now
+    npus: tuple[Npu, ...] = ()  # the Ascend chips it may use, in the NPU runtime's order, as npu-smi reads them now
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,13 @@ def this_machine() -> Machine:
     """This machine as the engine about to start sees it; GPUs through NVML (gpus.py), never the CUDA runtime.
     The installed vLLM build decides (config.installed_vllm_build, as the fingerprint does): its CPU build on a
     GPU machine computes on the processor and sizes its KV cache in RAM, so it is tuned as on a CPU machine."""
-    found = () if config.installed_vllm_build() == "cpu" else tuple(gpus.visible_gpus())
+    build = config.installed_vllm_build()
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
-    return Machine(device="cuda" if found else "cpu", cores=cores, gpus=found,
-                   ram_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if build == "ascend":  # vllm-ascend's platform, whatever else the machine has: never the CPU settings
+        return Machine(device="npu", cores=cores, ram_bytes=ram, npus=tuple(npus.visible_npus()))
+    found = () if build == "cpu" else tuple(gpus.visible_gpus())
+    return Machine(device="cuda" if found else "cpu", cores=cores, gpus=found, ram_bytes=ram)
 
 
 def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
@@ -178,15 +183,40 @@ def gpu_choices(*, machine: Machine, env: Mapping[str, str], gpu_memory_utilizat
     return choices
 
 
+def npu_choices(*, machine: Machine, env: Mapping[str, str], gpu_memory_utilization: float, ranks: int,
+                weights_per_gpu: int | None, tune: bool = True) -> list[Choice]:
+    """On Ascend NPUs (vllm-ascend): spawned engine processes always (with tune=false too: vllm-ascend 0.23 does
+    not force them, and a forked child of a process that started the NPU runtime dies), and, when tune, a
+    utilization that fits the free HBM of the engine's own chips (npu-smi's reading; the first ranks of
+    machine.npus). None of the CPU settings: vllm-ascend compiles graphs, sizes its KV cache from HBM and takes
+    its own block size."""
+    if machine.device != "npu":
+        return []
+    choices = []
+    if tune and ranks:
+        fits = fit_utilization(gpu_memory_utilization, machine.npus[:ranks], weights_per_gpu, choose=True,
+                               unit="NPU", visible=npus.VISIBLE)
+        if fits < gpu_memory_utilization:
+            choices.append(Choice("gpu_memory_utilization", fits,
+                                  f"{gpu_memory_utilization:g} of the NPU's HBM is not free: other processes hold "
+                                  "part of it"))
+    if MULTIPROC_METHOD not in env:
+        choices.append(Choice(f"env.{MULTIPROC_METHOD}", "spawn",
+                              "vllm-ascend's forked engine processes cannot start the NPU runtime again"))
+    return choices
+
+
 def choices_for(cfg: EvalConfig, model_dir: str, *, sole_engine: bool = False) -> list[Choice]:
     """What to fill in for an engine of cfg on this machine (with tune=false, only what it needs to start): the
     one call that an engine evalkit starts in process (evalkit/engine/vllm/start.py) and a server it starts
     (served/start.py) share."""
     machine = this_machine()
     ranks = devices_per_engine(cfg) if cfg.distributed_executor_backend != "ray" else 0  # Ray places those ranks
+    weights = weights_per_gpu(model_dir, cfg.dtype, max(ranks, 1))
     on_gpus = gpu_choices(machine=machine, env=os.environ, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                          ranks=ranks, weights_per_gpu=weights_per_gpu(model_dir, cfg.dtype, max(ranks, 1)),
-                          cuda_initialised=cuda_touched(), tune=cfg.tune)
+                          ranks=ranks, weights_per_gpu=weights, cuda_initialised=cuda_touched(), tune=cfg.tune)
+    on_gpus += npu_choices(machine=machine, env=os.environ, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                           ranks=ranks, weights_per_gpu=weights, tune=cfg.tune)
     if not cfg.tune:
         return on_gpus
     return on_gpus + choose(

@@ -62,11 +62,15 @@ def replacement_settings(settings: EvalConfig, *, kind: str | None, died: bool, 
     raise RuntimeError(f"an engine failed: {one_line(error)}") from error
 
 
-def actor_resources(cfg: EvalConfig, cluster: dict[str, float]) -> dict[str, float]:
-    """What one engine's actor asks Ray for: its GPUs where the cluster has GPUs, else one core (it binds
-    its share of the node's cores itself). Raises ConfigError when the engines cannot all fit at once."""
+def actor_resources(cfg: EvalConfig, cluster: dict[str, float]) -> dict[str, Any]:
+    """What one engine's actor asks Ray for: its Ascend chips where the cluster has Ray's "NPU" resource (Ray then
+    gives the actor its own ASCEND_RT_VISIBLE_DEVICES), its GPUs where it has GPUs, else one core (it binds its
+    share of the node's cores itself). Raises ConfigError when the engines cannot all fit at once."""
     per_engine = devices_per_engine(cfg)
-    if cluster.get("GPU", 0) > 0:
+    if cluster.get("NPU", 0) > 0:
+        wanted, have, unit = per_engine * cfg.data_parallel_size, cluster["NPU"], "NPUs"
+        resources = {"num_gpus": 0, "num_cpus": 1, "resources": {"NPU": per_engine}}
+    elif cluster.get("GPU", 0) > 0:
         wanted, have, unit = per_engine * cfg.data_parallel_size, cluster["GPU"], "GPUs"
         resources = {"num_gpus": per_engine, "num_cpus": 1}
     else:

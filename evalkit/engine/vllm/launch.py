@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from evalkit import untrusted
+from evalkit.engine.machine.environment import engine_environment
 from evalkit.engine.tokenizer import load_tokenizer
 
 
@@ -49,7 +49,7 @@ def start_llm(args: dict[str, Any], *, trust_remote_code: bool, add_bos_token: b
     from vllm import LLM
 
     start_seconds = {"import_vllm": round(time.perf_counter() - clock, 3)}
-    environment = untrusted.environment(dict(os.environ), "VLLM_")  # a secret's name, never its value
+    environment = engine_environment(dict(os.environ))  # a secret's name, never its value
     clock = time.perf_counter()
     # vLLM's start runs gc.collect five times (model load, its own gc.freeze): frozen first, what this
     # process already holds (vLLM, torch, lm-eval and the tasks) is not traversed again each time
