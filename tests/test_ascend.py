@@ -31,9 +31,9 @@ HERE = Path(__file__).resolve().parent / "ascend"
 REPO = HERE.parent.parent
 MIB = 2**20
 
-TORCH_NPU = '''"""torch-npu as an Ascend image installs it, without the NPU: its autoload adds torch.npu, whose calls that would
-start the NPU runtime are recorded in $EVALKIT_FAKE_NPU_CALLS; with EVALKIT_FAKE_CANN=missing it fails as the real
-one fails where CANN is not set up."""
+TORCH_NPU = '''"""torch-npu as an Ascend image installs it, without the NPU: its autoload adds torch.npu, whose
+calls that would start the NPU runtime are recorded in $EVALKIT_FAKE_NPU_CALLS; with EVALKIT_FAKE_CANN=missing it
+fails as the real one fails where CANN is not set up."""
 import json, os, types
 
 
@@ -90,6 +90,11 @@ def image(tmp_path: Path, *, ascend: str = "0.32.0", torch_npu: bool = True) -> 
         distribution(site, "torch-npu", "2.10.0.post4", "[torch.backends]\ntorch_npu = torch_npu:_autoload\n",
                      "torch_npu", TORCH_NPU)
     return site
+
+
+def smi(table: str = "npu_smi_a2.txt") -> dict[str, str]:
+    """The environment in which npu-smi (tests/ascend/bin) prints that server's table."""
+    return {"PATH": f"{HERE / 'bin'}{os.pathsep}{os.environ['PATH']}", "EVALKIT_NPU_SMI_TABLE": str(HERE / table)}
 
 
 @pytest.fixture
@@ -208,8 +213,7 @@ def test_python_m_evalkit_refuses_what_cannot_run_on_the_npus_in_one_line_with_e
     site = image(tmp_path, ascend="0.23.0.post1" if case == "another vLLM" else "0.32.0",
                  torch_npu=case != "no torch-npu")
     env = {**{k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE", npus.VISIBLE)},
-           "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "PATH": f"{HERE / 'bin'}{os.pathsep}{os.environ['PATH']}",
-           "EVALKIT_NPU_SMI_TABLE": str(HERE / "npu_smi_a2.txt"), "ASCEND_TOOLKIT_HOME": str(tmp_path)}
+           "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), **smi(), "ASCEND_TOOLKIT_HOME": str(tmp_path)}
     if case == "cann unset":  # and torch-npu's autoload fails as it does without CANN: before any import of torch
         del env["ASCEND_TOOLKIT_HOME"]
         env["EVALKIT_FAKE_CANN"] = "missing"
@@ -236,13 +240,12 @@ def test_no_npu_runtime_call_before_the_engine_and_its_start_gets_npu_settings_n
     run's record names the chips and the Ascend libraries."""
     site, record, calls = image(tmp_path), tmp_path / "record.jsonl", tmp_path / "npu-calls.jsonl"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTORCH_")) and k != npus.VISIBLE},
-           "PYTHONPATH": os.pathsep.join([str(HERE / "start"), str(site), str(REPO)]),
-           "PATH": f"{HERE / 'bin'}{os.pathsep}{os.environ['PATH']}", "EVALKIT_NPU_SMI_TABLE": str(HERE / "npu_smi_a2.txt"),
+           "PYTHONPATH": os.pathsep.join([str(HERE / "start"), str(site), str(REPO)]), **smi(),
            "ASCEND_TOOLKIT_HOME": str(tmp_path), "EVALKIT_TEST_ASCEND_RECORD": str(record),
            "EVALKIT_FAKE_NPU_CALLS": str(calls), npus.VISIBLE: "2,3"}
-    done = subprocess.run([sys.executable, "-m", "evalkit", "limit=1", "tensor_parallel_size=1", "oom_retry.enabled=false",
-                           f"output_dir={tmp_path / 'out'}"], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "evalkit", "limit=1", "tensor_parallel_size=1",
+                           "oom_retry.enabled=false", f"output_dir={tmp_path / 'out'}"],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     started = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     assert len(started) == 1, f"vllm.LLM was not reached: {done.stderr[-3000:]}"
@@ -250,7 +253,8 @@ def test_no_npu_runtime_call_before_the_engine_and_its_start_gets_npu_settings_n
     loaded = [json.loads(line) for line in calls.read_text().splitlines()]
     assert {c["call"] for c in loaded} == {"autoload"}, loaded  # torch-npu loaded; the runtime never called
     assert started[0]["pid"] in {c["pid"] for c in loaded}  # in the very process that starts the engine
-    assert env_seen.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn" and env_seen.get("PYTORCH_HAL_BASED_NPU_CHECK") == "1"
+    assert env_seen.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn"
+    assert env_seen.get("PYTORCH_HAL_BASED_NPU_CHECK") == "1"
     assert not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING"} & set(env_seen)
     assert not {"enforce_eager", "block_size", "kv_cache_memory_bytes"} & set(kwargs), kwargs
     assert kwargs["gpu_memory_utilization"] == 0.35  # chip 2 (the first of 2,3): (24,276 MiB free - 1 GiB) / 65,536
@@ -268,7 +272,7 @@ def test_install_chooses_ascend_where_npu_smi_answers_and_prints_its_plan(tmp_pa
         subprocess.run(["cp", str(REPO / "evalkit" / "engine" / "machine" / name),
                         str(repo / "evalkit" / "engine" / "machine")], check=True)
     env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", npus.VISIBLE)},
-           "PATH": f"{HERE / 'bin'}{os.pathsep}{os.environ['PATH']}", "EVALKIT_NPU_SMI_TABLE": str(HERE / "npu_smi_a3.txt")}
+           **smi("npu_smi_a3.txt")}
     lines = dry_run(repo, env=env)
     assert lines[0] == "install.sh: the ascend build of vLLM: found Ascend NPUs: 4 Ascend910; Ascend910; Ascend910; " \
                        "Ascend910 (how: npu-smi)"
@@ -291,3 +295,20 @@ def test_over_image_pins_only_what_the_image_lacks(tmp_path):
         sys.path.remove(str(REPO / "constraints"))
     kept, image_has = split(["torch==2.13.0+cpu", "no-such-package-here==1.0", "# a comment", "pytest==8.0.0"])
     assert kept == ["no-such-package-here==1.0"] and image_has == ["torch", "pytest"]
+
+
+def test_the_npu_check_records_the_platform_and_skips_the_npu_parts_where_torch_npu_does_not_load(tmp_path):
+    """benchmarks/npu_check.py on the recreated A2 server, without torch-npu: the platform part reads vllm-ascend's
+    plugin and npu-smi's chips; the parts that need the NPU runtime are recorded as skipped, exit 0."""
+    env = {**{k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE", npus.VISIBLE)},
+           "PYTHONPATH": os.pathsep.join([str(image(tmp_path, torch_npu=False)), str(REPO)]),
+           **smi()}
+    out = tmp_path / "npu_check.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.npu_check", "--out", str(out)], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = json.loads(out.read_text())["parts"]
+    assert parts["platform"]["platform"] == "ascend" and parts["platform"]["npus"] == ["910B3"] * 4
+    assert parts["platform"]["versions"]["vllm_ascend"] == "0.32.0"
+    assert all(parts[name]["status"].startswith("skipped: no Ascend NPU")
+               for name in ("count", "memory", "fork", "release"))

@@ -203,7 +203,8 @@ def memory_back(before: Sequence[Any], *, timeout: float, poll: float = 0.25,
 
 def short_line(then: Gpu, now: Gpu, waited: float, *, after: str, before: str) -> str:
     """The one line said of a GPU whose memory did not come back (memory_back) within waited seconds."""
-    return (f"{'GPU' if hasattr(then, 'uuid') else 'NPU'} {then.index} ({then.name}) has {now.free_bytes / 2**30:.1f} GiB free {waited:g} s after {after}, "
+    unit = "GPU" if hasattr(then, "uuid") else "NPU"
+    return (f"{unit} {then.index} ({then.name}) has {now.free_bytes / 2**30:.1f} GiB free {waited:g} s after {after}, "
             f"{then.free_bytes / 2**30:.1f} GiB before {before}: another process holds the rest, or one of the "
             "engine's still ends; what follows fits itself to what is free")
 

@@ -36,7 +36,8 @@ SMI_SECONDS = 20
 # the rows of `npu-smi info` (Atlas A2 and A3 layouts, npu-smi 23 to 26): a chip's first row names its NPU and
 # model, its second gives the chip (and on A3 its physical id), the bus id and, last, HBM used / total in MB
 NAME_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*\S+\s*\|")
-CHIP_ROW = re.compile(r"^\|\s*(\d+)(?:\s+(\d+))?\s*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|(.*)\|\s*$")
+BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d"
+CHIP_ROW = re.compile(rf"^\|\s*(\d+)(?:\s+(\d+))?\s*\|\s*{BUS_ID}\s*\|(.*)\|\s*$")
 USAGE = re.compile(r"(\d+)\s*/\s*(\d+)")
 MIB = 2**20
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from evalkit.config import installed_vllm_build
 from evalkit.engine.machine.environment import engine_environment
 from evalkit.engine.tokenizer import load_tokenizer
 
@@ -62,9 +63,11 @@ def start_llm(args: dict[str, Any], *, trust_remote_code: bool, add_bos_token: b
         start_seconds["tokenizer"] = seconds
     config = llm.llm_engine.vllm_config
     # "v2" (vLLM 0.32's default wherever Triton is, so every CUDA machine) returns only the prompt rows it
-    # computed; "v1" (the CPU build) one row per position.
+    # computed; "v1" (the CPU build) one row per position. On Ascend the NPU worker runs vllm-ascend's own model
+    # runner, built on V1's, whatever vLLM's config says (vLLM 0.23 reports V2 for Llama and Qwen3 there).
+    v2 = getattr(config, "use_v2_model_runner", False) and installed_vllm_build() != "ascend"
     return Started(llm=llm, tokenizer=tokenizer, start_seconds=start_seconds, environment=environment,
-                   runner="v2" if getattr(config, "use_v2_model_runner", False) else "v1",
+                   runner="v2" if v2 else "v1",
                    block_size=int(config.cache_config.block_size),
                    logits_dtype=str(llm.llm_engine.model_config.dtype).removeprefix("torch."))
 
