@@ -312,3 +312,27 @@ def test_the_npu_check_records_the_platform_and_skips_the_npu_parts_where_torch_
     assert parts["platform"]["versions"]["vllm_ascend"] == "0.32.0"
     assert all(parts[name]["status"].startswith("skipped: no Ascend NPU")
                for name in ("count", "memory", "fork", "release"))
+
+
+def test_data_parallel_engines_ask_ray_for_its_npu_resource():
+    from evalkit.engine.pool.plan import actor_resources
+
+    four_by_two = compose_config(["data_parallel_size=4", "tensor_parallel_size=2"])
+    assert actor_resources(four_by_two, {"NPU": 8.0, "CPU": 192.0}) == {"num_gpus": 0, "num_cpus": 1,
+                                                                         "resources": {"NPU": 2}}
+    with pytest.raises(ConfigError, match="needs 8 NPUs on the Ray cluster, which has 4"):
+        actor_resources(four_by_two, {"NPU": 4.0, "CPU": 192.0})
+
+
+def test_the_memory_back_off_reads_the_npu_errors_and_goes_eager_at_once_when_graphs_lack_streams():
+    from evalkit.engine.backoff import classify, next_settings
+
+    cfg = compose_config([])
+    assert classify("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.96 GiB total)") == "pressure"
+    assert classify("ValueError: Free memory on device (20.1/64.0 GiB) on startup is less than desired GPU memory "
+                    "utilization (0.9, 57.6 GiB)") == "pressure"
+    graphs = "RuntimeError: ACL stream synchronize failed, error code 207008 (Stream resources are insufficient)"
+    assert classify(graphs) == "graphs"
+    eager = next_settings(cfg, "graphs", cfg.oom_retry)
+    assert eager.engine_kwargs["enforce_eager"] is True and eager.gpu_memory_utilization == cfg.gpu_memory_utilization
+    assert next_settings(eager, "graphs", cfg.oom_retry) is None  # already eager: nothing smaller cures it

@@ -65,7 +65,7 @@ class Outcome:
     status: str  # ok | config | memory | stopped | error
     message: str = ""
     run_dir: str | None = None
-    memory_kind: str | None = None  # pressure | kv_cache, for status "memory"
+    memory_kind: str | None = None  # pressure | kv_cache | graphs, for status "memory"
     signal: str | None = None  # SIGTERM | SIGINT | SIGUSR2 (attempt.stop_signals), for status "stopped"
 
 
