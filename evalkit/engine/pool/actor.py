@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from evalkit.config import EvalConfig, devices_per_engine
 from evalkit.contracts import Generation, GenRequest, IdsRead, Scored, ScoreRequest, TokenTrace
-from evalkit.engine.machine.gpus import Gpu, memory_back, visible_gpus
+from evalkit.engine.machine.environment import devices_now, memory_back
 from evalkit.engine.machine.process_group import guard_own_group
 from evalkit.engine.pool.output import call_explained, keep_tails
 from evalkit.engine.pool.plan import core_share
@@ -56,23 +56,27 @@ class EngineActor:
 
     def place(self) -> dict[str, Any]:
         """Where this actor runs, and the models of its GPUs (named through NVML, which leaves CUDA alone; Ray's
-        CUDA_VISIBLE_DEVICES makes the visible GPUs this actor's own)."""
+        CUDA_VISIBLE_DEVICES makes the visible GPUs this actor's own), or of its Ascend chips (through npu-smi;
+        Ray's ASCEND_RT_VISIBLE_DEVICES makes them its own)."""
         import ray
 
-        return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()],
-                "gpu_models": [gpu.name for gpu in visible_gpus()]}
+        context = ray.get_runtime_context()
+        npu_ids = (context.get_accelerator_ids() if hasattr(context, "get_accelerator_ids") else {}).get("NPU") or []
+        return {"node": context.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()] or [str(n) for n in npu_ids],
+                "gpu_models": [device.name for device in devices_now()]}
 
     def has_folder(self, path: str) -> bool:
         """Whether path is a folder on this actor's node (the model's, before its engine starts)."""
         return os.path.isdir(path)
 
-    def gpu_memory(self) -> list[Gpu]:
-        """This actor's GPUs as NVML reads them now, free memory included (before its engine starts)."""
-        return visible_gpus()
+    def gpu_memory(self) -> list[Any]:
+        """This actor's GPUs as NVML reads them now (or its Ascend chips as npu-smi does), free memory included
+        (before its engine starts)."""
+        return devices_now()
 
-    def memory_back(self, before: list[Gpu], timeout: float) -> list[tuple[Gpu, Gpu]]:
-        """Wait, at most timeout seconds, until those of this actor's GPUs that before names have the memory
+    def memory_back(self, before: list[Any], timeout: float) -> list[tuple[Any, Any]]:
+        """Wait, at most timeout seconds, until those of this actor's devices that before names have the memory
         free again that they had then: (then, now) for each still short (machine/gpus.py, memory_back)."""
         return memory_back(before, timeout=timeout)
 
