@@ -110,6 +110,18 @@ def test_an_unusable_run_is_one_line_and_exit_2(tmp_path, damage, file, words):
     one_line_error(*compare(ref, cand)[::2], *words)
 
 
+def test_a_document_twice_in_a_samples_file_is_one_line_and_exit_2(tmp_path, capsys):
+    """The candidate's first line again at the end, scored 0: the second line used to replace the first, so the
+    comparison read a document the run never scored that way (exit 0). Refused, naming file, task, doc and filter."""
+    ref, cand = hand_pair(tmp_path, {"t": (0, 0, 50)})
+    lines = (cand / "samples_t.jsonl").read_text().splitlines()
+    again = {**json.loads(lines[0]), "acc": 0}
+    (cand / "samples_t.jsonl").write_text("\n".join([*lines, json.dumps(again)]) + "\n")
+    assert cli.main([str(ref), str(cand)]) == 2
+    one_line_error(2, capsys.readouterr().err, "samples_t.jsonl, line 51: task t, doc_id 0, filter 'none' again "
+                   "(first on line 1)")
+
+
 def block_report(folder, how):
     """Make writing the report into folder fail: read-only (not as root, whom chmod does not stop), or a
     folder already standing where the report file goes (which stops root too)."""

@@ -45,16 +45,23 @@ def _json(text: str, where: str) -> Any:
                            "truncated or damaged file; rerun or copy it again") from None
 
 
-def read_samples(file: Path) -> dict[tuple[int, str], dict[str, Any]]:
-    """(doc_id, filter) -> sample line of one samples file, each line checked: an object with an integer doc_id."""
-    samples = {}
+def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
+    """(doc_id, filter) -> sample line of task's samples file, each line checked: an object with an integer doc_id,
+    and the only one of its document and filter (lm-eval writes one line per document and filter; a second would
+    silently replace the first)."""
+    samples, lines = {}, {}
     for number, line in enumerate(_text(file).splitlines(), 1):
         if line.strip():
             sample = _json(line, f"{file}, line {number}")
             if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
                 raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
                                    "file evalkit (lm-eval) wrote")
-            samples[(sample["doc_id"], str(sample.get("filter", "none")))] = sample
+            key = (sample["doc_id"], str(sample.get("filter", "none")))
+            if key in samples:
+                raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
+                                   f"(first on line {lines[key]}); a samples file holds one line per document and "
+                                   "filter: a damaged or concatenated file, rerun or copy it again")
+            samples[key], lines[key] = sample, number
     return samples
 
 
@@ -75,7 +82,7 @@ def load_run(path: str | Path) -> Run:
         files = None
     if not isinstance(results, dict) or not isinstance(files, dict):
         raise CompareError(f"{results_file}: not an evalkit results file (no evalkit.files.samples object)")
-    samples = {task: read_samples(file) for task, file in files.items() if file.is_file()}
+    samples = {task: read_samples(file, task) for task, file in files.items() if file.is_file()}
     if not samples:
         raise CompareError(f"{path}: no samples_<task>_<date>.jsonl files; rerun with log_samples=true")
     return Run(path=folder.resolve(), results=results, samples=samples)
