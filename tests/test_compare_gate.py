@@ -122,6 +122,17 @@ def test_a_document_twice_in_a_samples_file_is_one_line_and_exit_2(tmp_path, cap
                    "(first on line 1)")
 
 
+def test_a_samples_file_missing_from_both_runs_is_one_line_and_exit_2(tmp_path, capsys):
+    """Task u's samples deleted from both runs: both still had the same tasks, so u was dropped and t compared
+    alone (exit 0). Refused, naming the file and the task."""
+    ref, cand = hand_pair(tmp_path, {"t": (0, 0, 50), "u": (30, 0, 50)})
+    for run in (ref, cand):
+        (run / "samples_u.jsonl").unlink()
+    assert cli.main([str(ref), str(cand)]) == 2
+    one_line_error(2, capsys.readouterr().err, "results.json: names samples_u.jsonl as task u's samples, but the "
+                   "folder has no such file (1 of 2 tasks' files missing)")
+
+
 def block_report(folder, how):
     """Make writing the report into folder fail: read-only (not as root, whom chmod does not stop), or a
     folder already standing where the report file goes (which stops root too)."""

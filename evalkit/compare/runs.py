@@ -67,7 +67,8 @@ def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]
 
 def load_run(path: str | Path) -> Run:
     """A run folder written by ``python -m evalkit``, or its results.json. Anything unreadable (missing,
-    truncated, damaged) is a CompareError in one line."""
+    truncated, damaged) is a CompareError in one line; so is a samples file results.json names that is not there,
+    which would leave its task out of the comparison unsaid."""
     folder = Path(path)
     folder = folder.parent if folder.name == "results.json" else folder
     results_file = folder / "results.json"
@@ -82,7 +83,12 @@ def load_run(path: str | Path) -> Run:
         files = None
     if not isinstance(results, dict) or not isinstance(files, dict):
         raise CompareError(f"{results_file}: not an evalkit results file (no evalkit.files.samples object)")
-    samples = {task: read_samples(file, task) for task, file in files.items() if file.is_file()}
+    missing = sorted(task for task, file in files.items() if not file.is_file())
+    if missing:
+        raise CompareError(f"{results_file}: names {files[missing[0]].name} as task {missing[0]}'s samples, but the "
+                           f"folder has no such file ({len(missing)} of {len(files)} tasks' files missing); copy the "
+                           "whole run folder, or rerun")
+    samples = {task: read_samples(file, task) for task, file in files.items()}
     if not samples:
         raise CompareError(f"{path}: no samples_<task>_<date>.jsonl files; rerun with log_samples=true")
     return Run(path=folder.resolve(), results=results, samples=samples)
