@@ -115,6 +115,30 @@ def test_a_log_likelihood_that_overflowed_is_unusable_input(tmp_path, capsys, n)
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize("metric, aggregation, damage, expected", [
+    ("acc", "mean", "0.5", "a number"), ("acc", "mean", "abc", "a number"),
+    ("word_perplexity", "weighted_perplexity", ["-40.0", 10], "a pair of numbers")])
+@pytest.mark.parametrize("where", ["ref", "cand"])
+def test_text_where_a_number_belongs_is_unusable_input_naming_the_documents(tmp_path, capsys, metric, aggregation,
+                                                                             damage, expected, where):
+    """One document's value written as text beside a sound task u: the damaged row was 'not compared' (or
+    inconclusive) and the command exited 0 on u alone; it is one line naming the task, metric, run and document."""
+    n = 60
+    values = [(-40.0 - i % 7, 10 + i % 5) for i in range(n)] if aggregation != "mean" else [1.0] * 48 + [0.0] * 12
+    damaged = list(values)
+    damaged[7] = damage
+    ref, cand = (damaged, values) if where == "ref" else (values, damaged)
+    higher = aggregation == "mean"
+    runs = [value_run(tmp_path / "m" / side, {"t": {metric: (vs, aggregation, higher)},
+                                              "u": {"acc": ([1.0] * n, "mean", True)}})
+            for side, vs in (("ref", ref), ("cand", cand))]
+    assert cli.main(list(map(str, runs))) == 2
+    err = capsys.readouterr().err
+    side = "reference" if where == "ref" else "candidate"
+    assert err.count("\n") == 1 and f"t/{metric} (none): the {side}'s value is not {expected} on documents 7 " \
+        f"(first: {damage!r}); lm-eval's {aggregation} takes {expected} per document" in err, err
+
+
 @pytest.mark.parametrize("n", [10, 60, 400])
 def test_a_metric_neither_run_scored_on_some_documents_leaves_them_out_and_says_so(tmp_path, capsys, n):
     """Accuracy 0.80 -> 0.50 with the metric missing from the same two documents of both runs: the row is made

@@ -34,6 +34,22 @@ def aggregation(results: dict[str, Any], task: str, metric: str) -> tuple[str, C
     return getattr(default, "__name__", "none"), default
 
 
+ARITHMETIC = {"mean": "a number", "nanmean": "a number", "median": "a number", "perplexity": "a number",
+              "weighted_perplexity": "a pair of numbers", "bits_per_byte": "a pair of numbers"}
+"""What each of lm-eval's arithmetic aggregations takes per document (a log-likelihood and its count of words or
+bytes for the weighted ones)."""
+
+
+def expected_value(results: dict[str, Any], task: str, metric: str) -> tuple[str, str] | None:
+    """(aggregation, what it takes per document) where the metric's aggregation is one of lm-eval's arithmetic
+    ones (ARITHMETIC); None for any other (BLEU's pairs of texts, a task's own function), whose values only the
+    aggregation itself can judge."""
+    from lm_eval.api.registry import get_aggregation
+
+    name, agg = aggregation(results, task, metric)
+    return (name, ARITHMETIC[name]) if name in ARITHMETIC and agg is get_aggregation(name) else None
+
+
 def is_mean(results: dict[str, Any], task: str, metric: str) -> bool:
     from lm_eval.api.registry import get_aggregation
 

@@ -20,6 +20,7 @@ The runs on disk and the like-for-like check: runs.py; the command line: cli.py.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -85,16 +86,31 @@ def unusable(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
+def fits(value: Any, expected: str) -> bool:
+    """Whether a per-document value is what an arithmetic aggregation takes (metric_rows.ARITHMETIC): a number
+    (a bool too, which lm-eval's mean adds up), or a pair of them; text such as "0.5" is neither."""
+    if expected == "a number":
+        return isinstance(value, numbers.Real)
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, numbers.Real) for v in value)
+
+
 def _docs(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
 
 
-def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: str
-                 ) -> tuple[list[tuple[dict, dict]], str]:
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: str,
+                 expected: tuple[str, str] | None = None) -> tuple[list[tuple[dict, dict]], str]:
     """The documents both runs scored on metric, and the one line that says which were left out: those neither
     run scored (lm-eval's own score of the metric leaves them out too). A document one run scored and the other
-    did not, or a value that is null, NaN or infinite (a log-likelihood that overflowed), is unusable input: a
-    CompareError naming the task, the metric and the documents, never a row quietly made of the rest."""
+    did not, a value that is null, NaN or infinite (a log-likelihood that overflowed), or one that is not what
+    the metric's arithmetic aggregation takes (expected: metric_rows.expected_value; text where a number belongs)
+    is unusable input: a CompareError naming the task, the metric and the documents, never a row quietly made of
+    the rest or one left inconclusive."""
     has = [(metric in r, metric in c) for r, c in pairs]
     for side, name in ((0, "reference"), (1, "candidate")):
         only = [r["doc_id"] for (r, _), h in zip(pairs, has) if h[side] and not h[1 - side]]
@@ -107,6 +123,12 @@ def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: s
         if bad:
             raise CompareError(f"{task}/{metric} ({filt}): the {name}'s value is null, NaN or infinite on documents "
                                f"{_docs(bad)}; a score that cannot be compared (rerun, or look at those documents)")
+    for side, name in ((0, "reference"), (1, "candidate")) if expected else ():
+        bad = [pair[side] for pair in kept if not fits(pair[side][metric], expected[1])]
+        if bad:
+            raise CompareError(f"{task}/{metric} ({filt}): the {name}'s value is not {expected[1]} on documents "
+                               f"{_docs([s['doc_id'] for s in bad])} (first: {_shown(bad[0][metric])}); lm-eval's "
+                               f"{expected[0]} takes {expected[1]} per document (rerun, or look at those documents)")
     left = len(pairs) - len(kept)
     note = (f"{left} of {len(pairs)} documents left out: neither run scored {metric} on them "
             f"({_docs([r['doc_id'] for (r, _), h in zip(pairs, has) if not h[0]])})") if left else ""
@@ -165,11 +187,12 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
 
 def check_comparable(reference: Run, candidate: Run) -> None:
     """Like for like (runs.check_like_for_like), every metric scored on the same documents in both runs, and no
-    value null, NaN or infinite (scored_pairs): a CompareError before any statistic is computed."""
+    value null, NaN, infinite or not what its aggregation takes (scored_pairs): a CompareError before any
+    statistic is computed."""
     check_like_for_like(reference, candidate)
     for task, filt, pairs, metrics in metric_pairs(reference, candidate):
         for metric in metrics:
-            scored_pairs(task, filt, pairs, metric)
+            scored_pairs(task, filt, pairs, metric, metric_rows.expected_value(reference.results, task, metric))
 
 
 def planned_rows(reference: Run, candidate: Run) -> int:
@@ -194,7 +217,7 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     for task, filt, pairs, metrics in metric_pairs(reference, candidate):
         scored, ids = values.setdefault(task, {}), {}
         for metric in metrics:
-            kept, left_out = scored_pairs(task, filt, pairs, metric)
+            kept, left_out = scored_pairs(task, filt, pairs, metric, metric_rows.expected_value(results, task, metric))
             ref, cand = scored[(filt, metric)] = metric_values(kept, metric)
             ids[metric] = [r["doc_id"] for r, _ in kept]
             row = compare_values(results, task, metric, ref, cand, tolerances=tolerances, settings=settings,
