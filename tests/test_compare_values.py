@@ -140,6 +140,22 @@ def test_text_where_a_number_belongs_is_unusable_input_naming_the_documents(tmp_
 
 
 @pytest.mark.parametrize("n", [10, 60, 400])
+@pytest.mark.parametrize("metric, aggregation, value", [
+    ("m", "mean", 1e308), ("m", "mean", -1e308),
+    ("word_perplexity", "weighted_perplexity", [-1e308, 10])])
+def test_values_whose_sum_overflows_are_unusable_input(tmp_path, capsys, n, metric, aggregation, value):
+    """Every candidate value 1e308 (or a log-likelihood of -1e308): finite each, but their sum is inf, so the row
+    was inconclusive and the command exited 0. One line naming the task, metric, run and documents."""
+    ref = [(-40.0 - i % 7, 10 + i % 5) for i in range(n)] if aggregation != "mean" else [0.5] * n
+    ref_dir, cand_dir = value_pair(tmp_path, ref, [value] * n, metric=metric, aggregation=aggregation,
+                                   higher_is_better=aggregation == "mean")
+    assert cli.main([str(ref_dir), str(cand_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"t/{metric} (none): the candidate's value is too large to add up on " \
+        f"documents 0, 1, 2" in err and f"over {n} documents a value must lie within" in err, err
+
+
+@pytest.mark.parametrize("n", [10, 60, 400])
 def test_a_metric_neither_run_scored_on_some_documents_leaves_them_out_and_says_so(tmp_path, capsys, n):
     """Accuracy 0.80 -> 0.50 with the metric missing from the same two documents of both runs: the row is made
     of the rest, says how many were left out, and is worse (it used to vanish, exit 0)."""

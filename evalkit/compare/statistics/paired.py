@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -94,6 +95,17 @@ def fits(value: Any, expected: str) -> bool:
     return isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, numbers.Real) for v in value)
 
 
+def magnitude(value: Any) -> float:
+    """The largest absolute number in a per-document value (through tuples; text counts 0), inf for an integer
+    beyond a float's range."""
+    if isinstance(value, (list, tuple)):
+        return max(map(magnitude, value), default=0.0)
+    try:
+        return abs(float(value)) if isinstance(value, numbers.Real) else 0.0
+    except OverflowError:
+        return math.inf
+
+
 def _docs(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
 
@@ -107,10 +119,10 @@ def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: s
                  expected: tuple[str, str] | None = None) -> tuple[list[tuple[dict, dict]], str]:
     """The documents both runs scored on metric, and the one line that says which were left out: those neither
     run scored (lm-eval's own score of the metric leaves them out too). A document one run scored and the other
-    did not, a value that is null, NaN or infinite (a log-likelihood that overflowed), or one that is not what
-    the metric's arithmetic aggregation takes (expected: metric_rows.expected_value; text where a number belongs)
-    is unusable input: a CompareError naming the task, the metric and the documents, never a row quietly made of
-    the rest or one left inconclusive."""
+    did not, a value that is null, NaN or infinite (a log-likelihood that overflowed), one that is not what the
+    metric's arithmetic aggregation takes (expected: metric_rows.expected_value; text where a number belongs), or
+    one so large that a sum over the documents overflows (1e308) is unusable input: a CompareError naming the
+    task, the metric and the documents, never a row quietly made of the rest or one left inconclusive."""
     has = [(metric in r, metric in c) for r, c in pairs]
     for side, name in ((0, "reference"), (1, "candidate")):
         only = [r["doc_id"] for (r, _), h in zip(pairs, has) if h[side] and not h[1 - side]]
@@ -129,6 +141,14 @@ def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: s
             raise CompareError(f"{task}/{metric} ({filt}): the {name}'s value is not {expected[1]} on documents "
                                f"{_docs([s['doc_id'] for s in bad])} (first: {_shown(bad[0][metric])}); lm-eval's "
                                f"{expected[0]} takes {expected[1]} per document (rerun, or look at those documents)")
+    limit = sys.float_info.max / (2 * max(len(kept), 1))  # a sum of differences over the documents stays finite
+    for side, name in ((0, "reference"), (1, "candidate")):
+        bad = [pair[side] for pair in kept if magnitude(pair[side][metric]) > limit]
+        if bad:
+            raise CompareError(f"{task}/{metric} ({filt}): the {name}'s value is too large to add up on documents "
+                               f"{_docs([s['doc_id'] for s in bad])} (first: {_shown(bad[0][metric])}): over "
+                               f"{len(kept)} documents a value must lie within ±{limit:.3g}, or their sums overflow; a "
+                               "score that cannot be compared (rerun, or look at those documents)")
     left = len(pairs) - len(kept)
     note = (f"{left} of {len(pairs)} documents left out: neither run scored {metric} on them "
             f"({_docs([r['doc_id'] for (r, _), h in zip(pairs, has) if not h[0]])})") if left else ""
@@ -187,8 +207,8 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
 
 def check_comparable(reference: Run, candidate: Run) -> None:
     """Like for like (runs.check_like_for_like), every metric scored on the same documents in both runs, and no
-    value null, NaN, infinite or not what its aggregation takes (scored_pairs): a CompareError before any
-    statistic is computed."""
+    value null, NaN, infinite, not what its aggregation takes or too large to add up (scored_pairs): a
+    CompareError before any statistic is computed."""
     check_like_for_like(reference, candidate)
     for task, filt, pairs, metrics in metric_pairs(reference, candidate):
         for metric in metrics:
