@@ -71,7 +71,10 @@ def test_a_lone_rows_interval_lies_where_its_verdict_says(tmp_path, b, c, n):
     (["--tolerance", "1.5"], ["--tolerance 1.5"]),
     (["--relative-tolerance", "-0.1"], ["--relative-tolerance -0.1"]),
     (["--relative-tolerance", "nan"], ["--relative-tolerance nan"]),
-    (["--tolerance-for", "t/acc=inf"], ["--tolerance-for t/acc"]),
+    (["--tolerance-for", "t/acc=inf"], ["--tolerance-for 't/acc=inf'", "(0, 1)"]),
+    (["--tolerance-for", "t/acc=inf%"], ["--tolerance-for 't/acc=inf%'", "a percentage above 0"]),
+    (["--tolerance-for", "t/acc=5"], ["--tolerance-for 't/acc=5'", "(0, 1)", "e.g. t/acc=0.02", "t/acc=2%"]),
+    (["--tolerance-for", "t/acc=1"], ["--tolerance-for 't/acc=1'", "(0, 1)"]),  # as --tolerance 5 and 1 are
     (["--tolerance-for", "t/acc=-1"], ["--tolerance-for 't/acc=-1'"]),
     (["--alpha", "0"], ["--alpha 0.0"]), (["--alpha", "0.5"], ["--alpha 0.5"]), (["--alpha", "nan"], ["--alpha nan"]),
 ])

@@ -67,20 +67,29 @@ more: docs/compare.md, docs/divergence.md and docs/locate.md"""
 
 
 def tolerances_from(args: Any) -> Tolerances:
-    """The tolerances asked for, each a number above 0 (an absolute one for 0-1 metrics below 1): a negative one
-    would call identical runs worse, zero or NaN would call nothing equivalent; anything else a CompareError."""
+    """The tolerances asked for, each a number above 0 (an absolute one, for 0-1 metrics, below 1), whether given
+    for every row or one task's metric: a negative one would call identical runs worse, zero or NaN would call
+    nothing equivalent, an absolute 5 would call any change of a 0-1 metric equivalent; anything else a
+    CompareError."""
     if not 0 < args.tolerance < 1:
         raise CompareError(f"--tolerance {args.tolerance}: the largest acceptable change of a 0-1 metric lies in "
                            "(0, 1), e.g. 0.02")
     if not 0 < args.relative_tolerance < math.inf:
         raise CompareError(f"--relative-tolerance {args.relative_tolerance}: a fraction above 0, e.g. 0.02 (2 %)")
-    try:
-        overrides = dict(verdict.parse_override(text) for text in args.tolerance_for)
-    except ValueError as error:
-        raise CompareError(str(error)) from None
-    for (task, metric), tolerance in overrides.items():
-        if not math.isfinite(tolerance.value):
-            raise CompareError(f"--tolerance-for {task}/{metric}: {tolerance.value} is no tolerance")
+    overrides = {}
+    for text in args.tolerance_for:
+        try:
+            (task, metric), tolerance = verdict.parse_override(text)
+        except ValueError as error:
+            raise CompareError(str(error)) from None
+        if tolerance.relative and not tolerance.value < math.inf:
+            raise CompareError(f"--tolerance-for {text!r}: a relative tolerance is a percentage above 0, e.g. "
+                               f"{task}/{metric}=2%")
+        if not tolerance.relative and not tolerance.value < 1:
+            raise CompareError(f"--tolerance-for {text!r}: the largest acceptable change of a 0-1 metric lies in "
+                               f"(0, 1), e.g. {task}/{metric}=0.02; a relative tolerance ends in %, e.g. "
+                               f"{task}/{metric}=2%")
+        overrides[(task, metric)] = tolerance
     return Tolerances(absolute=args.tolerance, relative=args.relative_tolerance, overrides=overrides)
 
 
@@ -111,8 +120,9 @@ def add_arguments(parser: Any) -> None:
                         help="largest acceptable change of an unbounded metric (perplexity, BLEU, bits_per_byte, any "
                              "score outside [-1, 1]) as a fraction of the reference's score (default 0.02: 2%%)")
     parser.add_argument("--tolerance-for", action="append", default=[], metavar="TASK/METRIC=VALUE",
-                        help="the tolerance of one task (or group) and metric, either may be *: absolute "
-                             "(mmlu/acc=0.01) or relative with %% (wikitext/word_perplexity=5%%); repeatable")
+                        help="the tolerance of one task (or group) and metric, either may be *: absolute, in (0, 1) "
+                             "as --tolerance (mmlu/acc=0.01), or relative with %% (wikitext/word_perplexity=5%%); "
+                             "repeatable")
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="family-wise false-alarm rate: the chance that a candidate with no change beyond the "
                              "tolerance anywhere fails (exit 1), Holm over every row compared (default 0.05)")
