@@ -150,12 +150,24 @@ def test_a_group_is_scored_with_the_weighting_lm_eval_recorded(tmp_path, weighte
     assert ("weight_by_size" in group.note) and ("equally" in group.note) != weighted
 
 
-def test_no_group_row_where_lm_eval_recorded_no_group_score(tmp_path):
-    tasks = {"a": (1, 0, 10), "b": (0, 0, 30)}
-    groups = {"g": {"tasks": ["a", "b"], "acc,none": 0.123}}  # neither mean of its leaves: not ours to guess
-    ref, cand = (hand_run(tmp_path / "m" / s, tasks, side=s, groups=json.loads(json.dumps(groups)))
+@pytest.mark.parametrize("scores, why", [
+    ({"ref": 0.123, "cand": 0.123}, "not compared: the reference's score of group g (0.123) is neither its 2 tasks' "
+     "mean by size (0.975) nor their plain mean (0.95), the two ways lm-eval scores a group; its tasks' own rows are "
+     "compared"),
+    ({"ref": 0.975, "cand": 0.95}, "not compared: the reference's score of group g is its tasks' mean by size, the "
+     "candidate's their plain mean: the runs weighted it differently"),
+    ({"ref": 0.975, "cand": None}, "not compared: the candidate's results.json has no score acc,none of group g")])
+def test_a_group_score_lm_eval_could_not_have_given_is_a_row_not_compared_saying_why(tmp_path, capsys, scores, why):
+    """A group score that is no mean of its leaves (not ours to guess how it was made) used to leave the group out
+    of the table unsaid; its row says it was not compared and why, and the leaves are compared as ever."""
+    tasks = {"a": (1, 1, 10), "b": (0, 0, 30)}  # 0.9 and 1 in both runs: by size 39/40 = 0.975, plainly 0.95
+    ref, cand = (hand_run(tmp_path / "m" / s, tasks, side=s, groups={"g": {"tasks": ["a", "b"], "acc,none": scores[s]}})
                  for s in ("ref", "cand"))
-    assert list(paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand))[0].task) == ["a", "b"]
+    table, _ = paired.compare_runs(on_disk.load_run(ref), on_disk.load_run(cand))
+    assert list(table.task) == ["a", "b", "g"] and list(table.method.isna()) == [False, False, True]
+    group = table.iloc[2]
+    assert group.verdict == "inconclusive" and group.n == 0 and why in group.note, group.note
+    assert cli.main([str(ref), str(cand)]) == 0 and f"- g / acc (none): {why}" in capsys.readouterr().out
 
 
 def test_locate_asks_for_noise_runs_outside_cpu_float32(tmp_path, capsys):

@@ -91,19 +91,39 @@ def leaf_tasks(group_subtasks: dict[str, list[str]], group: str) -> list[str]:
 
 
 def weight_by_size(runs: tuple[dict[str, Any], dict[str, Any]], group: str, key: str, tasks: list[str],
-                   sizes: list[int]) -> bool | None:
+                   sizes: list[int]) -> tuple[bool | None, str]:
     """Whether lm-eval weighted the leaves by size for the group score it recorded under key ("acc,none") in
-    both runs: the weighting whose mean of the leaves' recorded scores is that score in both. None when it
+    both runs: the weighting whose mean of the leaves' recorded scores is that score in both. (None, why) when it
     recorded none, or one that neither weighting gives (not a mean of its leaves)."""
-    fits: set[bool] = {True, False}
-    for results in runs:
+    fits: list[set[bool]] = []
+    for results, name in zip(runs, ("reference", "candidate")):
         recorded = ((results.get("groups") or {}).get(group) or {}).get(key)
         scores = [((results.get("results") or {}).get(t) or {}).get(key) for t in tasks]
         if not all(isinstance(v, (int, float)) for v in [recorded, *scores]):
-            return None
-        means = {True: np.average(scores, weights=sizes), False: float(np.mean(scores))}
-        fits &= {w for w, value in means.items() if math.isclose(recorded, value, rel_tol=1e-9, abs_tol=1e-12)}
-    return None if not fits else (True in fits)  # both fit (equal sizes or scores): lm-eval's default, by size
+            return None, f"the {name}'s results.json has no score {key} of group {group} or of one of its tasks"
+        means = {True: float(np.average(scores, weights=sizes)), False: float(np.mean(scores))}
+        fits.append({w for w, value in means.items() if math.isclose(recorded, value, rel_tol=1e-9, abs_tol=1e-12)})
+        if not fits[-1]:
+            return None, (f"the {name}'s score of group {group} ({recorded:.6g}) is neither its {len(tasks)} "
+                          f"tasks' mean by size ({means[True]:.6g}) nor their plain mean ({means[False]:.6g}), the "
+                          "two ways lm-eval scores a group; its tasks' own rows are compared")
+    if not fits[0] & fits[1]:
+        mean = {True: "mean by size", False: "plain mean"}
+        return None, (f"the reference's score of group {group} is its tasks' {mean[True in fits[0]]}, the "
+                      f"candidate's their {mean[True in fits[1]]}: the runs weighted it differently; its tasks' own "
+                      "rows are compared")
+    return True in fits[0] & fits[1], ""  # both fit (equal sizes or scores): lm-eval's default, by size
+
+
+def not_compared(results: dict[str, Any], task: str, filt: str, metric: str, why: str, *,
+                 tolerances: Tolerances) -> dict[str, Any]:
+    """The row of a score recorded but not compared: no scores and no test (every p-value 1, so it can only be
+    inconclusive), its note saying why, so that nothing the runs recorded leaves the table unsaid."""
+    tolerance, nan = tolerances.of(task, metric, math.nan), math.nan
+    return {"task": task, "filter": filt, "metric": metric, "n": 0, "reference": nan, "candidate": nan, "diff": nan,
+            "ci_low": nan, "ci_high": nan, "mcnemar_b": None, "mcnemar_c": None, "mcnemar_p": None, "method": None,
+            **stats.NO_EVIDENCE, "higher_is_better": direction(results, task, metric), "tolerance": tolerance.value,
+            "relative": tolerance.relative, "note": f"not compared: {why}", "p_floor": 1.0, "changed": 0}
 
 
 def analytic(results: dict[str, Any], task: str, metric: str) -> bool:
@@ -220,14 +240,16 @@ def stratified_row(results: dict[str, Any], group: str, tasks: list[str], metric
 
 
 def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group: str, key: str, *,
-              tolerances: Tolerances, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The row of one group score lm-eval recorded (key "metric,filter"), or None when it cannot be scored."""
+              tolerances: Tolerances, settings: dict[str, Any]) -> dict[str, Any]:
+    """The row of one group score lm-eval recorded (key "metric,filter"); one not compared, saying why, where it
+    cannot be scored as lm-eval scored it."""
     results, metric, filt = runs[0], *key.split(",", 1)
     tasks = [t for t in leaf_tasks(results.get("group_subtasks") or {}, group) if (filt, metric) in values.get(t, {})]
     pairs = [values[t][(filt, metric)] for t in tasks]
-    weighted = weight_by_size(runs, group, key, tasks, [len(ref) for ref, _ in pairs]) if tasks else None
+    weighted, why = (weight_by_size(runs, group, key, tasks, [len(ref) for ref, _ in pairs]) if tasks else
+                     (None, f"none of its tasks has per-document values of {metric} ({filt})"))
     if weighted is None:
-        return None
+        return not_compared(results, group, filt, metric, why, tolerances=tolerances)
     own, leaves = direction(results, group, metric), {direction(results, t, metric) for t in tasks}
     known = own if own is not None else leaves.pop() if len(leaves) == 1 else None
     n = sum(len(ref) for ref, _ in pairs)
@@ -248,9 +270,8 @@ def group_row(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, group
 def group_rows(runs: tuple[dict[str, Any], dict[str, Any]], values: Values, *, tolerances: Tolerances,
                settings: dict[str, Any]) -> list[dict[str, Any]]:
     """A row per group score lm-eval recorded in the reference's results.json ("groups"), as it computed it."""
-    rows = [group_row(runs, values, group, key, tolerances=tolerances, settings=settings)
+    return [group_row(runs, values, group, key, tolerances=tolerances, settings=settings)
             for group, key in group_keys(runs[0])]
-    return [row for row in rows if row is not None]
 
 
 def group_keys(results: dict[str, Any]) -> list[tuple[str, str]]:

@@ -216,7 +216,7 @@ def check_comparable(reference: Run, candidate: Run) -> None:
 
 
 def planned_rows(reference: Run, candidate: Run) -> int:
-    """The rows compare_runs gives at most (a group lm-eval recorded may give none): what sizes the resamples."""
+    """The rows compare_runs gives: what sizes the resamples."""
     return (sum(len(metrics) for *_, metrics in metric_pairs(reference, candidate))
             + len(metric_rows.group_keys(reference.results)))
 
