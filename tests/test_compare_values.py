@@ -8,6 +8,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from evalkit.compare import cli
@@ -178,6 +179,28 @@ def test_a_metric_only_one_run_scored_on_a_document_is_unusable_input(tmp_path, 
     assert cli.main(list(map(str, value_pair(tmp_path, ref, cand, metric="acc")))) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "t/acc (none): only the reference scored documents 4;" in err
+
+
+@pytest.mark.parametrize("task, why", [
+    ("t", "the samples hold no per-document values of f1 (none)"),
+    ("v", "the runs have no samples file of task v")])
+def test_a_score_only_results_json_records_is_a_row_not_compared_saying_why(tmp_path, capsys, task, why):
+    """results.json records f1 for task t, whose samples hold only acc (or for a task v no samples file is named
+    for): the score was ignored unsaid. Its row says it was not compared and why; acc's row is compared as ever."""
+    n = 60
+    ref_dir, cand_dir = value_pair(tmp_path, [1.0] * 48 + [0.0] * 12, [1.0] * 30 + [0.0] * 30, metric="acc")
+    for folder, score in ((ref_dir, 0.7), (cand_dir, 0.65)):
+        results = json.loads((folder / "results.json").read_text())
+        results["results"].setdefault(task, {}).update({"f1,none": score, "f1_stderr,none": 0.01})
+        (folder / "results.json").write_text(json.dumps(results))
+    table, _ = paired.compare_runs(on_disk.load_run(ref_dir), on_disk.load_run(cand_dir))
+    compared, recorded = table.iloc[0], table.iloc[1]
+    assert len(table) == 2 and (compared.metric, compared.n, compared.verdict) == ("acc", n, "worse")
+    assert (recorded.task, recorded.metric, recorded.n, recorded.verdict) == (task, "f1", 0, "inconclusive")
+    note = f"not compared: results.json records it (reference 0.7, candidate 0.65), but {why}, which the " \
+        "comparison is made of"
+    assert recorded.note == note and pd.isna(recorded.method)
+    assert cli.main([str(ref_dir), str(cand_dir)]) == 1 and f"- {task} / f1 (none): {note}" in capsys.readouterr().out
 
 
 def test_a_comparison_of_no_row_is_unusable_input(tmp_path, capsys):

@@ -94,6 +94,18 @@ def load_run(path: str | Path) -> Run:
     return Run(path=folder.resolve(), results=results, samples=samples)
 
 
+def recorded_scores(run: Run) -> dict[tuple[str, str, str], float]:
+    """(task, filter, metric) -> the score results.json records ("metric,filter"), for every task that is not a
+    group (lm-eval lists its groups among the tasks too); their standard errors left out."""
+    results = run.results.get("results")
+    groups = set(run.results.get("group_subtasks") or {}) | set(run.results.get("groups") or {})
+    return {(task, *reversed(key.split(",", 1))): value
+            for task, scores in (results.items() if isinstance(results, dict) else ())
+            if task not in groups and isinstance(scores, dict)
+            for key, value in scores.items()
+            if "," in key and "_stderr," not in key and isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
 def check_like_for_like(reference: Run, candidate: Run) -> None:
     """Same tasks at the same versions, documents, few-shot counts, prompts and targets; a CompareError if not."""
     if set(reference.samples) != set(candidate.samples):

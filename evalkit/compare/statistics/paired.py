@@ -31,7 +31,7 @@ import pandas as pd
 
 from evalkit.compare.statistics import metric_rows, stats, verdict
 from evalkit.compare.statistics.metric_rows import compare_values, group_rows
-from evalkit.compare.runs import CompareError, Run, check_like_for_like
+from evalkit.compare.runs import CompareError, Run, check_like_for_like, recorded_scores
 from evalkit.compare.statistics.verdict import Tolerances
 
 @dataclass
@@ -205,6 +205,24 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
             yield task, filt, pairs, metrics
 
 
+def recorded_only(reference: Run, candidate: Run) -> list[tuple[str, str, str, str]]:
+    """(task, filter, metric, why) of each score a run's results.json records for a task that no row compares:
+    the samples hold no per-document values of the metric, or the runs no samples file of the task. Each is a row
+    not compared (metric_rows.not_compared) whose note says so, never a score left out unsaid."""
+    compared = {(task, filt, metric) for task, filt, _, metrics in metric_pairs(reference, candidate)
+                for metric in metrics}
+    scores = [recorded_scores(run) for run in (reference, candidate)]
+    found = []
+    for task, filt, metric in sorted((set(scores[0]) | set(scores[1])) - compared):
+        shown = ", ".join(f"{name} {s[(task, filt, metric)]:.6g}" if (task, filt, metric) in s else f"{name} none"
+                          for name, s in zip(("reference", "candidate"), scores))
+        where = (f"the samples hold no per-document values of {metric} ({filt})" if task in reference.samples
+                 else f"the runs have no samples file of task {task}")
+        found.append((task, filt, metric, f"results.json records it ({shown}), but {where}, which the comparison is "
+                                          "made of"))
+    return found
+
+
 def check_comparable(reference: Run, candidate: Run) -> None:
     """Like for like (runs.check_like_for_like), every metric scored on the same documents in both runs, and no
     value null, NaN, infinite, not what its aggregation takes or too large to add up (scored_pairs): a
@@ -218,7 +236,7 @@ def check_comparable(reference: Run, candidate: Run) -> None:
 def planned_rows(reference: Run, candidate: Run) -> int:
     """The rows compare_runs gives: what sizes the resamples."""
     return (sum(len(metrics) for *_, metrics in metric_pairs(reference, candidate))
-            + len(metric_rows.group_keys(reference.results)))
+            + len(metric_rows.group_keys(reference.results)) + len(recorded_only(reference, candidate)))
 
 
 def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerances = 0.02, confidence: float = 0.95,
@@ -246,6 +264,8 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
                          "note": "; ".join(filter(None, [left_out, row["note"]]))})
         details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
     rows += group_rows((results, candidate.results), values, tolerances=tolerances, settings=settings)
+    rows += [metric_rows.not_compared(results, task, filt, metric, why, tolerances=tolerances)
+             for task, filt, metric, why in recorded_only(reference, candidate)]
     unused = tolerances.unused({(r["task"], r["metric"]) for r in rows})
     if unused:
         raise CompareError(f"--tolerance-for {', '.join(unused)}: no such task/metric compared")
