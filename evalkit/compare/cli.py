@@ -56,11 +56,14 @@ exit codes:
   1  a row is worse (shown below -tolerance) or changed (shown beyond it, direction unknown), at --alpha; with
      --require equivalent, a row not shown inside its tolerance or better; or,
      with --noise, a candidate's divergence is beyond noise at --divergence-alpha
-  2  unusable input: a run missing, unreadable, truncated or damaged, runs not like-for-like (other tasks,
-     versions, documents, prompts or targets), a per-document value null, NaN or infinite, a metric one run
-     scored on a document and the other did not, no row compared, a bad option (a tolerance not above 0, --alpha outside
-     (0, 0.5)), an engine --locate cannot start, or a divergence verdict --noise cannot give (a noise run
-     without a record, too few documents); 2 wins over 1
+  2  unusable input: a run missing, unreadable, truncated or damaged (a samples file missing, a document twice
+     in one), runs not like-for-like (other tasks, versions, documents, prompts or targets), a per-document value
+     null, NaN, infinite, text where a number belongs, or so large its sum overflows, a metric one run scored on
+     a document and the other did not, no row compared, a bad option (a tolerance not above 0, an absolute one
+     not below 1, --alpha outside (0, 0.5)), an engine --locate cannot start, or a divergence verdict --noise
+     cannot give (a noise run without a record, too few documents); 2 wins over 1
+  a score results.json records that cannot be compared (no per-document values, a group score no mean of its
+     tasks) is a row, inconclusive, whose note says why
   a report that cannot be written (a read-only folder) is said on stderr; the exit code stays the verdict's
 
 more: docs/compare.md, docs/divergence.md and docs/locate.md"""
