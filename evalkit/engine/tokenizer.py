@@ -93,7 +93,7 @@ def processor_template(path: str, *, trust_remote_code: bool) -> str | None:
 
 def resolve_chat_template(tokenizer: Any, *, trust_remote_code: bool) -> str | None:
     """The template lm-eval's vllm backend builds chat prompts with: the one vLLM's resolve_chat_template
-    (vllm/renderers/hf.py, 0.32) resolves with no template given: the processor's, else the tokenizer's,
+    (vllm/renderers/hf.py, 0.23 and 0.32) resolves with no template given: the processor's, else the tokenizer's,
     else vLLM's predefined fallback for the model type (read only where vLLM is installed). None: no template.
     tests/engine/test_tokenizer.py holds it equal to vLLM's own on a checkpoint whose processor has its own template."""
     path = tokenizer.name_or_path
@@ -105,12 +105,21 @@ def resolve_chat_template(tokenizer: Any, *, trust_remote_code: bool) -> str | N
     except ValueError:  # transformers: "Cannot use chat template functions because ... is not set"
         pass
     try:
-        from vllm.renderers.chat_utils import load_chat_template
         from vllm.transformers_utils.chat_templates import get_chat_template_fallback_path
-    except ImportError:
+    except ImportError:  # no vLLM (a client machine): no predefined fallback
         return None
     fallback = get_chat_template_fallback_path(model_type=model_type(path) or "", tokenizer_name_or_path=path)
-    return load_chat_template(fallback) if fallback is not None else None
+    return vllm_load_chat_template()(fallback) if fallback is not None else None
+
+
+def vllm_load_chat_template() -> Any:
+    """vLLM's ``load_chat_template``, where the installed vLLM keeps it: ``vllm.renderers.chat_utils`` (0.32),
+    ``vllm.entrypoints.chat_utils`` before (0.23). A vLLM with neither raises ImportError, never a silent None."""
+    try:
+        from vllm.renderers.chat_utils import load_chat_template
+    except ImportError:
+        from vllm.entrypoints.chat_utils import load_chat_template
+    return load_chat_template
 
 
 class TokenizerSide:

@@ -39,9 +39,11 @@ def expected(request=REQUEST):
 
 def read_prompt_rows(request, flat, runner="v1", token_id_scores=None):
     """request scored from its own prompt rows as the engine reads it (vllm/prompt_logprobs.score_prompts: a path read with
-    no next token; on V2 the values from ``prompt_token_id_logprobs``, asked from row start - 1)."""
+    no next token; on V2 the values from ``prompt_token_id_logprobs``, asked from row start - 1). runner "v1" reads
+    the rows alone, as the engine reads either runner's rows where vLLM has no fixed-id scores (0.23)."""
     read = PathRead(prompt=request.ids, start=scored_positions(request).start, asked=())
-    rows, _ = read_path(read, runner=runner, prompt_rows=flat, token_id_scores=token_id_scores, next_token=None)
+    rows, _ = read_path(read, token_ids_asked=runner == "v2", prompt_rows=flat, token_id_scores=token_id_scores,
+                        next_token=None)
     return summed(rows)
 
 
@@ -97,10 +99,18 @@ def v2_rows(computed, scheduled, prompt_len=len(IDS), ids=IDS, logits=LOGITS):
                            logprobs=torch.cat([own, top.values[:, None]], -1), selected_token_ranks=ranks)
 
 
+def concatenated(rows):
+    """The steps' rows as one LogprobsTensors, each field concatenated as the V2 runner merges a chunked prompt's
+    rows (``torch.cat`` of each field in vLLM 0.23, ``LogprobsTensors.cat`` in 0.32: the same tensors)."""
+    return LogprobsTensors(logprob_token_ids=torch.cat([r.logprob_token_ids for r in rows]),
+                           logprobs=torch.cat([r.logprobs for r in rows]),
+                           selected_token_ranks=torch.cat([r.selected_token_ranks for r in rows]))
+
+
 def v2_layout(steps, prompt_len=len(IDS), ids=IDS, logits=LOGITS):
     """Every step's rows, kept while the prompt is chunked and concatenated when it ends (lines 208-222)."""
     rows = [r for r in (v2_rows(c, n, prompt_len, ids, logits) for c, n in steps) if r is not None]
-    return flat_prompt_logprobs(LogprobsTensors.cat(rows) if rows else None)
+    return flat_prompt_logprobs(concatenated(rows) if rows else None)
 
 
 def v2_token_id_scores(steps, first_row, prompt_len=len(IDS), ids=IDS, logits=LOGITS):
@@ -392,6 +402,11 @@ def logits_of(ids):
     return torch.stack(rows)
 
 
+# how each runner's answers are read: "v2 rows alone" is V2's layout read without its fixed-id scores, as the
+# engine reads it on a vLLM that has none (0.23: no prompt_logprob_start; vllm/launch.token_id_scores)
+RUNNERS = ["v1", "v2", "v2 rows alone"]
+
+
 def sent_as_vllm_does(reads, warm, block, runner):
     """Each read answered as vLLM 0.32 answers it in one call, in order, the warm prefixes first: its cache hit
     the longest run of whole blocks that a request before it computed, never its last token
@@ -424,8 +439,8 @@ def sent_as_vllm_does(reads, warm, block, runner):
         try:
             if runner == "v1" and read.start is not None and hit >= read.start:
                 raise BadRead("V1 rows the cache covered")
-            found.update(path_scores(read, *read_path(read, runner=runner, prompt_rows=rows, token_id_scores=scores,
-                                                      next_token=next_token)))
+            found.update(path_scores(read, *read_path(read, token_ids_asked=runner == "v2", prompt_rows=rows,
+                                                      token_id_scores=scores, next_token=next_token)))
         except BadRead:
             refused.append(read)
     return found, refused
@@ -449,7 +464,7 @@ def exact(found, steps):
         assert found[step].is_greedy == (row.argmax().item() == step.ids[-1])
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_a_context_that_ends_on_a_block_boundary_is_read_once_not_twice(runner):
     """The one-read-in-sixteen case of the GPU runner (block 16): a context whose length is a multiple of the
     block, so its last block is whole and the second choice's read finds it cached, a hit past the read's first
@@ -467,7 +482,7 @@ def test_a_context_that_ends_on_a_block_boundary_is_read_once_not_twice(runner):
     exact(found, token_steps(requests)[1])
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_choices_that_share_leading_tokens_are_read_once_each(runner):
     """Long choices (the shared-prefix path) sharing their first five tokens past a block boundary: the second
     one's read found the first one's blocks cached into its continuation. Cut, the shared part is read once, in
@@ -486,7 +501,7 @@ def test_choices_that_share_leading_tokens_are_read_once_each(runner):
 
 
 @pytest.mark.parametrize("seed", range(30))
-@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_no_plan_of_random_choices_is_refused_on_either_runner(runner, seed):
     """Random questions with random choices (1 to 7 tokens over a small vocabulary, so they share leading
     tokens), contexts of any length, blocks of 2 to 5 tokens, the requests in random order: the chained plan and

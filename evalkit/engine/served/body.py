@@ -221,24 +221,27 @@ def chaining_pays(requests: Sequence[ScoreRequest]) -> bool:
 
 class VLLMApi:
     """Generations, log-likelihoods and traces of a server read through vLLM's fields. Continuations of up to
-    CHAIN_TOKENS tokens (fast, where chaining_pays): each token's next-token log-probability given all before
-    it, one request per distinct context asking for every token that follows it there (``logprob_token_ids``),
-    so the choices of a question share their requests and, under the engine's one ``cache_salt``, the server's
-    prefix cache. The rest, and every trace, from prompt log-probabilities, each under a fresh salt (vLLM reads
-    no cache for them either)."""
+    CHAIN_TOKENS tokens (fast, where chaining_pays and the server honours ``logprob_token_ids``): each token's
+    next-token log-probability given all before it, one request per distinct context asking for every token that
+    follows it there, so the choices of a question share their requests and, under the engine's one
+    ``cache_salt``, the server's prefix cache. The rest, and every trace, from prompt log-probabilities, each under
+    a fresh salt (vLLM reads no cache for them either); so is everything on a server without ``logprob_token_ids``
+    (vLLM 0.23's completions API has no such field: the probe finds it ignored)."""
 
-    def __init__(self, sender: Sender, *, model: str, cache_salt: str, counts: Counter[str]) -> None:
+    def __init__(self, sender: Sender, *, model: str, cache_salt: str, counts: Counter[str], asks_ids: bool) -> None:
         self.sender = sender
         self.model = model
         self.cache_salt = cache_salt  # next-token reads share the prefix cache with one another, and no one else
         self.counts = counts
+        self.asks_ids = asks_ids  # the server honours logprob_token_ids (the probe's logprob_token_ids)
 
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None) -> list[Generation]:
         return self.sender.built(requests, lambda r: generate_body(r, self.model), read_generation, progress,
                                  lambda r: len(r.prompt_ids))
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None, fast: bool) -> list[Scored]:
-        chained = [i for i, r in enumerate(requests) if fast and 1 <= r.start < len(r.ids) <= r.start + CHAIN_TOKENS]
+        chained = [i for i, r in enumerate(requests)
+                   if fast and self.asks_ids and 1 <= r.start < len(r.ids) <= r.start + CHAIN_TOKENS]
         if chained and not chaining_pays([requests[i] for i in chained]):
             chained = []  # chains would cost the server more than reading each continuation whole
         taken = set(chained)

@@ -67,7 +67,8 @@ class ServedEngine(TokenizerSide):
         if self.api == "vllm":  # a vLLM server answers each prompt of a request apart (choices numbered by prompt)
             sender = Sender(self.client, fingerprint=self.probed["system_fingerprint"], counts=self._counts,
                             bundle=PROMPTS_PER_REQUEST)
-            return TracedVLLMApi(sender, model=self.model, cache_salt=self.cache_salt, counts=self._counts)
+            return TracedVLLMApi(sender, model=self.model, cache_salt=self.cache_salt, counts=self._counts,
+                                 asks_ids=self.probed["logprob_token_ids"])
         sender = Sender(self.client, fingerprint=self.probed["system_fingerprint"], counts=self._counts)
         cannot_score = None if self.probed["scoring"] is not None else self.probed["cannot_score"]
         return OpenAIApi(sender, model=self.model, decode=self.token_texts, cannot_score=cannot_score,

@@ -5,7 +5,9 @@
 be read right. A server that speaks vLLM's extensions (``return_token_ids``, ``prompt_logprobs``,
 ``cache_salt``) is read through them (``api: vllm``); one that ignores them is read through the OpenAI API
 alone (``api: openai``, ``served/openai.py``): generation if its answers count the prompt that was sent, and
-log-likelihoods only if its echo covers the prompt token by token. Nothing here is scored.
+log-likelihoods only if its echo covers the prompt token by token. A vLLM server is also asked for two given ids'
+next-token log-probabilities (``logprob_token_ids``, which vLLM 0.23's completions API lacks and ignores): where
+they do not come back, no read asks for given ids and all are read from prompt rows. Nothing here is scored.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ def early_probe(client: Client, model: str | None, max_model_len: int) -> dict[s
     tokens = None if isinstance(tokenized, Failure) else tokenized.get("tokens")
     given = isinstance(tokens, list) and len(tokens) > 1 and all(isinstance(t, int) for t in tokens)
     return {"deployment": named, "tokenized": tokenized,
-            "reads": _two_reads(client, named["model"], tuple(tokens)) if given else None}
+            "reads": _two_reads(client, named["model"], tuple(tokens)) if given else None,
+            "ids_read": _ids_read(client, named["model"], tuple(tokens)) if given else None}
 
 
 def _two_reads(client: Client, model: str, ids: tuple[int, ...]) -> list[Any]:
@@ -104,6 +107,29 @@ def _two_reads(client: Client, model: str, ids: tuple[int, ...]) -> list[Any]:
             for _ in range(2)]
 
 
+def _asked(ids: tuple[int, ...]) -> tuple[int, ...]:
+    """Two distinct ids of the probe text, asked after it: a server that ignores logprob_token_ids returns the
+    greedy token alone (``logprobs: 1``), which cannot be both."""
+    return tuple(sorted(set(ids))[:2])
+
+
+def _ids_read(client: Client, model: str, ids: tuple[int, ...]) -> Any:
+    """The next-token log-probabilities of two given ids after ids (``logprob_token_ids``), under a fresh salt."""
+    return client.post_many("/completions", [body.next_token_body(ids, _asked(ids), model, body.salt())])[0]
+
+
+def asks_ids(ids: tuple[int, ...], answer: Any) -> bool:
+    """Whether the server answered the ids read of ids with both asked ids (it honours ``logprob_token_ids``);
+    a read that fails its check for any reason counts as not: the reads that do without are checked themselves."""
+    if isinstance(answer, Failure):
+        raise ServerRefused(f"the server failed evalkit's probe: {answer.reason}")
+    try:
+        body.read_next_token(ids, _asked(ids), answer)
+    except BadRead:
+        return False
+    return True
+
+
 def probe(engine: Any, early: dict[str, Any]) -> dict[str, Any]:
     """What the server was found to do, checked on a known prompt before anything is scored (early: what
     :func:`early_probe` found while the tokenizer loaded):
@@ -111,7 +137,7 @@ def probe(engine: Any, early: dict[str, Any]) -> dict[str, Any]:
     * it tokenizes as the local tokenizer (where it has /tokenize);
     * ``api: vllm``: it returns the token ids it saw (``return_token_ids`` took effect) and log-probabilities
       of every position asked for; where it reports cached tokens, a repeated prompt under a fresh
-      ``cache_salt`` reads no cache;
+      ``cache_salt`` reads no cache; whether it answers given ids (``logprob_token_ids``: True or False);
     * ``api: openai`` (it ignores vLLM's fields): a generation's answer counts the prompt's tokens, and its echo
       covers the prompt token by token, else ``scoring`` is None and why is in ``cannot_score``."""
     client, model = engine.client, engine.model
@@ -122,10 +148,10 @@ def probe(engine: Any, early: dict[str, Any]) -> dict[str, Any]:
         raise ServerRefused("the server tokenizes a probe text differently from the local tokenizer "
                             f"({engine.tokenizer_path}): point tokenizer= at the served model's tokenizer")
     if early["reads"] is not None:  # read on the server's ids of the text, the local ones (checked just above)
-        ids, answers = tuple(text_ids), early["reads"]
+        ids, answers, ids_read = tuple(text_ids), early["reads"], early["ids_read"]
     else:
         ids = (engine.prefix_token_id(), *text_ids)
-        answers = _two_reads(client, model, ids)
+        answers, ids_read = _two_reads(client, model, ids), None
     found: dict[str, Any] = {"prompt_tokens": len(ids), "tokenize": tokenize}
     for answer in answers:
         if isinstance(answer, Failure):
@@ -145,7 +171,9 @@ def probe(engine: Any, early: dict[str, Any]) -> dict[str, Any]:
         raise ServerRefused("the server read its prefix cache for a prompt under a fresh cache_salt: it ignores "
                             "cache_salt, so prompt log-probabilities could come from cache rows")
     found["cache_salt"] = "verified" if all(c is not None for c in found["cached_tokens"]) else \
-        "not reported (start the server with --enable-prompt-tokens-details to check it)"
+        "not reported (start the server with --enable-prompt-tokens-details to check it; vLLM 0.23's leaves a " \
+        "count of 0 out even then)"
+    found["logprob_token_ids"] = asks_ids(ids, ids_read if ids_read is not None else _ids_read(client, model, ids))
     return {**found, "api": "vllm", "scoring": "prompt_logprobs"}
 
 

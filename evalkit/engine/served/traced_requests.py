@@ -15,7 +15,8 @@ answers (``Engine.score`` / ``Engine.generate`` asked with ``top_k`` > 0): :clas
   score never chains.
 
 The server refuses k above its ``--max-logprobs`` (20 by default), as it refuses such a ``trace``. The record's
-reads of another run's top ids (``Engine.read_ids``) are next-token reads of given ids: ``served/id_reads.py``.
+reads of another run's top ids (``Engine.read_ids``) are next-token reads of given ids, or prompt rows where the
+server ignores ``logprob_token_ids``: ``served/id_reads.py``.
 """
 
 from __future__ import annotations
@@ -118,4 +119,5 @@ class TracedVLLMApi(VLLMApi):
                                 lambda r: len(r.ids))
 
     def read_ids(self, reads: Sequence[IdsRead]) -> list[tuple[float, ...]]:
-        return read_ids(self.sender, reads, model=self.model, cache_salt=self.cache_salt, counts=self.counts)
+        return read_ids(self.sender, reads, model=self.model, cache_salt=self.cache_salt, counts=self.counts,
+                        asks_ids=self.asks_ids)

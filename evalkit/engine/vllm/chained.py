@@ -68,7 +68,7 @@ def plan_paths(requests: Sequence[ScoreRequest]) -> tuple[list[PathRead], list[S
 
 
 def score_chained(llm: Any, requests: Sequence[ScoreRequest], others: Sequence[tuple[int, ...]], *, runner: str,
-                  block_size: int) -> tuple[list[Scored], Counter[str]]:
+                  token_id_scores: bool, block_size: int) -> tuple[list[Scored], Counter[str]]:
     """requests scored on llm from their steps, read by path (cut where these or others, the prompts of the
     call's other reads, may share cached blocks past a read's first row); and what it took: chained,
     chain_steps, path_reads and the counts of send_reads and score_next_token (but single_token)."""
@@ -76,7 +76,8 @@ def score_chained(llm: Any, requests: Sequence[ScoreRequest], others: Sequence[t
         return [], Counter()
     steps, unique = token_steps(requests)
     reads, rest = plan_paths(requests)
-    found, counts = send_reads(llm, reads, runner=runner, block_size=block_size, read_cache=True, others=others)
+    found, counts = send_reads(llm, reads, runner=runner, token_id_scores=token_id_scores, block_size=block_size,
+                               read_cache=True, others=others)
     counts.update(path_reads=len(reads))
     left, rest_counts = score_next_token(llm, rest)
     found.update(zip(rest, left))

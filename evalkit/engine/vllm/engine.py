@@ -62,6 +62,7 @@ class VLLMEngine(TokenizerSide):
         self.llm, self.tokenizer, self.start_seconds = started.llm, started.tokenizer, started.start_seconds
         self.environment = started.environment
         self.runner, self.block_size, self.logits_dtype = started.runner, started.block_size, started.logits_dtype
+        self.token_id_scores = started.token_id_scores  # V2's fixed-id scores read beside the rows (launch.py)
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
@@ -119,10 +120,11 @@ class VLLMEngine(TokenizerSide):
         # each group's reads are cut where the other group's requests may share their blocks (path_reads.block_safe)
         chain_scored, chain_counts = chained.score_chained(
             self.llm, [requests[i] for i in chain], [requests[i].ids for i in rest], runner=self.runner,
-            block_size=self.block_size)
+            token_id_scores=self.token_id_scores, block_size=self.block_size)
         prompts, prompt_counts = score_prompts(
-            self.llm, [requests[i] for i in rest], runner=self.runner, block_size=self.block_size,
-            read_cache="shared_prefix" in chosen, others=[requests[i].ids[:-1] for i in chain])
+            self.llm, [requests[i] for i in rest], runner=self.runner, token_id_scores=self.token_id_scores,
+            block_size=self.block_size, read_cache="shared_prefix" in chosen,
+            others=[requests[i].ids[:-1] for i in chain])
         for i, result in [*zip(single, single_scored), *zip(chain, chain_scored), *zip(rest, prompts),
                           *((i, NOTHING_SCORED) for i in empty)]:
             scored[i] = result
@@ -176,7 +178,8 @@ class VLLMEngine(TokenizerSide):
         of the visible ``hardware.gpus``); the scheduling vLLM resolved, which is not in the key but is not
         numerically neutral on GPUs unless VLLM_BATCH_INVARIANT=1 (evalkit/store/fingerprint.py)."""
         description = {"name": "vllm", "engine_args": dict(self.args), "choices": [vars(c) for c in self.choices],
-                       "model_runner": self.runner, "logits_dtype": self.logits_dtype,
+                       "model_runner": self.runner, "token_id_scores": self.token_id_scores,
+                       "logits_dtype": self.logits_dtype,
                        "environment": dict(self.environment),
                        "versions": library_versions(), "hardware": hardware(),
                        "start_seconds": dict(self.start_seconds)}

@@ -40,6 +40,7 @@ class Started:
     start_seconds: dict[str, float]  # each step of the start, for results.json (evalkit.timings.engine_start_stages)
     environment: dict[str, str]  # the VLLM_* variables it started under (tuning sets some only for the start)
     runner: str  # which model runner computes prompt log-probabilities: "v1" or "v2"
+    token_id_scores: bool  # prompt rows also scored through vLLM's fixed-id API (token_id_scores())
     block_size: int  # KV-cache block, tokens
     logits_dtype: str  # the dtype vLLM resolved ("auto" resolved)
 
@@ -66,10 +67,25 @@ def start_llm(args: dict[str, Any], *, trust_remote_code: bool, add_bos_token: b
     # computed; "v1" (the CPU build) one row per position. On Ascend the NPU worker runs vllm-ascend's own model
     # runner, built on V1's, whatever vLLM's config says (vLLM 0.23 reports V2 for Llama and Qwen3 there).
     v2 = getattr(config, "use_v2_model_runner", False) and installed_vllm_build() != "ascend"
+    runner = "v2" if v2 else "v1"
     return Started(llm=llm, tokenizer=tokenizer, start_seconds=start_seconds, environment=environment,
-                   runner="v2" if v2 else "v1",
+                   runner=runner, token_id_scores=token_id_scores(runner),
                    block_size=int(config.cache_config.block_size),
                    logits_dtype=str(llm.llm_engine.model_config.dtype).removeprefix("torch."))
+
+
+def token_id_scores(runner: str) -> bool:
+    """Whether the prompt rows of a read are also scored through vLLM's fixed-id API (``prompt_logprob_start`` and
+    ``prompt_logprob_token_ids``, answered in ``prompt_token_id_logprobs``): only the V2 runner reads it, and only
+    a vLLM whose SamplingParams takes both fields has it (0.32; 0.23 has neither). Without it a read's values come
+    from its prompt rows alone, checked as V1's are (the rows' layout is the runner's, whatever the vLLM)."""
+    if runner != "v2":
+        return False
+    import inspect
+
+    from vllm import SamplingParams
+
+    return {"prompt_logprob_start", "prompt_logprob_token_ids"} <= set(inspect.signature(SamplingParams).parameters)
 
 
 def lm_eval_tokenizer(llm: Any, args: dict[str, Any], *, trust_remote_code: bool, add_bos_token: bool | None

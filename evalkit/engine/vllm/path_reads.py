@@ -11,8 +11,8 @@ path (``prompt_logprobs.py``) both send theirs here. Two limits of vLLM 0.32 sha
   whole blocks only, and never a prompt's last token (``kv_cache_manager.get_computed_blocks``:
   ``max_cache_hit_length = num_tokens - 1``). A hit past a read's first row leaves V1's rows unwritten and
   makes V2 drop the token-id scores (``vllm/v1/worker/gpu/sample/prompt_logprob.py``
-  ``compute_prompt_token_id_logprobs``: "This prefill starts past the first scored row"), so the read would be
-  sent twice. ``block_safe`` cuts each read where other requests may share its blocks: a read whose prompt
+  ``compute_prompt_token_id_logprobs``: "This prefill starts past the first scored row"; vLLM 0.23, which has
+  no token-id scores, leaves the rows out), so the read would be sent twice. ``block_safe`` cuts each read where other requests may share its blocks: a read whose prompt
   ends inside the block that holds its first row's logits cannot be hit past that row, whatever is cached.
 """
 
@@ -114,15 +114,16 @@ def whole_blocks_before_rows(reads: Sequence[PathRead], block: int) -> list[tupl
     return list(prefixes)
 
 
-def path_params(read: PathRead, *, runner: str, read_cache: bool) -> Any:
-    """Rows of prompt[start:] (prompt_logprobs=1: the token and the top-1; on V2 only from start on, with
-    vLLM's fixed-id scores of the prompt's own tokens) and the asked ids' next-token log-probabilities."""
+def path_params(read: PathRead, *, token_id_scores: bool, read_cache: bool) -> Any:
+    """Rows of prompt[start:] (prompt_logprobs=1: the token and the top-1; with token_id_scores, V2's fixed-id
+    scores of the prompt's own tokens from start on beside them: launch.token_id_scores) and the asked ids'
+    next-token log-probabilities."""
     from vllm import SamplingParams
 
     extra: dict[str, Any] = {}
     if read.start is not None:
         extra["prompt_logprobs"] = 1
-        if runner == "v2":
+        if token_id_scores:
             extra.update(prompt_logprob_start=read.start - 1,
                          prompt_logprob_token_ids=[[t] for t in read.prompt[read.start:]])
     return SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, flat_logprobs=True,
@@ -130,20 +131,21 @@ def path_params(read: PathRead, *, runner: str, read_cache: bool) -> Any:
                           **extra)
 
 
-def _read(read: PathRead, out: Any, runner: str) -> tuple[list[tuple[float, bool]], dict[int, float]]:
+def _read(read: PathRead, out: Any, token_id_scores: bool) -> tuple[list[tuple[float, bool]], dict[int, float]]:
     """What one vLLM output answers of read, checked (logprob_reads.read_path)."""
-    return read_path(read, runner=runner, prompt_rows=out.prompt_logprobs,
+    return read_path(read, token_ids_asked=token_id_scores, prompt_rows=out.prompt_logprobs,
                      token_id_scores=getattr(out, "prompt_token_id_logprobs", None),
                      next_token=out.outputs[0].logprobs)
 
 
-def send_reads(llm: Any, planned: Sequence[PathRead], *, runner: str, block_size: int, read_cache: bool,
-               others: Sequence[tuple[int, ...]] = ()) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
+def send_reads(llm: Any, planned: Sequence[PathRead], *, runner: str, token_id_scores: bool, block_size: int,
+               read_cache: bool, others: Sequence[tuple[int, ...]] = ()
+               ) -> tuple[dict[ScoreRequest, Scored], Counter[str]]:
     """Every step of the planned reads (PathRead.steps), scored on llm (a ``vllm.LLM`` of this runner and
-    KV-cache block size). Sent in one call, cut by block_safe when the cache is read (no hit can reach past a
-    read's first row: counted ``cut_reads``; others are the prompts of the call's other reads), split past 128
-    asked ids (``split_reads``), after the whole blocks before their rows (``prefilled_blocks``); ``cache_hits``
-    counts the reads that found a cached prefix. Each answer is checked (logprob_reads.read_path); one whose
+    KV-cache block size; V2's fixed-id scores asked where token_id_scores). Sent in one call, cut by block_safe
+    when the cache is read (no hit can reach past a read's first row: counted ``cut_reads``; others are the
+    prompts of the call's other reads), split past 128 asked ids (``split_reads``), after the whole blocks before
+    their rows (``prefilled_blocks``); ``cache_hits`` counts the reads that found a cached prefix. Each answer is checked (logprob_reads.read_path); one whose
     rows the V1 cache covered (never written: ``resubmitted``) or that fails its check (``mismatched``) is sent
     again without the cache (both ``resent``); a second failure stops the run."""
     if not planned:
@@ -159,7 +161,8 @@ def send_reads(llm: Any, planned: Sequence[PathRead], *, runner: str, block_size
     outputs = llm.generate(
         [{"prompt_token_ids": list(p)} for p in warm] + prompts,
         [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)] * len(warm) +
-        [path_params(r, runner=runner, read_cache=read_cache) for r in reads], use_tqdm=False)[len(warm):]
+        [path_params(r, token_id_scores=token_id_scores, read_cache=read_cache) for r in reads],
+        use_tqdm=False)[len(warm):]
     found: list[Any] = [None] * len(reads)
     uncached, mismatched = [], []
     for i, (read, out) in enumerate(zip(reads, outputs)):
@@ -167,15 +170,16 @@ def send_reads(llm: Any, planned: Sequence[PathRead], *, runner: str, block_size
             uncached.append(i)  # V1 never wrote the rows the cache covered
             continue
         try:
-            found[i] = _read(read, out, runner)
+            found[i] = _read(read, out, token_id_scores)
         except BadRead:
             mismatched.append(i)
     again = uncached + mismatched
     if again:
         resent = llm.generate([prompts[i] for i in again],
-                              [path_params(reads[i], runner=runner, read_cache=False) for i in again], use_tqdm=False)
+                              [path_params(reads[i], token_id_scores=token_id_scores, read_cache=False) for i in again],
+                              use_tqdm=False)
         for i, out in zip(again, resent):
-            found[i] = second_read(lambda: _read(reads[i], out, runner), len(reads[i].prompt))
+            found[i] = second_read(lambda: _read(reads[i], out, token_id_scores), len(reads[i].prompt))
     counts = Counter(resubmitted=len(uncached), mismatched=len(mismatched), resent=len(again),
                      prefilled_blocks=len(warm), cut_reads=len(cut) - len(planned),
                      split_reads=len(reads) - len(cut), cache_hits=sum(1 for out in outputs if out.num_cached_tokens))

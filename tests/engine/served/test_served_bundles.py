@@ -16,6 +16,7 @@ from evalkit.engine.served import body
 from evalkit.engine.served.batch import MAX_LOGPROB_TOKEN_IDS, Sender, bundles, joined, split
 from evalkit.engine.served.http import Client
 from tests.engine.served.local_http import QuietHandler, answer_json, running
+from tests.engine.served.test_served_units import usage_info
 
 
 def test_next_token_reads_of_several_contexts_go_in_one_request_asking_their_ids_together(embedded_model_dir):
@@ -46,7 +47,8 @@ def bundle_response(prompts, tops):
     numbered by prompt), each choice's one step of log-probabilities keyed token_id:N, through JSON."""
     from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionResponse,
                                                              CompletionResponseChoice)
-    from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+    UsageInfo = usage_info()  # noqa: N806 (vLLM's class)
 
     choices = [CompletionResponseChoice(index=n, text="", finish_reason="length", token_ids=[next(iter(top))],
                                         prompt_token_ids=list(prompt),
@@ -93,7 +95,7 @@ def test_a_member_whose_read_fails_is_sent_again_alone_and_the_others_are_kept()
         client = Client(url, api_key=None, max_concurrency=8, timeout=5, retries=0, backoff=0.01)
         counts: Counter = Counter()
         api = body.VLLMApi(Sender(client, fingerprint="f", counts=counts, bundle=16), model="m", cache_salt="s",
-                           counts=counts)
+                           counts=counts, asks_ids=True)
         requests = [ScoreRequest(ids=(1, 2, last, token), start=3) for last, token in
                     ((33, 7), (33, 8), (44, 8), (44, 9), (66, 7))]
         scored = api.score(requests, None, fast=True)
@@ -110,7 +112,7 @@ def test_a_request_never_carries_more_prompts_than_the_cap_as_it_is_when_sent():
     with running(Completions) as url:
         client = Client(url, api_key=None, max_concurrency=256, timeout=5, retries=0, backoff=0.01)
         sender = Sender(client, fingerprint="f", counts=Counter(), bundle=16)
-        api = body.VLLMApi(sender, model="m", cache_salt="s", counts=Counter())
+        api = body.VLLMApi(sender, model="m", cache_salt="s", counts=Counter(), asks_ids=True)
         requests = [ScoreRequest(ids=(1, 2, 10 + i, 7), start=3) for i in range(6)]
         Completions.bodies.clear()
         api.score(requests, None, fast=True)

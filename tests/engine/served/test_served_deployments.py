@@ -157,7 +157,7 @@ def test_an_answer_from_another_deployment_fails_the_run_and_nothing_of_it_is_ke
     def another_after_three(answer: dict) -> dict:
         with lock:
             seen[0] += 1
-            if seen[0] > 2 + 3:  # the probe's two completions, then three answers
+            if seen[0] > 3 + 3:  # the probe's three completions, then three answers
                 answer["system_fingerprint"] = "vllm-0.32.0-0badc0de"
         return answer
 
@@ -200,8 +200,8 @@ def test_a_server_shut_down_mid_run_fails_the_run_in_one_line_and_keeps_its_answ
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         root = f"http://127.0.0.1:{found.group(1)}"
-        while metric(root, "vllm:request_success_total") < 2 + 1 or metric(root, "vllm:num_requests_running") < 1:
-            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]  # the probe's 2, one
+        while metric(root, "vllm:request_success_total") < 3 + 1 or metric(root, "vllm:num_requests_running") < 1:
+            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]  # the probe's 3, one
             time.sleep(0.5)
         (api,) = [p for p in psutil.Process(run.pid).children(recursive=True)  # the server, not its guard
                   if "vllm.entrypoints.openai.api_server" in p.cmdline() and "GUARD" not in p.cmdline()]

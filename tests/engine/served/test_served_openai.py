@@ -14,6 +14,7 @@ from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.served import openai
 from evalkit.engine.served.body import ServedReadError
 from evalkit.engine.served.probe import server_defaults
+from tests.engine.served.test_served_units import usage_info
 
 TEXTS = {1: "<s>", 7: " Paris", 8: ".", 9: " Rome", 5: "!"}
 
@@ -27,7 +28,8 @@ def echo_response(ids, values, tops, *, as_ids=True, generated=(5, -0.2), prompt
     the first prompt entry None), through its protocol classes and JSON."""
     from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionResponse,
                                                              CompletionResponseChoice)
-    from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+    UsageInfo = usage_info()  # noqa: N806 (vLLM's class)
 
     def name(token):
         return f"token_id:{token}" if as_ids else TEXTS[token]

@@ -40,12 +40,23 @@ def test_sampling_defaults_are_vllms_and_a_server_default_cannot_leak_in():
         body.generate_body(GenRequest(prompt_ids=(1,), max_tokens=1, sampling=(("detokenize", False),)), "m")
 
 
+def usage_info():
+    """vLLM's UsageInfo, where the installed vLLM keeps it: vllm/entrypoints/serve/engine/protocol.py in 0.32,
+    vllm/entrypoints/openai/engine/protocol.py in 0.23."""
+    try:
+        from vllm.entrypoints.serve.engine.protocol import UsageInfo
+    except ImportError:
+        from vllm.entrypoints.openai.engine.protocol import UsageInfo
+    return UsageInfo
+
+
 def vllm_response(prompt, rows=None, token_ids=(5,), finish="length", top=None):
-    """A /v1/completions response as vLLM 0.32's server writes it, through JSON."""
+    """A /v1/completions response as vLLM's server writes it (0.32's classes, or 0.23's), through JSON."""
     from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionResponse,
                                                              CompletionResponseChoice)
-    from vllm.entrypoints.serve.engine.protocol import UsageInfo
     from vllm.logprobs import Logprob
+
+    UsageInfo = usage_info()  # noqa: N806 (vLLM's class)
 
     prompt_logprobs = None if rows is None else [None] + [
         {t: Logprob(logprob=v, rank=r, decoded_token="x") for t, (v, r) in row.items()} for row in rows]

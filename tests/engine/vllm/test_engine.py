@@ -13,6 +13,7 @@ import pytest
 
 from evalkit.config import compose_config
 from evalkit.contracts import GenRequest, ScoreRequest
+from evalkit.engine.vllm.launch import token_id_scores
 from evalkit.engine.wrapper import KeptRunning
 from evalkit.harness.budget import PromptTooLong
 from evalkit.harness.lm import EvalkitLM
@@ -233,7 +234,7 @@ def test_an_empty_continuation_is_answered_as_lm_eval_answers_it_never_sent(engi
     ids = tuple(engine.encode(context, True))
     empty, other = ScoreRequest(ids=ids, start=len(ids)), ScoreRequest(ids=ids, start=len(ids) - 2)
     as_v2 = copy.copy(engine)
-    as_v2.runner = "v2"
+    as_v2.runner, as_v2.token_id_scores = "v2", token_id_scores("v2")  # what V2 would ask of this vLLM
     for fast in (True, False):
         (scored,), counts = counted(engine, lambda: as_v2.score([empty], fast=fast))
         assert (scored.logprob, scored.is_greedy) == (0.0, True) and counts["unscored"] == 1

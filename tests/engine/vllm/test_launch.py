@@ -9,7 +9,9 @@ import os
 
 import pytest
 
-from evalkit.engine.vllm.launch import engine_args, lm_eval_tokenizer, scheduling
+from evalkit.engine.read_plan import PathRead
+from evalkit.engine.vllm.launch import engine_args, lm_eval_tokenizer, scheduling, token_id_scores
+from evalkit.engine.vllm.path_reads import path_params
 
 SETTINGS = dict(model="/m", tokenizer=None, dtype="float32", max_model_len=64, gpu_memory_utilization=0.5,
                 tensor_parallel_size=1, seed=3, trust_remote_code=False)
@@ -29,10 +31,24 @@ def test_add_bos_token_loads_a_tokenizer_of_its_own_and_times_it(embedded_model_
     assert tokenizer("a", add_special_tokens=True).input_ids[0] == tokenizer.bos_token_id
 
 
+def test_a_v2_read_asks_for_what_the_installed_vllm_takes():
+    """token_id_scores reads vLLM's own SamplingParams: the read the engine would send on V2 is one the installed
+    vLLM builds (0.32: the prompt rows with the fixed-id scores of the continuation's tokens; 0.23, which has no
+    such fields, the prompt rows alone). V1 never asks for them."""
+    read = PathRead(prompt=(3, 17, 5, 22), start=2, asked=(9,))
+    asked = token_id_scores("v2")
+    params = path_params(read, token_id_scores=asked, read_cache=True)
+    assert params.prompt_logprobs == 1 and params.logprob_token_ids == [9]
+    if asked:
+        assert params.prompt_logprob_start == 1 and params.prompt_logprob_token_ids == [[5], [22]]
+    assert token_id_scores("v1") is False
+
+
 @pytest.mark.engine
 def test_the_session_engine_records_its_start_and_what_vllm_resolved(engine):
     assert set(engine.start_seconds) == {"import_vllm", "engine_init"}  # its own tokenizer: no step of its own
     assert (engine.runner, engine.logits_dtype) == ("v1", "float32")  # the CPU build, the default dtype
+    assert engine.token_id_scores is False and engine.describe()["token_id_scores"] is False  # V1: the rows alone
     assert engine.block_size == engine.args["block_size"]  # as tuning chose it
     assert engine.environment["VLLM_CPU_OMP_THREADS_BIND"] == os.environ["VLLM_CPU_OMP_THREADS_BIND"]  # conftest's
     shapes = scheduling(engine.llm, engine.environment)

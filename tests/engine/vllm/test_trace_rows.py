@@ -26,6 +26,7 @@ from evalkit.engine.logprob_reads import BadRead
 from evalkit.engine.vllm.trace_from_cache import plan_rows
 from evalkit.engine.vllm.trace_rows import next_token_trace, next_top, trace_from_rows, unlisted
 from evalkit.harness.divergence_traces import check
+from tests.engine.test_logprob_reads import concatenated
 
 K = 5
 VOCAB = 40
@@ -88,7 +89,7 @@ def v2_layout(steps, k=K):
         ids = torch.cat([targets[:, None], top.indices], -1)
         rows.append(LogprobsTensors(logprob_token_ids=ids.to(torch.int32), logprobs=table.gather(-1, ids),
                                     selected_token_ranks=(table > table.gather(-1, targets[:, None])).sum(-1) + 1))
-    return flat(LogprobsTensors.cat(rows) if rows else None, k)
+    return flat(concatenated(rows) if rows else None, k)
 
 
 NO_HIT = [(0, 12)]
