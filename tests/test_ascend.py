@@ -26,6 +26,7 @@ from evalkit import config
 from evalkit.config import ConfigError, compose_config
 from evalkit.engine.machine import environment, npus, preflight, tuning
 from evalkit.engine.machine.npus import Npu, VisibleError, parse_smi, pick
+from tests.test_install import dry_run, install, recorded, repo  # noqa: F401  (repo: the fixture)
 
 HERE = Path(__file__).resolve().parent / "ascend"
 REPO = HERE.parent.parent
@@ -261,16 +262,8 @@ def test_no_npu_runtime_call_before_the_engine_and_its_start_gets_npu_settings_n
     assert "evalkit: chose env.VLLM_WORKER_MULTIPROC_METHOD=spawn" in done.stderr
 
 
-def test_install_chooses_ascend_where_npu_smi_answers_and_prints_its_plan(tmp_path):
-    from tests.test_install import dry_run, install, recorded
-
-    repo = tmp_path / "repo"
-    (repo / "evalkit" / "engine" / "machine").mkdir(parents=True)
-    for name in ("install.sh", "constraints"):
-        subprocess.run(["cp", "-r", str(REPO / name), str(repo / name)], check=True)
-    for name in ("gpus.py", "npus.py"):
-        subprocess.run(["cp", str(REPO / "evalkit" / "engine" / "machine" / name),
-                        str(repo / "evalkit" / "engine" / "machine")], check=True)
+def test_install_chooses_ascend_where_npu_smi_answers_and_prints_its_plan(repo):
+    """install.sh in tests/test_install.py's copy of what it reads, on the recreated A3 server."""
     env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", npus.VISIBLE)},
            **smi("npu_smi_a3.txt")}
     lines = dry_run(repo, env=env)
@@ -328,7 +321,8 @@ def test_the_memory_back_off_reads_the_npu_errors_and_goes_eager_at_once_when_gr
     from evalkit.engine.backoff import classify, next_settings
 
     cfg = compose_config([])
-    assert classify("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.96 GiB total)") == "pressure"
+    npu_oom = "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.96 GiB total)"
+    assert classify(npu_oom) == "pressure"
     assert classify("ValueError: Free memory on device (20.1/64.0 GiB) on startup is less than desired GPU memory "
                     "utilization (0.9, 57.6 GiB)") == "pressure"
     graphs = "RuntimeError: ACL stream synchronize failed, error code 207008 (Stream resources are insufficient)"

@@ -119,9 +119,8 @@ def devices_now() -> list[Any]:
 
 
 def memory_back(before: list[Any], *, timeout: float) -> list[tuple[Any, Any]]:
-    """gpus.memory_back for what devices_now() read: GPUs through NVML, Ascend chips through npu-smi."""
-    ascend = any(not hasattr(device, "uuid") for device in before)
-    return gpus.memory_back(before, timeout=timeout, read=npus.visible_npus if ascend else gpus.visible_gpus)
+    """gpus.memory_back for what devices_now() read, read again the same way (NVML, or npu-smi on Ascend)."""
+    return gpus.memory_back(before, timeout=timeout, read=devices_now)
 
 
 def cuda_driver_mapped(maps: str) -> bool:

@@ -181,7 +181,7 @@ def node_gpus(dev: Path, wanted: list[int] | list[str] | None) -> list[Gpu]:
 
 def device_key(device: Any) -> Any:
     """What names a device across readings: a GPU's UUID, an Ascend chip's host number (npus.Npu has no UUID)."""
-    return getattr(device, "uuid", None) if hasattr(device, "uuid") else ("npu", device.index)
+    return device.uuid if hasattr(device, "uuid") else ("npu", device.index)
 
 
 def memory_back(before: Sequence[Any], *, timeout: float, poll: float = 0.25,

@@ -127,11 +127,6 @@ def node_npus(dev: Path) -> list[Npu]:
     return [Npu(index=n, name=NO_NAME, total_bytes=None, free_bytes=None) for n in numbers]
 
 
-def present() -> bool:
-    """Whether this machine shows Ascend NPUs at all (npu-smi answers, or the driver's device nodes are there)."""
-    return bool(smi_npus()[0]) or bool(node_npus(Path(ROOT) / "dev"))
-
-
 def summary(chips: list[Npu], how: str) -> str:
     names = "; ".join(chip.name for chip in chips)
     return f"{len(chips)} {names} (how: {how})" if chips else f"0 (how: {how})"

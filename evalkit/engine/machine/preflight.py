@@ -200,11 +200,10 @@ def check_devices(cfg: EvalConfig) -> None:
         check_shm(devices_per_engine(cfg), shm_bytes(SHM))
     if cfg.engine != "hf" and installed_vllm_build() == "ascend":
         check_ascend(environment.ascend_versions(), os.environ)
-        try:
-            npus.visible_npus()
-        except npus.VisibleError as error:
-            raise ConfigError(str(error)) from None
-    kind, count = environment.accelerators()
+    try:
+        kind, count = environment.accelerators()
+    except npus.VisibleError as error:  # ASCEND_RT_VISIBLE_DEVICES naming a chip there is not
+        raise ConfigError(str(error)) from None
     needed = devices_needed(cfg)  # on CPU, cores: each rank of each engine binds at least one
     if needed > count:
         what = {"cuda": f"{count} GPU(s)", "npu": f"{count} Ascend NPU chip(s)"}.get(

@@ -12,8 +12,9 @@ path (``prompt_logprobs.py``) both send theirs here. Two limits of vLLM 0.32 sha
   ``max_cache_hit_length = num_tokens - 1``). A hit past a read's first row leaves V1's rows unwritten and
   makes V2 drop the token-id scores (``vllm/v1/worker/gpu/sample/prompt_logprob.py``
   ``compute_prompt_token_id_logprobs``: "This prefill starts past the first scored row"; vLLM 0.23, which has
-  no token-id scores, leaves the rows out), so the read would be sent twice. ``block_safe`` cuts each read where other requests may share its blocks: a read whose prompt
-  ends inside the block that holds its first row's logits cannot be hit past that row, whatever is cached.
+  no token-id scores, leaves the rows out), so the read would be sent twice. ``block_safe`` cuts each read where
+  other requests may share its blocks: a read whose prompt ends inside the block that holds its first row's
+  logits cannot be hit past that row, whatever is cached.
 """
 
 from __future__ import annotations
@@ -145,9 +146,10 @@ def send_reads(llm: Any, planned: Sequence[PathRead], *, runner: str, token_id_s
     KV-cache block size; V2's fixed-id scores asked where token_id_scores). Sent in one call, cut by block_safe
     when the cache is read (no hit can reach past a read's first row: counted ``cut_reads``; others are the
     prompts of the call's other reads), split past 128 asked ids (``split_reads``), after the whole blocks before
-    their rows (``prefilled_blocks``); ``cache_hits`` counts the reads that found a cached prefix. Each answer is checked (logprob_reads.read_path); one whose
-    rows the V1 cache covered (never written: ``resubmitted``) or that fails its check (``mismatched``) is sent
-    again without the cache (both ``resent``); a second failure stops the run."""
+    their rows (``prefilled_blocks``); ``cache_hits`` counts the reads that found a cached prefix. Each answer is
+    checked (logprob_reads.read_path); one whose rows the V1 cache covered (never written: ``resubmitted``) or
+    that fails its check (``mismatched``) is sent again without the cache (both ``resent``); a second failure
+    stops the run."""
     if not planned:
         return {}, Counter()
     from vllm import SamplingParams
