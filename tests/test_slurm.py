@@ -45,8 +45,7 @@ def test_points_are_slurm_jobs_with_the_sbatch_settings_as_written(slurm, tmp_pa
     assert [(p.num, p.status) for p in read_points(tmp_path)] == [(0, "ok"), (1, "ok")]
     jobs = job_ids(tmp_path)
     assert len(jobs) == 2
-    accounted = wait_for(lambda: (lambda rows: rows if set(jobs) <= set(rows) else None)(
-        {row["JobID"]: row for row in slurm.accounting()}), None, "sacct shows both jobs", 30)  # slurmdbd may lag
+    accounted = wait_for(lambda: ended(slurm, jobs), None, "sacct shows both jobs ended", 60)
     for job in jobs:
         assert accounted[job]["State"] == "COMPLETED" and accounted[job]["NodeList"] == slurm.name, accounted
         shown = slurm.job(job)
@@ -96,6 +95,14 @@ def wait_for(condition, driver: subprocess.Popen | None, what: str, timeout: flo
         assert (driver is None or driver.poll() is None) and time.time() < deadline, f"ended before {what}"
         time.sleep(0.2)
     return found
+
+
+def ended(slurm, jobs: list[str]) -> dict[str, dict[str, str]] | None:
+    """sacct's rows by job once every one of jobs has ended, else None: a point's result is written before its job
+    ends, and slurmdbd may lag behind both."""
+    rows = {row["JobID"]: row for row in slurm.accounting()}
+    running = (None, "PENDING", "RUNNING", "COMPLETING")
+    return rows if all(rows.get(job, {}).get("State") not in running for job in jobs) else None
 
 
 def point_record(sweep_dir: Path, num: int):
