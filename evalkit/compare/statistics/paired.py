@@ -19,6 +19,7 @@ The runs on disk and the like-for-like check: runs.py; the command line: cli.py.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import sys
@@ -106,6 +107,31 @@ def magnitude(value: Any) -> float:
         return math.inf
 
 
+def plain_numbers(pairs: list[tuple[dict, dict]], metric: str, expected: tuple[str, str] | None) -> bool:
+    """Whether every value of metric in both runs is a finite float or int (a pair of them where the aggregation
+    takes pairs) small enough to add up: what scored_pairs asks of each value, answered for every document at once
+    (a value that is not plainly so goes through scored_pairs' own checks, which name the documents)."""
+    kind = expected[1] if expected else None
+    limit = sys.float_info.max / (2 * max(len(pairs), 1))
+    for side in (0, 1):
+        values = [pair[side][metric] for pair in pairs]
+        if kind == "a pair of numbers":
+            if set(map(type, values)) != {list} or set(map(len, values)) != {2}:
+                return False
+            values = list(itertools.chain.from_iterable(values))
+        elif kind not in (None, "a number"):
+            return False
+        if not values or not set(map(type, values)) <= {float, int}:
+            return False
+        try:
+            numbers_ = np.array(values, dtype=float)
+        except OverflowError:  # an integer beyond a float's range
+            return False
+        if not (np.isfinite(numbers_).all() and (np.abs(numbers_) <= limit).all()):
+            return False
+    return True
+
+
 def _docs(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
 
@@ -124,6 +150,8 @@ def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: s
     one so large that a sum over the documents overflows (1e308) is unusable input: a CompareError naming the
     task, the metric and the documents, never a row quietly made of the rest or one left inconclusive."""
     has = [(metric in r, metric in c) for r, c in pairs]
+    if all(h == (True, True) for h in has) and plain_numbers(pairs, metric, expected):
+        return list(pairs), ""
     for side, name in ((0, "reference"), (1, "candidate")):
         only = [r["doc_id"] for (r, _), h in zip(pairs, has) if h[side] and not h[1 - side]]
         if only:
@@ -167,6 +195,7 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
                 "right_to_wrong": [d for d, x, y in zip(ids, ref, cand) if x == 1 and y == 0],
                 "wrong_to_right": [d for d, x, y in zip(ids, ref, cand) if x == 0 and y == 1]}
     reasons: Counter = Counter()
+    choices: dict[int, list[tuple[list[float], list[float]]]] = {}  # number of choices -> documents' log-probs
     for r, c in pairs:
         if r.get("raw_output") is not None and c.get("raw_output") is not None:
             detail.generated += 1
@@ -177,9 +206,11 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
             detail.length_shift.append(int(c.get("output_tokens", 0)) - int(r.get("output_tokens", 0)))
         ref_lp, cand_lp = _choice_logprobs(r), _choice_logprobs(c)
         if r.get("raw_output") is None and ref_lp and cand_lp and len(ref_lp) == len(cand_lp):
-            detail.logprob_diffs.extend(np.subtract(cand_lp, ref_lp).tolist())
-            detail.logprob["argmax_changed"] = detail.logprob.get("argmax_changed", 0) + int(
-                np.argmax(ref_lp) != np.argmax(cand_lp))
+            detail.logprob_diffs.extend(y - x for x, y in zip(ref_lp, cand_lp))
+            choices.setdefault(len(ref_lp), []).append((ref_lp, cand_lp))
+    if choices:  # the documents whose best choice moved, counted for each number of choices at once
+        detail.logprob["argmax_changed"] = sum(int((np.argmax(np.array(lists)[:, 0], axis=1) != np.argmax(
+            np.array(lists)[:, 1], axis=1)).sum()) for lists in choices.values())
     detail.finish_reasons = dict(reasons)
     if detail.generated:
         ref_len = [float(r.get("output_tokens", 0)) for r, c in pairs if r.get("raw_output") is not None]

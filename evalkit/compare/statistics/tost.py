@@ -25,6 +25,8 @@ for the number of rows).
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Callable, Iterable
 
@@ -39,6 +41,11 @@ REFINED = 3  # the grid's highest peaks refined, each ZOOMS times between its ne
 ZOOMS, ZOOM_POINTS = 3, 12
 SPREAD = 8.0  # binomial standard deviations of discordant counts summed; the mass outside is added (an upper bound)
 SIDES = ("below", "above")
+THREADS = min(8, os.cpu_count() or 1)  # threads that share the terms of one sweep over the nuisance
+MIN_SHARE = 200_000  # terms each thread takes at least (fewer are not worth a thread)
+BLOCK = 64  # columns of a row between exact conditional tails (conditional_tails)
+ROUNDING = 2e-13  # the relative error of each term those recurrences sum (pmf through exp of a log up to 745)
+RELATIVE = 1e-10  # a row's error bound over its sum above which its conditional tails are all computed by bdtr
 XTOL = 1e-7  # how closely an interval's limits are located, and to 1e-4 of their size (shown to 4 digits)
 
 
@@ -67,28 +74,104 @@ def thresholds(n: int, delta: float, score: float, side: str) -> np.ndarray:
     return low
 
 
+@lru_cache(maxsize=4)
+def log_choose(n: int) -> np.ndarray:
+    """log C(n, d) for d = 0..n, computed once per n (as gammaln over every d at once)."""
+    d = np.arange(n + 1)
+    values = gammaln(n + 1) - gammaln(d + 1) - gammaln(n - d + 1)
+    values.flags.writeable = False
+    return values
+
+
+def conditional_tails(limits: np.ndarray, n: int, d: np.ndarray, q: np.ndarray, side: str
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(tail, error bound) of P(c <= limits[d] | d) ("below") or P(c > limits[d] | d) ("above"), c ~ Bin(d, q),
+    for each row's q and consecutive counts d. Exact (bdtr) at the first column of each BLOCK columns, then
+    along the row by the binomial's own recurrences (d -> d + 1 moves q P(k | d) across the limit, k -> k + 1
+    adds P(k + 1 | d + 1)): a few arithmetic operations where bdtr costs a continued fraction. A block whose
+    limit moves by other than 0 or 1 is computed by bdtr throughout. The bound covers the rounding of the terms
+    summed since the block's start."""
+    rows, width = d.shape
+    padded = width + (-width) % BLOCK
+    d = np.pad(d, ((0, 0), (0, padded - width)), mode="edge")  # repeated columns: computed, then left out
+    k = limits[d]
+    dk = np.arange(n + 1)
+    kd = limits[: n + 1]
+    ok = (kd >= 0) & (kd <= dk)
+    log_choose_k = np.where(ok, gammaln(dk + 1) - gammaln(np.clip(kd, 0, None) + 1)
+                            - gammaln(np.clip(dk - kd, 0, None) + 1), -np.inf)
+    lq, l1q = np.log(q)[:, None], np.log1p(-q)[:, None]
+    pmf = np.exp(log_choose_k[d] + k * lq + (d - k) * l1q)  # P(c = k | d); 0 where k < 0 or k > d
+    step = np.diff(k, axis=1)
+    move = -q[:, None] * pmf[:, :-1] + (step == 1) * pmf[:, 1:]  # P(c <= k) from one column to the next
+    move = move if side == "below" else -move
+    blocks = (rows, padded // BLOCK, BLOCK)
+    move = np.concatenate([move, np.zeros((rows, 1))], axis=1).reshape(blocks)
+    first = d.reshape(blocks)[:, :, 0], k.reshape(blocks)[:, :, 0]
+    anchor = (bdtr if side == "below" else bdtrc)(np.clip(first[1], 0, None), first[0], q[:, None])
+    anchor = np.where(first[1] < 0, float(side == "above"), np.where(first[1] >= first[0], float(side == "below"),
+                                                                      anchor))
+    tail = np.empty(blocks)
+    tail[:, :, 0], tail[:, :, 1:] = anchor, anchor[:, :, None] + np.cumsum(move[:, :, :-1], axis=2)
+    error = np.empty(blocks)
+    error[:, :, 0], error[:, :, 1:] = 0.0, ROUNDING * (anchor[:, :, None] + np.cumsum(np.abs(move[:, :, :-1]), axis=2))
+    jumps = np.concatenate([(step != 0) & (step != 1), np.zeros((rows, 1), bool)], axis=1).reshape(blocks)
+    irregular = jumps[:, :, :-1].any(axis=2)
+    if irregular.any():
+        where = np.broadcast_to(irregular[:, :, None], blocks)
+        dd, kk = d.reshape(blocks)[where], k.reshape(blocks)[where]
+        qq = np.broadcast_to(q[:, None, None], blocks)[where]
+        tail[where] = (bdtr if side == "below" else bdtrc)(np.clip(kk, 0, None), dd, qq)
+        error[where] = 0.0
+    return tail.reshape(rows, padded)[:, :width], error.reshape(rows, padded)[:, :width]
+
+
+def tail_rows(limits: np.ndarray, n: int, delta: float, s: np.ndarray, q: np.ndarray, start: np.ndarray,
+              width: int, side: str, outside: np.ndarray) -> np.ndarray:
+    """tail_probability's sum over the discordant counts of each row (s, q, start), outside: the mass outside
+    the rows' windows, added. The conditional tails by conditional_tails; a row whose summed error bound is
+    above RELATIVE of its sum (or whose q is 0 or 1) by bdtr at every term, as before."""
+    d = start[:, None] + np.arange(width)[None, :]
+    log_pmf = log_choose(n)[d] + xlogy(d, s[:, None]) + xlogy(n - d, 1 - s[:, None])
+    weight, k = np.exp(log_pmf), limits[d]
+    trivial = (k >= 0 if side == "below" else k < 0).astype(float)  # at k < 0 or k >= d the tail is 0 or 1
+    plain = (k < 0) | (k >= d)
+    given, error = trivial.copy(), np.zeros(d.shape)
+    inner = (q > 0) & (q < 1)
+    if inner.any():
+        tail, bound = conditional_tails(limits, n, d[inner], q[inner], side)
+        given[inner] = np.where(plain[inner], trivial[inner], np.clip(tail, 0.0, 1.0))
+        error[inner] = np.where(plain[inner], 0.0, bound)
+    total = (weight * given).sum(axis=1) + outside
+    exact = ~inner | ((weight * error).sum(axis=1) > RELATIVE * total)
+    if exact.any():
+        needed = ~plain[exact] & (weight[exact] > 0)
+        redo = given[exact]
+        dq = np.broadcast_to(q[exact][:, None], redo.shape)[needed]
+        redo[needed] = (bdtr if side == "below" else bdtrc)(k[exact][needed], d[exact][needed], dq)
+        total[exact] = (weight[exact] * redo).sum(axis=1) + outside[exact]
+    return total
+
+
 def tail_probability(limits: np.ndarray, n: int, delta: float, pc: np.ndarray, side: str) -> np.ndarray:
     """P(the tail) for each nuisance value pc (documents right in the candidate only; pc - delta in the
-    reference only): sum over d of P(b + c = d) P(c <= limits[d] | d) ("below") or P(c > limits[d] | d)."""
+    reference only): sum over d of P(b + c = d) P(c <= limits[d] | d) ("below") or P(c > limits[d] | d).
+    Rows are computed in parallel threads (numpy and scipy release the GIL), each row alike wherever it runs."""
     pc = np.atleast_1d(np.asarray(pc, dtype=float))
     s = np.clip(2 * pc - delta, 0.0, 1.0)  # a document is discordant with probability pb + pc
     q = np.clip(np.divide(pc, s, out=np.full_like(s, 0.5), where=s > 0), 0.0, 1.0)
     half = int(np.ceil(SPREAD * np.sqrt(n * s * (1 - s)).max())) + 10
     width = min(n + 1, 2 * half + 1)
     start = np.clip(np.round(n * s).astype(int) - half, 0, n + 1 - width)
-    d = start[:, None] + np.arange(width)[None, :]
-    log_pmf = (gammaln(n + 1) - gammaln(d + 1) - gammaln(n - d + 1)
-               + xlogy(d, s[:, None]) + xlogy(n - d, 1 - s[:, None]))
-    k, dq = limits[d], np.broadcast_to(q[:, None], d.shape)
-    safe = np.clip(k, 0, None)
-    if side == "below":
-        given = np.where(k < 0, 0.0, np.where(k >= d, 1.0, bdtr(safe, d, dq)))
-    else:
-        given = np.where(k < 0, 1.0, np.where(k >= d, 0.0, bdtrc(safe, d, dq)))
+    parts = np.array_split(np.arange(len(pc)), min(THREADS, max(1, len(pc) * width // MIN_SHARE)))
     end = start + width - 1
     outside = (np.where(start > 0, bdtr(np.maximum(start - 1, 0), n, s), 0.0)
                + np.where(end < n, bdtrc(np.minimum(end, n), n, s), 0.0))
-    return (np.exp(log_pmf) * given).sum(axis=1) + outside
+    rows = lambda i: tail_rows(limits, n, delta, s[i], q[i], start[i], width, side, outside[i])  # noqa: E731
+    if len(parts) > 1:
+        with ThreadPoolExecutor(len(parts)) as pool:
+            return np.concatenate(list(pool.map(rows, parts)))
+    return rows(parts[0])
 
 
 def boundary(delta: float) -> tuple[float, float]:
@@ -116,22 +199,33 @@ def peaks(values: np.ndarray, count: int) -> np.ndarray:
     return local[np.argsort(values[local])[-count:]]
 
 
+@lru_cache(maxsize=16)
+def sweep(n: int, delta: float, score: float, side: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(thresholds, nuisance grid, tail probability on the grid) of an observed score: the costly part of tail_p,
+    computed once for the p-value and the one given that some document changed."""
+    limits = thresholds(n, delta, score, side)
+    grid = nuisance_grid(n, delta)
+    tail = tail_probability(limits, n, delta, grid, side)
+    for array in (limits, grid, tail):
+        array.flags.writeable = False
+    return limits, grid, tail
+
+
 def tail_p(n: int, delta: float, score: float, side: str, given_change: bool = False) -> float:
     """The exact unconditional p-value of an observed score: the largest tail probability over the nuisance.
     given_change: the tail's probability given that some document changed (b + c > 0), the largest over the
     nuisance of P(tail, b + c > 0) / P(b + c > 0): valid given that event, as verdict.decide's screen needs."""
-    limits = thresholds(n, delta, score, side)
-    grid = nuisance_grid(n, delta)
+    limits, grid, swept = sweep(n, delta, score, side)
 
-    def probability(pc: np.ndarray) -> np.ndarray:
-        tail = tail_probability(limits, n, delta, pc, side)
+    def probability(pc: np.ndarray, tail: np.ndarray | None = None) -> np.ndarray:
+        tail = tail_probability(limits, n, delta, pc, side) if tail is None else tail
         if not given_change:
             return tail
         unchanged = (1.0 - np.clip(2 * np.asarray(pc, dtype=float) - delta, 0.0, 1.0)) ** n  # P(b + c = 0)
         in_tail = limits[0] >= 0 if side == "below" else limits[0] < 0  # the table b = c = 0
         return (tail - unchanged * in_tail) / np.maximum(1.0 - unchanged, 1e-300)
 
-    values = probability(grid)
+    values = probability(grid, swept)
     spans = [(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]) for i in peaks(values, REFINED)]
     best = float(values.max())
     for a, b in spans:  # between the neighbours of each highest peak, finer and finer
