@@ -83,67 +83,81 @@ def log_choose(n: int) -> np.ndarray:
     return values
 
 
+@lru_cache(maxsize=16)
+def _steps(limits: bytes, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each count d = 0..n of discordant documents, from the limits (as bytes: a cache key): log C(d, limits[d])
+    (-inf where the limit is below 0 or above d), whether the limit rises by 1 from d to d + 1, and how many
+    counts below d the limit moves from by other than 0 or 1 (cumulative)."""
+    k = np.frombuffer(limits, dtype=int)[: n + 1]
+    d = np.arange(n + 1)
+    inside = (k >= 0) & (k <= d)
+    log_choose_k = np.where(inside, gammaln(d + 1) - gammaln(np.clip(k, 0, None) + 1)
+                            - gammaln(np.clip(d - k, 0, None) + 1), -np.inf)
+    step = np.append(np.diff(k), 0)
+    irregular = np.concatenate([[0], np.cumsum((step != 0) & (step != 1))])
+    return log_choose_k, step == 1, irregular
+
+
 def conditional_tails(limits: np.ndarray, n: int, d: np.ndarray, q: np.ndarray, side: str
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """(tail, error bound) of P(c <= limits[d] | d) ("below") or P(c > limits[d] | d) ("above"), c ~ Bin(d, q),
-    for each row's q and consecutive counts d. Exact (bdtr) at the first column of each BLOCK columns, then
-    along the row by the binomial's own recurrences (d -> d + 1 moves q P(k | d) across the limit, k -> k + 1
-    adds P(k + 1 | d + 1)): a few arithmetic operations where bdtr costs a continued fraction. A block whose
-    limit moves by other than 0 or 1 is computed by bdtr throughout. The bound covers the rounding of the terms
-    summed since the block's start."""
+    """(tails, bounds) of P(c <= limits[d] | d) ("below") or P(c > limits[d] | d) ("above"), c ~ Bin(d, q), for
+    each row's q (0 < q < 1) and consecutive counts d: exact (bdtr) at the first column of each BLOCK columns,
+    then along the row by the binomial's own recurrences (d -> d + 1 moves q P(k | d) across the limit, k -> k + 1
+    adds P(k + 1 | d + 1)), a few arithmetic operations where bdtr costs a continued fraction. A block where
+    the limit moves by other than 0 or 1 is computed by bdtr throughout. bounds: for each row and block, a bound
+    on the rounding error of any of its tails (ROUNDING of the terms summed in the block)."""
     rows, width = d.shape
-    padded = width + (-width) % BLOCK
-    d = np.pad(d, ((0, 0), (0, padded - width)), mode="edge")  # repeated columns: computed, then left out
+    blocks = -(-width // BLOCK)
+    d = np.pad(d, ((0, 0), (0, blocks * BLOCK - width)), mode="edge")  # repeated columns: computed, then left out
     k = limits[d]
-    dk = np.arange(n + 1)
-    kd = limits[: n + 1]
-    ok = (kd >= 0) & (kd <= dk)
-    log_choose_k = np.where(ok, gammaln(dk + 1) - gammaln(np.clip(kd, 0, None) + 1)
-                            - gammaln(np.clip(dk - kd, 0, None) + 1), -np.inf)
+    log_choose_k, rises, irregular = _steps(np.ascontiguousarray(limits, dtype=int).tobytes(), n)
     lq, l1q = np.log(q)[:, None], np.log1p(-q)[:, None]
-    pmf = np.exp(log_choose_k[d] + k * lq + (d - k) * l1q)  # P(c = k | d); 0 where k < 0 or k > d
-    step = np.diff(k, axis=1)
-    move = -q[:, None] * pmf[:, :-1] + (step == 1) * pmf[:, 1:]  # P(c <= k) from one column to the next
-    move = move if side == "below" else -move
-    blocks = (rows, padded // BLOCK, BLOCK)
-    move = np.concatenate([move, np.zeros((rows, 1))], axis=1).reshape(blocks)
-    first = d.reshape(blocks)[:, :, 0], k.reshape(blocks)[:, :, 0]
+    pmf = np.exp(log_choose_k[d] + d * l1q + k * (lq - l1q))  # P(c = k | d); 0 where k < 0 or k > d
+    sign = 1.0 if side == "below" else -1.0
+    terms = np.empty(d.shape)
+    terms[:, 1:] = pmf[:, 1:] * rises[d[:, :-1]] - q[:, None] * pmf[:, :-1]  # P(c <= k), column to column
+    terms = terms.reshape(rows, blocks, BLOCK)
+    first = d[:, ::BLOCK], k[:, ::BLOCK]
     anchor = (bdtr if side == "below" else bdtrc)(np.clip(first[1], 0, None), first[0], q[:, None])
-    anchor = np.where(first[1] < 0, float(side == "above"), np.where(first[1] >= first[0], float(side == "below"),
-                                                                      anchor))
-    tail = np.empty(blocks)
-    tail[:, :, 0], tail[:, :, 1:] = anchor, anchor[:, :, None] + np.cumsum(move[:, :, :-1], axis=2)
-    error = np.empty(blocks)
-    error[:, :, 0], error[:, :, 1:] = 0.0, ROUNDING * (anchor[:, :, None] + np.cumsum(np.abs(move[:, :, :-1]), axis=2))
-    jumps = np.concatenate([(step != 0) & (step != 1), np.zeros((rows, 1), bool)], axis=1).reshape(blocks)
-    irregular = jumps[:, :, :-1].any(axis=2)
-    if irregular.any():
-        where = np.broadcast_to(irregular[:, :, None], blocks)
-        dd, kk = d.reshape(blocks)[where], k.reshape(blocks)[where]
-        qq = np.broadcast_to(q[:, None, None], blocks)[where]
-        tail[where] = (bdtr if side == "below" else bdtrc)(np.clip(kk, 0, None), dd, qq)
-        error[where] = 0.0
-    return tail.reshape(rows, padded)[:, :width], error.reshape(rows, padded)[:, :width]
+    terms[:, :, 0] = sign * np.where(first[1] < 0, float(side == "above"),
+                                     np.where(first[1] >= first[0], float(side == "below"), anchor))
+    bounds = ROUNDING * np.abs(terms).sum(axis=2)
+    tails = sign * np.cumsum(terms, axis=2)
+    jumps = irregular[np.minimum(first[0] + BLOCK - 1, n)] - irregular[first[0]] > 0
+    if jumps.any():
+        where = np.broadcast_to(jumps[:, :, None], tails.shape)
+        dd, kk = d.reshape(tails.shape)[where], k.reshape(tails.shape)[where]
+        qq = np.broadcast_to(q[:, None, None], tails.shape)[where]
+        tails[where] = (bdtr if side == "below" else bdtrc)(np.clip(kk, 0, None), dd, qq)
+        bounds[jumps] = 0.0
+    return tails.reshape(rows, -1)[:, :width], bounds
 
 
 def tail_rows(limits: np.ndarray, n: int, delta: float, s: np.ndarray, q: np.ndarray, start: np.ndarray,
               width: int, side: str, outside: np.ndarray) -> np.ndarray:
     """tail_probability's sum over the discordant counts of each row (s, q, start), outside: the mass outside
-    the rows' windows, added. The conditional tails by conditional_tails; a row whose summed error bound is
-    above RELATIVE of its sum (or whose q is 0 or 1) by bdtr at every term, as before."""
+    the rows' windows, added. The conditional tails by conditional_tails; a row whose error bound summed over its
+    terms is above RELATIVE of its sum (or whose q is 0 or 1) by bdtr at every term."""
     d = start[:, None] + np.arange(width)[None, :]
-    log_pmf = log_choose(n)[d] + xlogy(d, s[:, None]) + xlogy(n - d, 1 - s[:, None])
+    with np.errstate(divide="ignore"):
+        ls, l1s = np.log(s), np.log1p(-s)
+    regular = (s > 0) & (s < 1)
+    log_pmf = log_choose(n)[d]
+    log_pmf += np.where(regular, n * l1s, 0.0)[:, None] + d * np.where(regular, ls - l1s, 0.0)[:, None]
+    if not regular.all():
+        log_pmf[~regular] += xlogy(d[~regular], s[~regular, None]) + xlogy(n - d[~regular], 1 - s[~regular, None])
     weight, k = np.exp(log_pmf), limits[d]
-    trivial = (k >= 0 if side == "below" else k < 0).astype(float)  # at k < 0 or k >= d the tail is 0 or 1
-    plain = (k < 0) | (k >= d)
-    given, error = trivial.copy(), np.zeros(d.shape)
+    plain = (k < 0) | (k >= d)  # the tail is 0 or 1
+    trivial = (k >= 0 if side == "below" else k < 0).astype(float)
+    given, error = trivial.copy(), np.zeros(len(s))
     inner = (q > 0) & (q < 1)
     if inner.any():
-        tail, bound = conditional_tails(limits, n, d[inner], q[inner], side)
+        tail, bounds = conditional_tails(limits, n, d[inner], q[inner], side)
         given[inner] = np.where(plain[inner], trivial[inner], np.clip(tail, 0.0, 1.0))
-        error[inner] = np.where(plain[inner], 0.0, bound)
+        blocks = np.pad(weight[inner], ((0, 0), (0, bounds.shape[1] * BLOCK - width)))
+        error[inner] = (blocks.reshape(*bounds.shape, BLOCK).sum(axis=2) * bounds).sum(axis=1)
     total = (weight * given).sum(axis=1) + outside
-    exact = ~inner | ((weight * error).sum(axis=1) > RELATIVE * total)
+    exact = ~inner | (error > RELATIVE * total)
     if exact.any():
         needed = ~plain[exact] & (weight[exact] > 0)
         redo = given[exact]
