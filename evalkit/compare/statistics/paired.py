@@ -209,8 +209,8 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
             detail.logprob_diffs.extend(y - x for x, y in zip(ref_lp, cand_lp))
             choices.setdefault(len(ref_lp), []).append((ref_lp, cand_lp))
     if choices:  # the documents whose best choice moved, counted for each number of choices at once
-        detail.logprob["argmax_changed"] = sum(int((np.argmax(np.array(lists)[:, 0], axis=1) != np.argmax(
-            np.array(lists)[:, 1], axis=1)).sum()) for lists in choices.values())
+        moved = [np.array(lists).argmax(axis=2) for lists in choices.values()]  # document, run -> best choice
+        detail.logprob["argmax_changed"] = sum(int((best[:, 0] != best[:, 1]).sum()) for best in moved)
     detail.finish_reasons = dict(reasons)
     if detail.generated:
         ref_len = [float(r.get("output_tokens", 0)) for r, c in pairs if r.get("raw_output") is not None]
