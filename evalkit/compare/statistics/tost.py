@@ -14,7 +14,10 @@ one-sided tests: "worse" is H1: diff < -tolerance, "equivalent" is H1: diff > -t
   to 20,000 documents. The score rises with c among the tables of b + c = d discordant documents (checked for
   every table up to 300 documents and on a grid of d up to 20,000), so the tables at least as extreme are, for
   each d, those of c up to (or from) one threshold: P(tail) is a sum over d of a binomial for d times a binomial
-  tail for c, O(n) per nuisance value where enumerating every table is O(n^2);
+  tail for c, O(n) per nuisance value where enumerating every table is O(n^2). The tails for c come from
+  scipy's bdtr every BLOCK values of d and from the binomial's recurrences between (conditional_tails), with a
+  bound on their rounding that sends a nuisance value back to bdtr at every d where it is not small (bdtr's
+  continued fraction at every term is most of a row's cost at 100,000 documents);
 * anything bootstrapped: the percentile bootstrap's p-value, (1 + resamples on the null side) / (1 + resamples).
 
 The interval shown beside each p-value is the one these tests invert (tango_limits, bootstrap_limits): the
@@ -83,7 +86,7 @@ def log_choose(n: int) -> np.ndarray:
     return values
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)  # one set of limits serves a whole tail_p: its sweep and its refinements
 def _steps(limits: bytes, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each count d = 0..n of discordant documents, from the limits (as bytes: a cache key): log C(d, limits[d])
     (-inf where the limit is below 0 or above d), whether the limit rises by 1 from d to d + 1, and how many
