@@ -47,8 +47,8 @@ SIDES = ("below", "above")
 THREADS = min(8, os.cpu_count() or 1)  # threads that share the terms of one sweep over the nuisance
 MIN_SHARE = 200_000  # terms each thread takes at least (fewer are not worth a thread)
 BLOCK = 64  # columns of a row between exact conditional tails (conditional_tails)
-ROUNDING = 2e-13  # the relative error of each term those recurrences sum (pmf through exp of a log up to 745)
-RELATIVE = 1e-10  # a row's error bound over its sum above which its conditional tails are all computed by bdtr
+EPSILON = float(np.finfo(float).eps)  # a term's relative rounding: 4 EPSILON per unit of its log's largest part
+RELATIVE = 1e-8  # a row's error bound over its sum above which its conditional tails are all computed by bdtr
 XTOL = 1e-7  # how closely an interval's limits are located, and to 1e-4 of their size (shown to 4 digits)
 
 
@@ -108,14 +108,17 @@ def conditional_tails(limits: np.ndarray, n: int, d: np.ndarray, q: np.ndarray, 
     then along the row by the binomial's own recurrences (d -> d + 1 moves q P(k | d) across the limit, k -> k + 1
     adds P(k + 1 | d + 1)), a few arithmetic operations where bdtr costs a continued fraction. A block where
     the limit moves by other than 0 or 1 is computed by bdtr throughout. bounds: for each row and block, a bound
-    on the rounding error of any of its tails (ROUNDING of the terms summed in the block)."""
+    on the rounding error of any of its tails: each term summed in the block off by 4 EPSILON times the largest
+    part of its log-probability (log C(d, k), d log(1 - q), k log(q / (1 - q)): tens of thousands at 100,000
+    documents, which cancel to a few), and by EPSILON at each of the block's additions."""
     rows, width = d.shape
     blocks = -(-width // BLOCK)
     d = np.pad(d, ((0, 0), (0, blocks * BLOCK - width)), mode="edge")  # repeated columns: computed, then left out
     k = limits[d]
     log_choose_k, rises, irregular = _steps(np.ascontiguousarray(limits, dtype=int).tobytes(), n)
     lq, l1q = np.log(q)[:, None], np.log1p(-q)[:, None]
-    pmf = np.exp(log_choose_k[d] + d * l1q + k * (lq - l1q))  # P(c = k | d); 0 where k < 0 or k > d
+    log_ck = log_choose_k[d]
+    pmf = np.exp(log_ck + d * l1q + k * (lq - l1q))  # P(c = k | d); 0 where k < 0 or k > d
     sign = 1.0 if side == "below" else -1.0
     terms = np.empty(d.shape)
     terms[:, 1:] = pmf[:, 1:] * rises[d[:, :-1]] - q[:, None] * pmf[:, :-1]  # P(c <= k), column to column
@@ -124,7 +127,9 @@ def conditional_tails(limits: np.ndarray, n: int, d: np.ndarray, q: np.ndarray, 
     anchor = (bdtr if side == "below" else bdtrc)(np.clip(first[1], 0, None), first[0], q[:, None])
     terms[:, :, 0] = sign * np.where(first[1] < 0, float(side == "above"),
                                      np.where(first[1] >= first[0], float(side == "below"), anchor))
-    bounds = ROUNDING * np.abs(terms).sum(axis=2)
+    largest = log_ck.max(axis=1) + d[:, -1] * (np.abs(lq) + 2 * np.abs(l1q))[:, 0]
+    rounding = EPSILON * (4 * np.maximum(largest, 1.0) + 2 * BLOCK)
+    bounds = rounding[:, None] * np.abs(terms).sum(axis=2)
     tails = sign * np.cumsum(terms, axis=2)
     jumps = irregular[np.minimum(first[0] + BLOCK - 1, n)] - irregular[first[0]] > 0
     if jumps.any():
