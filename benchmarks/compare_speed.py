@@ -140,7 +140,7 @@ def command(reference: Path, candidate: Path, output: Path) -> tuple[float, floa
     start, cpu = time.perf_counter(), children_cpu()
     done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(reference), str(candidate), "--output",
                            str(output)], capture_output=True, text=True, cwd=ROOT, env=env)
-    if done.returncode not in (0, 1):
+    if done.returncode not in (0, 1) or "# evalkit compare" not in done.stdout:  # 1 is a verdict, not a traceback
         raise SystemExit(f"python -m evalkit.compare failed ({done.returncode}): {done.stderr.strip()}")
     return time.perf_counter() - start, children_cpu() - cpu
 
