@@ -11,6 +11,7 @@ the end of the sweep (evalkit/sweep/callback.py).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -57,6 +58,12 @@ def run_one(cfg: DictConfig) -> None:
     except RunFailed as error:
         fail(str(error), code=1)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
+    gated = json.loads((run_dir / "results.json").read_text())["evalkit"].get("gate")
+    if gated:  # gate.reference: the gate's verdict is the exit status (1: worse, or not shown equivalent)
+        early = "stopped early" if gated["stopped_early"] else "every document evaluated"
+        print(f"gate: {gated['verdict']} ({early}: {sum(gated['documents'].values())} of "
+              f"{sum(gated['of'].values())} documents): {gated['reason']}")
+        sys.exit(gated["exit_code"])
 
 
 def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) -> None:

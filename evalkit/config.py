@@ -92,6 +92,21 @@ class Endpoint:
 
 
 @dataclass
+class Gate:
+    """gate.reference=RUN: the run stops as soon as it is decided against that reference run (evalkit/run/gate.py)."""
+
+    reference: Optional[str] = None  # a reference run folder (result/<model>/<run id>) of the same tasks; null: no gate
+    tolerance: float = 0.02  # the largest acceptable change of a 0-1 metric (acc, exact_match), as evalkit compare's
+    alpha: float = 0.05  # the chance of a wrong `worse` or `equivalent`, over every row and every look together
+    require: str = "not_worse"  # "not_worse": stop early only on `worse`; "equivalent": also stop once equivalent
+    seed: int = 0  # the seed of the random order the documents are evaluated in
+    chunk: int = 50  # documents of each task evaluated between two looks
+
+
+GATE_REQUIRE = ("not_worse", "equivalent")
+
+
+@dataclass
 class EvalConfig:
     # --- the model (a preset from conf/model/ fills these) ---
     model_name: str = MISSING  # names the folder under result/
@@ -155,6 +170,7 @@ class EvalConfig:
     # reference's top ids that this run's own top-k left out (Engine.read_ids), so compare's bound against that
     # reference covers its whole top-k (docs/divergence.md, "Reading the reference's ids"); null: none
     divergence_reference: str | None = None
+    gate: Gate = field(default_factory=Gate)  # stop as soon as the run is decided against a reference run
     oom_retry: OomRetry = field(default_factory=OomRetry)
 
 
@@ -260,10 +276,32 @@ def validate(cfg: EvalConfig) -> None:
     if cfg.limit is not None and (cfg.limit <= 0 or (cfg.limit > 1 and cfg.limit != int(cfg.limit))):
         raise ConfigError(f"limit={cfg.limit} must be a whole number of documents or a fraction in (0, 1]")
     check_divergence_top_k(cfg)
+    check_gate(cfg)
     if not cfg.tasks:
         raise ConfigError("tasks is empty: pass tasks=[name,...]")
     if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith("."):
         raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")
+
+
+def check_gate(cfg: EvalConfig) -> None:
+    """The gate's values; its reference folder is read, before any engine starts, by evalkit/run/gate.py."""
+    gate = cfg.gate
+    if gate.reference is None:
+        return
+    if not 0 < gate.tolerance < 1:
+        raise ConfigError(f"gate.tolerance={gate.tolerance}: the largest acceptable change of a 0-1 metric lies in "
+                          "(0, 1), e.g. 0.02")
+    if not 0 < gate.alpha < 1:
+        raise ConfigError(f"gate.alpha={gate.alpha} must be in (0, 1), e.g. 0.05")
+    if gate.require not in GATE_REQUIRE:
+        raise ConfigError(not_one_of("gate.require", gate.require, GATE_REQUIRE))
+    if gate.chunk < 1:
+        raise ConfigError(f"gate.chunk={gate.chunk} must be at least 1")
+    if not cfg.resume:
+        raise ConfigError("gate.reference evaluates documents chunk by chunk and reuses each look's answers from the "
+                          "request store: leave resume=true")
+    if not cfg.log_samples:
+        raise ConfigError("gate.reference reads this run's per-document scores: leave log_samples=true")
 
 
 MAX_TOP_K = 100  # 8 bytes a position per entry; the bound's share was measured up to k = 100 (docs/divergence.md)
