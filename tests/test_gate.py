@@ -15,6 +15,7 @@ import pytest
 from evalkit.config import ConfigError, EvalConfig, Gate, validate
 from evalkit.harness.tasks import load_tasks
 from evalkit.run import gate
+from evalkit.run.sequence import Look
 
 from .conftest import run_dirs
 
@@ -139,3 +140,25 @@ def test_the_embedded_run_stops_worse_against_a_better_reference_and_says_why(tm
     assert record["documents"] == {t: 40 for t in TASKS} and not record["stopped_early"]
     assert [look["documents"]["evalkit_arith"] for look in record["looks"]] == [15, 30, 40]
     assert all(row["low"] == pytest.approx(0, abs=1e-6) == row["high"] for row in record["looks"][-1]["rows"])
+
+
+def one(verdict):
+    return Look(n=1, total=2, mean=0.0, low=-1.0, high=1.0, verdict=verdict)
+
+
+@pytest.mark.parametrize("verdicts, require, finished, expected", [
+    (["worse", "equivalent"], "equivalent", False, "worse"),
+    (["undecided", "worse"], "not_worse", False, "worse"),
+    (["equivalent", "equivalent"], "equivalent", False, "equivalent"),
+    (["equivalent", "equivalent"], "not_worse", False, None),  # not_worse stops early only on worse
+    (["equivalent", "undecided"], "equivalent", False, None),
+    (["better", "equivalent"], "not_worse", True, "not worse"),
+    (["better", "equivalent"], "equivalent", True, "not equivalent"),
+])
+def test_the_family_stops_on_any_worse_row_or_when_every_row_is_equivalent(verdicts, require, finished, expected):
+    assert gate.decide([one(v) for v in verdicts], require, finished=finished) == expected
+
+
+def test_request_records_go_back_under_their_documents_own_indices():
+    records = {("a", 0): ["r0"], ("a", 1): ["r1"], ("b", 0): ["s0"]}
+    assert gate.renumbered(records, {"a": [3, 7], "b": [5]}) == {("a", 3): ["r0"], ("a", 7): ["r1"], ("b", 5): ["s0"]}
