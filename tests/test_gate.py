@@ -45,14 +45,15 @@ def test_the_gate_needs_the_request_store_and_the_samples():
         validate(dataclasses.replace(config(reference="r"), log_samples=False))
 
 
-def write_reference(folder, tasks, n, value=1.0, doc_hash="h"):
+def write_reference(folder, tasks, n, value=1.0, doc_hash="h", prompt_hash="p"):
     """A run folder as results.write_run lays it out: results.json naming one samples file per task."""
     folder.mkdir(parents=True)
     files = {}
     for task, (metric, filt) in tasks.items():
         files[task] = f"samples_{task}.jsonl"
         score = value.get(task, 1.0) if isinstance(value, dict) else value
-        lines = [{"doc_id": i, "filter": filt, "metrics": [metric], metric: score, "doc_hash": doc_hash}
+        lines = [{"doc_id": i, "filter": filt, "metrics": [metric], metric: score, "doc_hash": doc_hash,
+                  "prompt_hash": prompt_hash}
                  for i in range(n)]
         (folder / files[task]).write_text("".join(json.dumps(line) + "\n" for line in lines))
     (folder / "results.json").write_text(json.dumps({"evalkit": {"run_id": "ref", "files": {"samples": files}}}))
@@ -162,3 +163,22 @@ def test_the_family_stops_on_any_worse_row_or_when_every_row_is_equivalent(verdi
 def test_request_records_go_back_under_their_documents_own_indices():
     records = {("a", 0): ["r0"], ("a", 1): ["r1"], ("b", 0): ["s0"]}
     assert gate.renumbered(records, {"a": [3, 7], "b": [5]}) == {("a", 3): ["r0"], ("a", 7): ["r1"], ("b", 5): ["s0"]}
+
+
+def test_a_document_or_prompt_that_is_not_the_references_stops_the_gate(tmp_path, tasks):
+    """The gate pairs documents by index; each pair is checked to be the same document asked the same way."""
+    both = {"evalkit_arith": ("exact_match", "first-integer"), "evalkit_facts": ("acc", "none")}
+    write_reference(tmp_path / "ref", both, 20, value=1.0)
+    planned = gate.plan(config(reference=str(tmp_path / "ref")), tasks)
+    row = planned.rows[0]
+    first = planned.orders[row.task][0]
+
+    def sample(**fields):
+        return [{"doc_id": first, "filter": row.filter, row.metric: 0.0, "doc_hash": "h", "prompt_hash": "p",
+                 **fields}]
+
+    assert gate.differences(planned, row, sample()).tolist() == [-1.0]
+    with pytest.raises(ConfigError, match="is not the reference's"):
+        gate.differences(planned, row, sample(doc_hash="other"))
+    with pytest.raises(ConfigError, match="another prompt than the reference's"):
+        gate.differences(planned, row, sample(prompt_hash="other"))

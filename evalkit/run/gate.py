@@ -47,7 +47,7 @@ class Plan:
     run_id: str
     rows: list[Row]
     values: dict[Row, dict[int, float]]  # row -> reference document index -> value
-    hashes: dict[str, dict[int, str]]  # task -> document index -> the reference's doc_hash
+    hashes: dict[str, dict[int, tuple[str, str]]]  # task -> document index -> the reference's doc and prompt hashes
     orders: dict[str, list[int]]  # task -> document indices in the order evaluated
     looks: list[dict[str, Any]] = field(default_factory=list)
 
@@ -106,7 +106,7 @@ def plan(cfg: EvalConfig, tasks: list[Any]) -> Plan:
         if missing:
             raise _bad(reference, f"task {printable(name)} has {len(by_doc)} documents and this run evaluates {n}: "
                                   f"document {missing[0]} is missing (pass a smaller limit=, or rerun the reference)")
-        hashes[name] = {i: next(iter(by_doc[i].values())).get("doc_hash") for i in range(n)}
+        hashes[name] = {i: _hashes(next(iter(by_doc[i].values()))) for i in range(n)}
         for filter_name, line in by_doc[0].items():
             for metric in line.get("metrics") or []:
                 row = Row(name, filter_name, metric)
@@ -122,6 +122,10 @@ def plan(cfg: EvalConfig, tasks: list[Any]) -> Plan:
                 orders=orders)
 
 
+def _hashes(line: dict[str, Any]) -> tuple[str, str]:
+    return str(line.get("doc_hash")), str(line.get("prompt_hash"))
+
+
 def differences(plan: Plan, row: Row, samples: list[dict[str, Any]]) -> np.ndarray:
     """The row's candidate-minus-reference values, in the order drawn; the documents' hashes checked."""
     order = plan.orders[row.task]
@@ -129,9 +133,15 @@ def differences(plan: Plan, row: Row, samples: list[dict[str, Any]]) -> np.ndarr
     out = []
     for i in order[:len(by_doc)]:
         line = by_doc[i]
-        if line.get("doc_hash") != plan.hashes[row.task][i]:
+        doc, prompt = plan.hashes[row.task][i]
+        if _hashes(line)[0] != doc:
             raise ConfigError(f"gate.reference={plan.reference}: task {row.task}'s document {i} is not the "
                               "reference's (its hash differs): the gate compares the same documents")
+        if _hashes(line)[1] != prompt:
+            raise ConfigError(f"gate.reference={plan.reference}: task {row.task}'s document {i} was asked with "
+                              "another prompt than the reference's (few-shot examples drawn at random depend on "
+                              "the documents evaluated before it): gate a task whose prompts are fixed per "
+                              "document, or pass num_fewshot=0")
         value = float(line[row.metric])
         if not 0 <= value <= 1:
             raise ConfigError(f"{row}: a value {value} outside [0, 1]; the gate reads only 0-1 metrics")
