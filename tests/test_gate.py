@@ -94,6 +94,14 @@ def evalkit(out, *args):
                           capture_output=True, text=True, timeout=1200)
 
 
+def test_a_bad_reference_fails_the_command_in_one_line_before_any_engine_starts(tmp_path):
+    done = evalkit(tmp_path / "result", f"gate.reference={tmp_path / 'nothing'}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (f"evalkit: error: gate.reference={tmp_path / 'nothing'}: no such "
+                                                     "folder; name a run folder (result/<model>/<run id>)")
+    assert "engine" not in done.stderr.lower()
+
+
 def perfect_copy(run_dir, where):
     """The reference run with every document's 0-1 score set to 1: a reference the real model is far worse than,
     whose documents (hashes) are the run's own."""
