@@ -9,9 +9,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from evalkit.compare.runs import CompareError, Run, check_like_for_like
 from evalkit.config import ConfigError, EvalConfig, Gate, validate
 from evalkit.harness.tasks import load_tasks
 from evalkit.run import gate
@@ -139,6 +141,10 @@ def test_the_embedded_run_stops_worse_against_a_better_reference_and_says_why(tm
     assert sorted(evaluated) == sorted(record["order"]["evalkit_arith"][:10])
     (last,) = record["looks"]
     assert any(row["verdict"] == "worse" and row["high"] < -0.02 for row in last["rows"])
+    compared = subprocess.run([sys.executable, "-m", "evalkit.compare", str(better), str(run_dir)],
+                              capture_output=True, text=True, timeout=300)
+    assert compared.returncode == 2 and "stopped early by its gate (worse after 20 documents" in compared.stderr, \
+        compared.stderr
 
     same = evalkit(out, "divergence_top_k=0", f"gate.reference={reference}", "gate.chunk=15",
                    "gate.require=equivalent")
@@ -190,3 +196,17 @@ def test_a_document_or_prompt_that_is_not_the_references_stops_the_gate(tmp_path
         gate.differences(planned, row, sample(doc_hash="other"))
     with pytest.raises(ConfigError, match="another prompt than the reference's"):
         gate.differences(planned, row, sample(prompt_hash="other"))
+
+
+def test_compare_refuses_a_run_its_gate_stopped_and_compares_one_it_ran_to_the_end():
+    """A stopped run's documents were chosen by when the gate decided: a fixed-n test on them claims too much."""
+    samples = {"t": {(0, "none"): {"doc_id": 0, "doc_hash": "h", "prompt_hash": "p", "target_hash": "a"}}}
+
+    def run(name, gated):
+        return Run(path=Path("/runs") / name, results={"evalkit": {"gate": gated}}, samples=samples)
+
+    stopped = {"stopped_early": True, "verdict": "worse", "documents": {"t": 1, "u": 2}}
+    with pytest.raises(CompareError, match=r"^runs/cand: stopped early by its gate \(worse after 3 documents"):
+        check_like_for_like(run("ref", None), run("cand", stopped))
+    check_like_for_like(run("ref", None), run("cand", {**stopped, "stopped_early": False}))
+
