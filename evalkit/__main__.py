@@ -31,6 +31,7 @@ from evalkit.overrides import arguments_to_check, check_overrides
 
 # a point running beside another whose answers it shares (one store) waits for it, then reuses them
 POINT_LOCK_WAIT = 24 * 3600.0
+GATE_FAILED = 3  # the exit status of a gated run that failed: 1 is the gate's "worse" there
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -55,15 +56,22 @@ def run_one(cfg: DictConfig) -> None:
         fail(str(error))
     except RunStopped as error:
         fail(f"stopped: {error}", code=error.exit_code)
-    except RunFailed as error:
-        fail(str(error), code=1)
+    except RunFailed as error:  # with a gate, 1 is its verdict (worse): a run that failed has no verdict
+        fail(str(error), code=GATE_FAILED if cfg.gate.reference else 1)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
-    gated = json.loads((run_dir / "results.json").read_text())["evalkit"].get("gate")
+    gated = gate_verdict(run_dir)
     if gated:  # gate.reference: the gate's verdict is the exit status (1: worse, or not shown equivalent)
+        sys.exit(gated["exit_code"])
+
+
+def gate_verdict(run_dir: Path) -> dict | None:
+    """The gate's record of a run made with gate.reference, its verdict printed in one line; None without one."""
+    gated = json.loads((run_dir / "results.json").read_text())["evalkit"].get("gate")
+    if gated:
         early = "stopped early" if gated["stopped_early"] else "every document evaluated"
         print(f"gate: {gated['verdict']} ({early}: {sum(gated['documents'].values())} of "
               f"{sum(gated['of'].values())} documents): {gated['reason']}")
-        sys.exit(gated["exit_code"])
+    return gated
 
 
 def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) -> None:
@@ -118,6 +126,7 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
         raise
     finish("ok", run_dir)
     print(f"\n{(run_dir / 'summary.md').read_text()}\nwritten to {run_dir}")
+    gate_verdict(run_dir)  # a point's gate decides its own run only: the sweep's exit status counts failed points
 
 
 def notice_to_launcher(signum: int, *, num: int) -> None:

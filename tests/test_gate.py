@@ -20,6 +20,7 @@ from evalkit.run import gate
 from evalkit.run.sequence import Look
 
 from .conftest import run_dirs
+from .test_gpu_start import h100, run_on_gpus
 
 TASKS = ["evalkit_arith", "evalkit_facts"]
 
@@ -210,3 +211,13 @@ def test_compare_refuses_a_run_its_gate_stopped_and_compares_one_it_ran_to_the_e
         check_like_for_like(run("ref", None), run("cand", stopped))
     check_like_for_like(run("ref", None), run("cand", {**stopped, "stopped_early": False}))
 
+
+
+def test_a_gated_run_that_fails_exits_3_so_that_1_means_worse_only(tmp_path):
+    """The engine's start fails (the recreated GPU machine's vllm.LLM raises): no verdict, and not exit 1."""
+    both = {"evalkit_arith": ("exact_match", "first-integer"), "evalkit_facts": ("acc", "none")}
+    write_reference(tmp_path / "ref", both, 20)
+    done, _ = run_on_gpus(tmp_path, [h100(0, 79 * 2**30)], "resume=true", "oom_retry.enabled=false",
+                          f"gate.reference={tmp_path / 'ref'}")
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "gate:" not in done.stdout
