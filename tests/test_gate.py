@@ -221,3 +221,28 @@ def test_a_gated_run_that_fails_exits_3_so_that_1_means_worse_only(tmp_path):
                           f"gate.reference={tmp_path / 'ref'}")
     assert done.returncode == 3, done.stderr[-3000:]
     assert "gate:" not in done.stdout
+
+
+def test_each_look_evaluates_only_its_new_documents_and_the_decided_prefix_once_more(tmp_path, tasks):
+    """lm-eval's work grows with the documents evaluated, not with their square over the looks: each look asks
+    for its chunk alone, and the stopped run's results come from one more evaluation of every document drawn."""
+    both = {"evalkit_arith": ("exact_match", "first-integer"), "evalkit_facts": ("acc", "none")}
+    write_reference(tmp_path / "ref", both, 20, value=1.0)
+    planned = gate.plan(config(reference=str(tmp_path / "ref"), chunk=4), tasks)
+    asked = []
+
+    class Records:
+        records: dict = {}
+
+    def evaluate(samples):
+        asked.append(samples and {t: list(s) for t, s in samples.items()})
+        lines = {t: [{"doc_id": i, "filter": f, m: 0.0, "doc_hash": "h", "prompt_hash": "p"} for i in docs]
+                 for t, (m, f) in both.items() for docs in [samples[t]]}
+        return Records(), {"samples": lines}
+
+    _, _, record = gate.run(config(reference=str(tmp_path / "ref"), chunk=4), planned, evaluate)
+    assert record["verdict"] == "worse" and record["stopped_early"]
+    looks = len(record["looks"])
+    assert [sorted(a["evalkit_arith"]) for a in asked[:looks]] == [
+        sorted(planned.orders["evalkit_arith"][4 * k:4 * k + 4]) for k in range(looks)]
+    assert asked[looks:] == [{t: sorted(o[:4 * looks]) for t, o in planned.orders.items()}]

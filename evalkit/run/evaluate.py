@@ -203,9 +203,11 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
                              progress=Progress, divergence_top_k=top_k,
                              reference=against.ids if against is not None and top_k else None)
 
-        def look(samples: dict[str, list[int]]) -> tuple[EvalkitLM, dict[str, Any]]:
+        def look(samples: dict[str, list[int]] | None) -> tuple[EvalkitLM, dict[str, Any]]:
+            """lm-eval on those documents of the tasks samples names (every document of every task: None)."""
             fresh = new_lm()  # one per look: its records are the documents of this look, each once
-            return fresh, score_with_lm_eval(cfg, fresh, manager, tasks, samples=samples)
+            named = tasks if samples is None else [t for t in tasks if t.config.task in samples]
+            return fresh, score_with_lm_eval(cfg, fresh, manager, named, samples=samples)
 
         scoring_before = engine.scoring_counts()  # a lent engine counts earlier runs too
         if planned is None:

@@ -1,9 +1,8 @@
 """The in-run gate (``gate.reference=RUN``): a run that stops as soon as it is decided against a reference run.
 
 Each task's documents are evaluated in a random order fixed by gate.seed (recorded), gate.chunk more of each task
-per look; lm-eval evaluates the prefix drawn so far (simple_evaluate's ``samples=``) on the one engine the run
-started, whose request store answers every document an earlier look (or an earlier run of the command) already
-computed. After each look every gated row (a task, filter and metric whose reference values all lie in [0, 1]:
+per look; lm-eval evaluates each look's documents (simple_evaluate's ``samples=``) on the one engine the run
+started, whose request store answers every document an earlier run of the command already computed. After each look every gated row (a task, filter and metric whose reference values all lie in [0, 1]:
 acc, acc_norm, exact_match, F1) is read as paired differences against the reference's per-document values, and
 evalkit/run/sequence.py's confidence sequence over the task's N documents decides it at level alpha / rows
 (Bonferroni: a wrong `worse` or `equivalent` anywhere in the family, at any look, has chance at most alpha). Rows
@@ -157,33 +156,52 @@ def renumbered(records: dict[tuple[str, int], list[Any]], selected: dict[str, li
     return {(task, selected[task][doc] if task in selected else doc): r for (task, doc), r in records.items()}
 
 
-def run(cfg: EvalConfig, plan: Plan, evaluate: Callable[[dict[str, list[int]]], tuple[Any, dict[str, Any]]]
+class Indices(list):
+    """Document indices for simple_evaluate's ``samples=``: lm-eval asks ``i in samples`` of every document of the
+    task, which a list answers in O(len) (hours for a prefix of 100,000 documents); a set answers at once."""
+
+    def __init__(self, indices: list[int]) -> None:
+        super().__init__(sorted(indices))
+        self._set = frozenset(self)
+
+    def __contains__(self, index: object) -> bool:
+        return index in self._set
+
+
+def run(cfg: EvalConfig, plan: Plan, evaluate: Callable[[dict[str, list[int]] | None], tuple[Any, dict[str, Any]]]
         ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """Look after look until the family is decided or every document is evaluated; (lm, outcome) of the last
-    look, its doc ids the reference's, and the gate's record. evaluate(samples) runs lm-eval on those documents
-    of each task."""
+    """Look after look until the family is decided or every document is evaluated; (lm, outcome) of every document
+    evaluated, its doc ids the reference's, and the gate's record. evaluate(samples) runs lm-eval on those documents
+    of the tasks samples names (None: every document). Each look evaluates only its new documents; once decided,
+    one last evaluation of all those drawn (every answer from the request store) gives the run's results and
+    samples: lm-eval's work grows with the documents, not with their square over the looks."""
     gate, alpha = cfg.gate, cfg.gate.alpha / len(plan.rows)
     total = sum(len(o) for o in plan.orders.values())
-    drawn = 0
+    drawn = {t: 0 for t in plan.orders}
+    seen: dict[str, list[dict[str, Any]]] = {t: [] for t in plan.orders}
     while True:
-        drawn += gate.chunk
-        selected = {t: sorted(o[:drawn]) for t, o in plan.orders.items()}
-        lm, outcome = evaluate(selected)
-        lm.records = renumbered(lm.records, selected)
+        new = {t: Indices(o[drawn[t]:drawn[t] + gate.chunk]) for t, o in plan.orders.items() if drawn[t] < len(o)}
+        _, outcome = evaluate(new)
+        for task, indices in new.items():
+            seen[task].extend(outcome["samples"][task])
+            drawn[task] += len(indices)
         looks = []
         for row in plan.rows:
-            d = differences(plan, row, outcome["samples"][row.task])
+            d = differences(plan, row, seen[row.task])
             looks.append((row, look(d, len(plan.orders[row.task]), tolerance=gate.tolerance, alpha=alpha,
                                     equivalence=gate.require == "equivalent")))
-        done = sum(len(s) for s in selected.values())
-        plan.looks.append({"documents": {t: len(s) for t, s in selected.items()},
-                           "rows": [{**asdict(row), **asdict(one)} for row, one in looks]})
+        done = sum(drawn.values())
+        plan.looks.append({"documents": dict(drawn), "rows": [{**asdict(row), **asdict(one)} for row, one in looks]})
         worst_row, worst = min(looks, key=lambda pair: pair[1].high)
         verdict = decide([one for _, one in looks], gate.require, finished=done == total)
         print(f"evalkit: gate: {done} of {total} documents ({total - done} left); worst row {worst_row}: "
               f"{worst.mean:+.3f}, {1 - 2 * alpha:.1%} sequence [{worst.low:+.3f}, {worst.high:+.3f}] "
               f"(tolerance {gate.tolerance:g}){f': {verdict}' if verdict else ''}", file=sys.stderr, flush=True)
         if verdict:
+            selected = None if done == total else {t: Indices(o[:drawn[t]]) for t, o in plan.orders.items()}
+            lm, outcome = evaluate(selected)
+            if selected is not None:
+                lm.records = renumbered(lm.records, selected)
             return lm, outcome, record(cfg, plan, verdict, worst_row, stopped=done < total)
 
 
