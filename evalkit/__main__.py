@@ -157,7 +157,7 @@ def check_point(overrides: list[str], *, full: bool) -> EvalConfig:
     """One point's config, checked as its run checks it before the engine starts (full: every check,
     evalkit/run/evaluate.py prepare: the model's files, the devices, the tasks; else the config's values and, for
     weights in a folder, the folder and its length)."""
-    from evalkit.engine.machine import model_download, preflight
+    from evalkit.engine.machine import preflight
 
     cfg = compose_config(overrides)
     if full:
@@ -166,22 +166,22 @@ def check_point(overrides: list[str], *, full: bool) -> EvalConfig:
         prepare(cfg, check_devices=True, watch=Stopwatch())
         return cfg
     validate(cfg)
-    if not model_download.is_embedded(cfg.vllm_path):
-        model_dir = preflight.resolve_model_path(cfg.vllm_path)
-        if Path(model_dir).is_dir():
-            stated = preflight.model_context_length(model_dir)
-            if stated and cfg.max_model_len > stated[0]:
-                preflight.check_model(cfg, model_dir)  # its one line
+    model_dir = preflight.resolve_model_path(cfg.vllm_path)
+    stated = preflight.model_context_length(model_dir) if Path(model_dir).is_dir() else None
+    if stated and cfg.max_model_len > stated[0]:
+        preflight.check_model(cfg, model_dir)  # its one line
     return cfg
 
 
 def check_sweep(argv: list[str]) -> None:
-    """A sweep on this machine (Hydra's basic launcher) checks every point's config and weights before the first
-    point runs: a mistake is one line, before any engine or sweep folder. Points a launcher sends to other machines
-    are checked there, where their weights are."""
+    """A sweep none of whose points could start an engine is one line (the first point's mistake), before any sweep
+    folder, report or engine. On this machine (Hydra's basic launcher) each point's config and weights are checked;
+    points a launcher sends elsewhere, their config only (their weights are there). A sweep where some points pass
+    runs, and records the others' mistakes as each point's failure."""
     overrides = arguments_to_check(argv)
     local = not any(o.split("=", 1)[0].lstrip("+~") == "hydra/launcher" for o in overrides)
     every = points(overrides)
+    mistakes = []
     for point in every:
         try:
             if local:
@@ -189,7 +189,12 @@ def check_sweep(argv: list[str]) -> None:
             else:
                 validate(compose_config(point))
         except ConfigError as error:
-            raise ConfigError(f"{' '.join(point)}: {error}" if len(every) > 1 else str(error)) from None
+            mistakes.append(f"{' '.join(point)}: {error}" if len(every) > 1 else str(error))
+        else:
+            return
+    if mistakes:
+        more = len(mistakes) - 1
+        raise ConfigError(mistakes[0] + (f" (and {more} more point{'s' * (more > 1)})" if more else ""))
 
 
 def validate_main(argv: list[str], prog: str = "evalkit validate") -> int:

@@ -59,10 +59,10 @@ VALUED_OPTIONS = {"-c", "--cfg", "-p", "--package", "-i", "--info", "-cp", "--co
 
 def prepared(argv: list[str]) -> list[str]:
     """The command line as evalkit hands it to Hydra: an override the shell split at a space inside brackets
-    (``tasks=[gsm8k, arc_easy]``) joined again, and ``~model`` (no preset) where vllm_path names weights without a preset,
+    (``tasks=[gsm8k, arc_easy]``) joined again, ``-m`` first, and ``~model`` (no preset) where vllm_path names weights without a preset,
     so they get their own name (the last part of the path) and the schema's settings, not the embedded model's."""
-    words: list[str] = []
-    for word in argv:
+    words: list[str] = [word for word in argv if word in ("-m", "--multirun")]  # first: argparse takes the
+    for word in (word for word in argv if word not in ("-m", "--multirun")):  # overrides in one run only
         if words and open_brackets(words[-1]) > 0 and not word.startswith("-"):
             words[-1] = f"{words[-1]} {word}"
         else:
@@ -94,6 +94,10 @@ def check_overrides(overrides: list[str]) -> None:
     cannot take (the module docstring)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    for override in overrides:  # before parsing: lm-eval's values (model_args=a=b,c=d) are no override Hydra parses
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in LM_EVAL_FLAGS:
+            field_type(key)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=overrides)
     except Exception:  # Hydra reports its own syntax errors
