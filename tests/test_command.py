@@ -39,7 +39,8 @@ def test_help_lists_each_command_on_one_line():
 def test_an_unknown_command_names_the_closest():
     done = evalkit("comapre", "a", "b")
     assert done.returncode == 2 and done.stderr.strip() == ("evalkit: error: unknown command 'comapre' (did you "
-                                                            "mean compare?); commands: run, compare, noise, report "
+                                                            "mean compare?); commands: run, validate, tasks, compare, "
+                                                            "noise, report "
                                                             "(evalkit --help)")
 
 
@@ -70,9 +71,9 @@ def test_each_command_has_its_help_under_its_name(command, usage):
 
 def test_compare_and_report_refuse_bad_input_as_their_modules_do(tmp_path):
     compared = evalkit("compare", str(tmp_path / "a"), str(tmp_path / "b"))
-    assert compared.returncode == 2 and compared.stderr.startswith("evalkit.compare: error: ")
+    assert compared.returncode == 2 and compared.stderr.startswith("evalkit compare: error: ")  # the name typed
     reported = evalkit("report", str(tmp_path))
-    assert reported.returncode == 2 and reported.stderr.startswith("evalkit.report: error: ")
+    assert reported.returncode == 2 and reported.stderr.startswith("evalkit report: error: ")
     noise = evalkit("noise", "cluster.adress=auto")
     assert noise.returncode == 2 and "did you mean cluster.address?" in noise.stderr
 
@@ -149,3 +150,12 @@ def test_tasks_lists_the_names_a_run_takes(tmp_path):
     done = evalkit("tasks", "evalkit_m", "--tasks-dir", str(mine))
     assert done.stdout.split() == ["evalkit_mine", "task"], done.stderr
     assert "gsm8k  " in evalkit("tasks", "gsm8k").stdout  # lm-eval's own
+
+
+@pytest.mark.parametrize("tolerance", ["-1", "0", "1", "nan"])
+def test_report_refuses_a_tolerance_compare_refuses_in_one_line(tmp_path, tolerance):
+    done = evalkit("report", str(tmp_path), "--tolerance", tolerance)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"evalkit report: error: --tolerance {float(tolerance):g}: the largest acceptable change of a 0-1 metric "
+        "lies in (0, 1), e.g. 0.02"], done.stderr[-2000:]
+    assert "exit status:" in evalkit("report", "--help").stdout
