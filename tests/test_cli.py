@@ -4,6 +4,7 @@ Run: pytest tests/test_cli.py
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -135,3 +136,16 @@ def test_a_full_disk_while_writing_leaves_nothing_half_written(tmp_path):
                           text=True, timeout=120)
     assert done.stdout.startswith(f"could not write the run into {tmp_path / 'm'} (File too large)"), done.stderr
     assert list((tmp_path / "m").iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="Slurm's sbatch is not installed")
+def test_a_slurm_sweep_that_sbatch_refuses_is_one_line(tmp_path):
+    (tmp_path / "empty.conf").write_text("")  # sbatch refuses it at once: no cluster named
+    env = dict(os.environ, SLURM_CONF=str(tmp_path / "empty.conf"))
+    done = subprocess.run([sys.executable, "-m", "evalkit", "-m", "hydra/launcher=evalkit_slurm", "limit=1",
+                           f"output_dir={tmp_path / 'result'}"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr  # sbatch's own lines may come before evalkit's
+    assert done.stderr.strip().splitlines()[-1:] == [
+        "evalkit: error: sbatch took none of the sweep's jobs (sbatch: fatal: Unable to process configuration file); "
+        "run the sweep where sbatch works (a login node of the cluster), or without hydra/launcher=evalkit_slurm"]
