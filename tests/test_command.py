@@ -1,4 +1,4 @@
-"""The one command (evalkit/cli.py): `evalkit --help` lists run, compare, noise and report one line each; each
+"""The one command (evalkit/cli.py): `evalkit --help` lists run, validate, tasks, compare, noise and report one line each; each
 subcommand reaches its entry point with the same arguments; the old forms keep working, and say once, to a
 person at a terminal, which command replaces them. No engine starts.
 
