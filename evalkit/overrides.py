@@ -10,6 +10,7 @@ cannot parse are left to Hydra.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from typing import Any
@@ -52,6 +53,7 @@ LM_EVAL_MODELS = {"vllm": "engine=vllm (the default)", "hf": "engine=hf", "local
                   "local-chat-completions": "engine=served", "openai-completions": "engine=served"}
 
 
+OVERRIDE = re.compile(r"^[+~]*[\w.\-/]+=")  # a word that starts an override of its own: key=...
 # Hydra's options that take the next word as their value (hydra/_internal/utils.py, get_args_parser)
 VALUED_OPTIONS = {"-c", "--cfg", "-p", "--package", "-i", "--info", "-cp", "--config-path", "-cn", "--config-name",
                   "-cd", "--config-dir", "-sc", "--shell-completion", "--experimental-rerun"}
@@ -63,7 +65,7 @@ def prepared(argv: list[str]) -> list[str]:
     so they get their own name (the last part of the path) and the schema's settings, not the embedded model's."""
     words: list[str] = [word for word in argv if word in ("-m", "--multirun")]  # first: argparse takes the
     for word in (word for word in argv if word not in ("-m", "--multirun")):  # overrides in one run only
-        if words and open_brackets(words[-1]) > 0 and not word.startswith("-"):
+        if words and open_brackets(words[-1]) > 0 and not word.startswith("-") and not OVERRIDE.match(word):
             words[-1] = f"{words[-1]} {word}"
         else:
             words.append(word)
@@ -79,6 +81,8 @@ def open_brackets(word: str) -> int:
     if "=" not in word or word.startswith("-"):
         return 0
     value = word.split("=", 1)[1]
+    if not value.startswith(("[", "{")):  # a text that holds a bracket (system_instruction=...) is no list
+        return 0
     return value.count("[") + value.count("{") - value.count("]") - value.count("}")
 
 

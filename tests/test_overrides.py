@@ -81,6 +81,9 @@ def test_a_list_the_shell_split_at_a_space_is_one_override_again():
     assert words == ["-m", "tasks=[gsm8k, arc_easy]", "limit=2"]
     assert compose_config(arguments_to_check(words)).tasks == ["gsm8k", "arc_easy"]
     assert prepared(["tasks=[a,", "--cfg", "job"]) == ["tasks=[a,", "--cfg", "job"]  # an option ends it
+    assert prepared(["tasks=[a,", "limit=2"]) == ["tasks=[a,", "limit=2"]  # so does another override
+    assert prepared(["system_instruction=Answer [briefly", "limit=2"]) == ["system_instruction=Answer [briefly",
+                                                                           "limit=2"]  # a text, not a list
 
 
 def test_options_and_their_values_are_not_overrides():
