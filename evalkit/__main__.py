@@ -155,9 +155,10 @@ def points(overrides: list[str]) -> list[list[str]]:
 
 def check_point(overrides: list[str], *, full: bool) -> EvalConfig:
     """One point's config, checked as its run checks it before the engine starts (full: every check,
-    evalkit/run/evaluate.py prepare: the model's files, the devices, the tasks; else the config's values and, for
-    weights in a folder, the folder and its length)."""
+    evalkit/run/evaluate.py prepare: the model's files, the devices, the tasks; else the config's values, the
+    weights' folder and length, and the task names)."""
     from evalkit.engine.machine import preflight
+    from evalkit.harness.tasks import indexed
 
     cfg = compose_config(overrides)
     if full:
@@ -170,6 +171,7 @@ def check_point(overrides: list[str], *, full: bool) -> EvalConfig:
     stated = preflight.model_context_length(model_dir) if Path(model_dir).is_dir() else None
     if stated and cfg.max_model_len > stated[0]:
         preflight.check_model(cfg, model_dir)  # its one line
+    indexed(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
     return cfg
 
 

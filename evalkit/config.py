@@ -104,7 +104,8 @@ class Endpoint:
 @dataclass
 class EvalConfig:
     # --- the model (a preset from conf/model/ fills these; without one, the schema's defaults) ---
-    model_name: str = "${evalkit_name_of:${vllm_path}}"  # names the folder under result/; default: vllm_path's last part
+    # names the folder under result/; without a preset, vllm_path's last part (name_of_weights)
+    model_name: str = "${evalkit_name_of:${vllm_path}}"
     vllm_path: str = MISSING  # local weights folder, a hub id, or embedded://<name>
     dtype: str = "auto"  # one of DTYPES; float32 is the right choice on CPU (docs/install.md, CPU-only machines)
     trust_remote_code: bool = False

@@ -61,10 +61,11 @@ VALUED_OPTIONS = {"-c", "--cfg", "-p", "--package", "-i", "--info", "-cp", "--co
 
 def prepared(argv: list[str]) -> list[str]:
     """The command line as evalkit hands it to Hydra: an override the shell split at a space inside brackets
-    (``tasks=[gsm8k, arc_easy]``) joined again, ``-m`` first, and ``~model`` (no preset) where vllm_path names weights without a preset,
-    so they get their own name (the last part of the path) and the schema's settings, not the embedded model's."""
-    words: list[str] = [word for word in argv if word in ("-m", "--multirun")]  # first: argparse takes the
-    for word in (word for word in argv if word not in ("-m", "--multirun")):  # overrides in one run only
+    (``tasks=[gsm8k, arc_easy]``) joined again, ``-m`` first (argparse takes the overrides in one run only), and
+    ``~model`` (no preset) where vllm_path is given without model=, so those weights get their own name (the last
+    part of the path) and the schema's settings, never the embedded preset's."""
+    words: list[str] = [word for word in argv if word in ("-m", "--multirun")]
+    for word in (word for word in argv if word not in ("-m", "--multirun")):
         if words and open_brackets(words[-1]) > 0 and not word.startswith("-") and not OVERRIDE.match(word):
             words[-1] = f"{words[-1]} {word}"
         else:

@@ -38,6 +38,7 @@ def evalkit(tmp_path, *args):
                                                         "the presets) (and 1 more point)"),  # no point can run
     (["-m", "limit=1", "max_model_len=100000,200000"], "max_model_len=100000 exceeds what smollm2-135m-instruct"),
     (["-m", "num_fewshot=-2,-1"], "num_fewshot=-2 must be 0 or more"),
+    (["-m", "tasks=[gsm8kk]", "limit=1,2"], "limit=1: unknown task 'gsm8kk' (did you mean gsm8k"),
 ])
 def test_bad_input_fails_before_the_engine_with_one_line(tmp_path, args, message):
     done = evalkit(tmp_path, *args)

@@ -98,12 +98,9 @@ def runs_model_code(yaml_path: Path, depth: int = 0) -> bool:
     return isinstance(include, str) and runs_model_code(yaml_path.parent / include, depth + 1)
 
 
-def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str],
-               confirm_run_unsafe_code: bool = False) -> tuple[Any, list[Any]]:
-    """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
-
-    ConfigError if a name is unknown, its data cannot be read, or it runs the model's code (unsafe_code in its
-    YAML) without confirm_run_unsafe_code, as lm-eval's simple_evaluate refuses it, but before the engine starts."""
+def indexed(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str]) -> Any:
+    """The TaskManager that indexes names (and task_data's), each checked to be there: a name it lacks is a
+    ConfigError naming a broken YAML of that name, or the closest known names. No task is built."""
     manager = task_manager_for(list(names) + list(task_data), extra_dirs)
     for name in list(names) + list(task_data):
         if name not in manager.task_index:
@@ -113,6 +110,16 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
             known = known_names(manager)
             raise ConfigError(f"unknown task {name!r}{closest(name, known)}; {len(known)} tasks are known "
                               f"(lm-eval's and {TASKS_DIR.name}/)")
+    return manager
+
+
+def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str],
+               confirm_run_unsafe_code: bool = False) -> tuple[Any, list[Any]]:
+    """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
+
+    ConfigError if a name is unknown, its data cannot be read, or it runs the model's code (unsafe_code in its
+    YAML) without confirm_run_unsafe_code, as lm-eval's simple_evaluate refuses it, but before the engine starts."""
+    manager = indexed(names, task_data=task_data, extra_dirs=extra_dirs)
     loaded: list[Any] = []
     for name in names:
         entry = manager.task_index[name]
