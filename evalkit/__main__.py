@@ -135,21 +135,28 @@ MULTIRUN = {"-m", "--multirun"}
 SHOWS = {"-c", "--cfg", "-i", "--info"}  # Hydra's options that print and run nothing: one run's config only
 
 
-def points(overrides: list[str]) -> list[list[str]]:
+def points(overrides: list[str]) -> list[list[str]] | None:
     """Each point's overrides, as Hydra's basic sweeper expands a sweep (every combination of the values, in the
-    order given); hydra's own keys left out."""
+    order given); hydra's own keys left out. None where Hydra expands them itself (glob, an interval for another
+    sweeper) or cannot parse them (its own error follows)."""
     import itertools
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     choices = []
-    for override in OverridesParser.create().parse_overrides(overrides=overrides):
-        if override.key_or_group.startswith("hydra"):
-            continue
-        key = override.get_key_element()
-        values = list(override.sweep_string_iterator()) if override.is_discrete_sweep() else \
-            [override.get_value_element_as_str()]
-        choices.append([f"{key}={value}" if value is not None else key for value in values])
+    try:
+        for override in OverridesParser.create().parse_overrides(overrides=overrides):
+            if override.key_or_group.startswith("hydra"):
+                continue
+            if override.is_sweep_override() and not override.is_discrete_sweep():
+                return None
+            if not override.is_sweep_override():
+                choices.append([override.input_line])
+                continue
+            key = override.get_key_element()
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+    except Exception:
+        return None
     return [list(point) for point in itertools.product(*choices)]
 
 
@@ -182,7 +189,7 @@ def check_sweep(argv: list[str]) -> None:
     runs, and records the others' mistakes as each point's failure."""
     overrides = arguments_to_check(argv)
     local = not any(o.split("=", 1)[0].lstrip("+~") == "hydra/launcher" for o in overrides)
-    every = points(overrides)
+    every = points(overrides) or []
     mistakes = []
     for point in every:
         try:
@@ -213,6 +220,9 @@ def validate_main(argv: list[str], prog: str = "evalkit validate") -> int:
         overrides = arguments_to_check(argv)
         check_overrides(overrides)
         every = points(overrides)
+        if every is None:
+            raise ConfigError("this sweep is expanded by Hydra itself (glob or interval): validate its points "
+                              "one value at a time")
         for point in every:
             try:
                 cfg = check_point(point, full=True)

@@ -161,3 +161,11 @@ def test_every_key_of_the_schema_is_in_the_key_table():
     documented = documented_keys(page)
     assert not set(schema_paths()) - documented, "keys missing from docs/configuration.md's table"
     assert not documented - set(schema_paths()) - {"model"}, "keys in the table the schema lacks"
+
+
+def test_a_sweep_hydra_expands_itself_is_left_to_hydra():
+    from evalkit.__main__ import points
+
+    assert points(["limit=interval(0.1,0.5)"]) is None and points(["tasks=[a"]) is None
+    assert points(["limit=range(1,3)", "+engine_kwargs.x=1"]) == [["limit=1", "+engine_kwargs.x=1"],
+                                                                  ["limit=2", "+engine_kwargs.x=1"]]
