@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -37,6 +37,16 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": 
 
 class ConfigError(ValueError):
     """A mistake in the user's input, reported as one line before any engine starts."""
+
+
+def name_of_weights(vllm_path: str) -> str:
+    """The name runs of weights without a preset are filed under: the last part of vllm_path (a folder's name, a
+    hub id's model, an embedded model's name)."""
+    return Path(str(vllm_path).rstrip("/")).name or str(vllm_path)
+
+
+# model_name's default reads vllm_path through it, so it resolves wherever the config does (a sweep's point too)
+OmegaConf.register_new_resolver("evalkit_name_of", name_of_weights, replace=True)
 
 
 @dataclass
@@ -108,8 +118,9 @@ GATE_REQUIRE = ("not_worse", "equivalent")
 
 @dataclass
 class EvalConfig:
-    # --- the model (a preset from conf/model/ fills these) ---
-    model_name: str = MISSING  # names the folder under result/
+    # --- the model (a preset from conf/model/ fills these; without one, the schema's defaults) ---
+    # names the folder under result/; without a preset, vllm_path's last part (name_of_weights)
+    model_name: str = "${evalkit_name_of:${vllm_path}}"
     vllm_path: str = MISSING  # local weights folder, a hub id, or embedded://<name>
     dtype: str = "auto"  # one of DTYPES; float32 is the right choice on CPU (docs/install.md, CPU-only machines)
     trust_remote_code: bool = False
@@ -155,6 +166,9 @@ class EvalConfig:
     task_data: dict[str, Any] = field(default_factory=dict)  # per task: dataset_path/dataset_name/dataset_kwargs
     tasks_dirs: list[str] = field(default_factory=list)  # more folders of task YAMLs, besides tasks/
     task_seeds: TaskSeeds = field(default_factory=lambda: TaskSeeds())  # lm-eval's seeds for building prompts
+    # tasks that run the model's code on this machine (humaneval, mbpp: unsafe_code in their YAML) run only with
+    # true, as lm-eval's --confirm_run_unsafe_code; refused before the engine starts otherwise
+    confirm_run_unsafe_code: bool = False
 
     # --- output ---
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
@@ -267,6 +281,8 @@ def validate(cfg: EvalConfig) -> None:
             raise ConfigError(f"engine_kwargs.{name} is evalkit's own key: pass {name}=... instead")
     if cfg.batch_invariant:
         check_batch_invariant(cfg.engine)
+    if cfg.num_fewshot is not None and cfg.num_fewshot < 0:
+        raise ConfigError(f"num_fewshot={cfg.num_fewshot} must be 0 or more (or null for each task's own)")
     if cfg.temperature is not None and cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature} must be 0 or more (or null to keep each task's own)")
     if cfg.batch_size is not None and cfg.batch_size < 1:
@@ -279,7 +295,7 @@ def validate(cfg: EvalConfig) -> None:
     check_gate(cfg)
     if not cfg.tasks:
         raise ConfigError("tasks is empty: pass tasks=[name,...]")
-    if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith("."):
+    if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith(".") or "${" in cfg.model_name:
         raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")
 
 

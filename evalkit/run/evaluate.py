@@ -69,7 +69,8 @@ def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[
     preflight.check_model(cfg, model_dir)
     watch.lap("prepare_model")
     seed_as_lm_eval(cfg.task_seeds)  # simple_evaluate seeds before it builds tasks: process_docs may shuffle
-    manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
+    manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs),
+                                confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
     watch.lap("load_tasks")
     return model_dir, manager, tasks
 
@@ -107,7 +108,7 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
             system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
             random_seed=cfg.task_seeds.random, numpy_random_seed=cfg.task_seeds.numpy,
             torch_random_seed=cfg.task_seeds.torch, fewshot_random_seed=cfg.task_seeds.fewshot,
-            bootstrap_iters=1000,
+            bootstrap_iters=1000, confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
         )
     tracker.log_end_time()
     outcome.update(asdict(tracker))
