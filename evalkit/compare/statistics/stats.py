@@ -133,27 +133,52 @@ def is_bounded(*runs: np.ndarray) -> bool:
 
 def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool, draws: int, seed: int,
                  tolerance: float, confidence: float, higher_is_better: bool | None
-                 ) -> tuple[str, Interval, dict[str, float], float]:
-    """(method, interval, p-values, p_floor) of a mean of per-document values, by tests that hold at every n
-    (means.py): betting where every value lies in [0, 1], else the sign-flip test. A relative row reads the
-    differences over |the reference's mean| (its tolerance a fraction of that score)."""
-    delta, alpha = candidate - reference, 1.0 - confidence
-    scale = abs(float(reference.mean())) if relative else 1.0
-    diff = float(delta.mean()) / scale
-    if not relative and is_bounded(reference, candidate):
-        below = lambda t: means.betting_p(delta, t, "below", alpha=alpha)  # noqa: E731
-        above = lambda t: means.betting_p(delta, t, "above", alpha=alpha)  # noqa: E731
-        low = tost._limit(lambda t: above(t) < alpha, above, alpha, (-tolerance, 0.0, tolerance), lower=True)
-        high = tost._limit(lambda t: below(t) < alpha, below, alpha, (-tolerance, 0.0, tolerance), lower=False)
-        method, floor = "betting", 0.0
+                 ) -> tuple[str, Interval, dict[str, float], float, str]:
+    """(method, interval, p-values, p_floor, note) of a mean of per-document values, by tests whose level does not
+    rest on the shape of the changes where the values are bounded (means.py): betting where every value lies in
+    [0, 1], on c_i - r_i - t (absolute) or on c_i - (1 + t) r_i (relative: the change over the reference's mean
+    as a ratio of sums, every term in [-(1 + t), 1], so a % tolerance on a 0/1 metric is tested too); else the
+    sign-flip test, from means.MIN_UNBOUNDED documents on (untested below, saying why), of c_i - r_i against t
+    (absolute) or of c_i - r_i - t s r_i (relative, s the sign of the reference's sum: means.ratio_flip), the
+    reference's values never taken as a known constant."""
+    delta, alpha, n = candidate - reference, 1.0 - confidence, len(reference)
+    sign = 1.0 if float(reference.sum()) >= 0 else -1.0
+    diff = float(delta.sum() / (sign * reference.sum())) if relative else float(delta.mean())
+    points, level = (-tolerance, 0.0, tolerance), 2 * confidence - 1
+    if is_bounded(reference, candidate):
+        if relative:
+            def p(t: float, side: str) -> float:
+                k = 1.0 + t  # c - k r lies in [min(0, -k), max(1, 1 - k)]
+                return means.betting_p(candidate - k * reference, 0.0, side, alpha=alpha, low=min(0.0, -k),
+                                       high=max(1.0, 1.0 - k))
+            ends = (-1.0, max(1.0, 4.0 * (abs(diff) + tolerance)))
+        else:
+            def p(t: float, side: str) -> float:
+                return means.betting_p(delta, t, side, alpha=alpha)
+            ends = (-1.0, 1.0)
+        below, above = (lambda t: p(t, "below")), (lambda t: p(t, "above"))
+        low = means.inverted(above, alpha, points, lower=True, ends=ends)
+        high = means.inverted(below, alpha, points, lower=False, ends=ends)
+        method, floor, note = "betting", 0.0, ""
+    elif n < means.MIN_UNBOUNDED:
+        interval, p_values = untested(diff, tolerance=tolerance, confidence=confidence,
+                                      higher_is_better=higher_is_better)
+        return "sign-flip", interval, p_values, 1.0, means.too_few_unbounded(n)
+    elif relative:
+        test = means.ratio_flip(delta, sign * reference, draws=draws, seed=seed)
+        below, above = (lambda t: test.p(t, "below")), (lambda t: test.p(t, "above"))
+        ends = (-max(1.0, 4.0 * (abs(diff) + tolerance)), max(1.0, 4.0 * (abs(diff) + tolerance)))
+        low = means.inverted(above, alpha, points, lower=True, ends=ends)
+        high = means.inverted(below, alpha, points, lower=False, ends=ends)
+        method, floor, note = "sign-flip", test.floor, ""
     else:
         test = means.sign_flip(delta, draws=draws, seed=seed)
-        below = lambda t: test.p(t * scale, "below")  # noqa: E731
-        above = lambda t: test.p(t * scale, "above")  # noqa: E731
-        low, high = (x / scale for x in test.limits(alpha))
-        method, floor = "sign-flip", test.floor
-    interval = orient(Interval(diff, low, high, 2 * confidence - 1), higher_is_better)
-    return method, interval, tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better), floor
+        below, above = (lambda t: test.p(t, "below")), (lambda t: test.p(t, "above"))
+        low, high = test.limits(alpha)
+        method, floor, note = "sign-flip", test.floor, ""
+    interval = orient(Interval(diff, low, high, level), higher_is_better)
+    p_values = tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
+    return method, interval, p_values, floor, note
 
 
 def ratio_reading(form: ratio.Form, *, draws: int, seed: int, tolerance: float, confidence: float,
@@ -239,9 +264,10 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
             interval, mcnemar, p = _tango(np.asarray(reference, dtype=float), np.asarray(candidate, dtype=float),
                                           **settings)
         elif by_mean and all_scalar(reference, candidate) and not (relative and scores[0] == 0):
-            method, interval, p, floor = mean_reading(np.asarray(reference, dtype=float),
-                                                      np.asarray(candidate, dtype=float), relative=relative,
-                                                      draws=max(iterations, needed), seed=seed, **settings)
+            method, interval, p, floor, note = mean_reading(np.asarray(reference, dtype=float),
+                                                            np.asarray(candidate, dtype=float), relative=relative,
+                                                            draws=max(iterations, needed), seed=seed, **settings)
+            notes += [note] if note else []
         elif analytic and (read := _perplexity(reference, candidate, aggregate_name, scores, relative=relative,
                                                draws=max(iterations, needed), seed=seed, **settings)) is not None:
             method, (interval, p, floor, note) = f"sign-flip {aggregate_name}", read
