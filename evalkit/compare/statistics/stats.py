@@ -93,18 +93,19 @@ class Comparison:
 
 def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: float,
            higher_is_better: bool | None) -> tuple[Interval, tuple, dict[str, float]]:
+    """Tango's exact tests and the interval they invert. Where some document changed, the tests of a change
+    beyond a bound away from 0 (worse at -tolerance, better at +tolerance) are those given that some document
+    changed, as verdict.decide's screen needs (tost.tango_p's given_change), the others unconditional; the
+    interval inverts the same tests, so it lies below -tolerance exactly when the row's own test of worse
+    rejects (inverting the unconditional ones put it there beside an inconclusive verdict)."""
     b, c, p = mcnemar_exact(ref, cand)
-    n = len(ref)
-    low, high = tost.tango_limits(b, c, n, 1.0 - confidence, points=(-tolerance, 0.0, tolerance))  # what they test
+    n, alpha, points = len(ref), 1.0 - confidence, (-tolerance, 0.0, tolerance)
+    below = lambda t: tost.tango_p(b, c, n, t, "below", bool(b + c) and t < 0)  # noqa: E731
+    above = lambda t: tost.tango_p(b, c, n, t, "above", bool(b + c) and t > 0)  # noqa: E731
+    low = tost._limit(lambda t: above(t) < alpha, above, alpha, points, lower=True)
+    high = tost._limit(lambda t: below(t) < alpha, below, alpha, points, lower=False)
     interval = orient(Interval((c - b) / n, low, high, 2 * confidence - 1), higher_is_better)
-    p_values = tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below"), lambda t: tost.tango_p(b, c, n, t, "above"),
-                             tolerance=tolerance, higher_is_better=higher_is_better)
-    if b + c:  # worse and better given that some document changed, as verdict.decide's screen needs
-        given = tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below", True) if t < 0 else math.nan,
-                              lambda t: tost.tango_p(b, c, n, t, "above", True) if t > 0 else math.nan,
-                              tolerance=tolerance, higher_is_better=higher_is_better)
-        p_values.update(p_worse=given["p_worse"], p_better=given["p_better"])
-    return interval, (b, c, p), p_values
+    return interval, (b, c, p), tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
 
 
 def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, confidence: float,
