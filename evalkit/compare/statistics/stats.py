@@ -104,20 +104,35 @@ def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: f
     above = lambda t: tost.tango_p(b, c, n, t, "above", bool(b + c) and t > 0)  # noqa: E731
     low = tost._limit(lambda t: above(t) < alpha, above, alpha, points, lower=True)
     high = tost._limit(lambda t: below(t) < alpha, below, alpha, points, lower=False)
-    interval = orient(Interval((c - b) / n, low, high, 2 * confidence - 1), higher_is_better)
+    interval = orient(Interval((c - b) / n, *at_zero(low, high, below, above, alpha), 2 * confidence - 1),
+                      higher_is_better)
     return interval, (b, c, p), tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
+
+
+def at_zero(low: float, high: float, below: Callable[[float], float], above: Callable[[float], float],
+            alpha: float) -> tuple[float, float]:
+    """The interval's limits where 0 is concerned: the direction of a change inside the tolerance (`lower`,
+    `higher`) is claimed at alpha / 2 a side, since either could be (verdict.inside_family), so 0 stays in the
+    interval unless the row's own test rejects it at that level; elsewhere the limits are the tests' at alpha."""
+    if high < 0 and not below(0.0) < alpha / 2:
+        high = 0.0
+    if low > 0 and not above(0.0) < alpha / 2:
+        low = 0.0
+    return low, high
 
 
 def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, confidence: float,
                       higher_is_better: bool | None) -> tuple[Interval, dict[str, float]]:
     """The (1 - 2 alpha) percentile interval and the one-sided p-values of a bootstrap distribution."""
-    interval = orient(Interval(float(diff), *tost.bootstrap_limits(statistics, 1.0 - confidence),
-                               2 * confidence - 1), higher_is_better)  # the interval bootstrap_p inverts
+    below = lambda t: tost.bootstrap_p(statistics, t, "below")  # noqa: E731
+    above = lambda t: tost.bootstrap_p(statistics, t, "above")  # noqa: E731
+    low, high = tost.bootstrap_limits(statistics, 1.0 - confidence)  # the interval bootstrap_p inverts
+    if high > low:
+        low, high = at_zero(low, high, below, above, 1.0 - confidence)
+    interval = orient(Interval(float(diff), low, high, 2 * confidence - 1), higher_is_better)
     if not interval.high > interval.low:  # a point, or NaN: no evidence of anything
         return interval, dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
-    return interval, tost_p_values(lambda t: tost.bootstrap_p(statistics, t, "below"),
-                                   lambda t: tost.bootstrap_p(statistics, t, "above"),
-                                   tolerance=tolerance, higher_is_better=higher_is_better)
+    return interval, tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
 
 
 def untested(diff: float, *, tolerance: float, confidence: float, higher_is_better: bool | None
@@ -177,7 +192,7 @@ def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool
         below, above = (lambda t: test.p(t, "below")), (lambda t: test.p(t, "above"))
         low, high = test.limits(alpha)
         method, floor, note = "sign-flip", test.floor, ""
-    interval = orient(Interval(diff, low, high, level), higher_is_better)
+    interval = orient(Interval(diff, *at_zero(low, high, below, above, alpha), level), higher_is_better)
     p_values = tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
     return method, interval, p_values, floor, note
 
@@ -193,12 +208,20 @@ def ratio_reading(form: ratio.Form, *, draws: int, seed: int, tolerance: float, 
     if not d.any():  # no document's log-likelihood moved: no evidence of anything
         none = dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
         return Interval(0.0, 0.0, 0.0, 2 * confidence - 1), none, 1.0
-    test, alpha = means.sign_flip(d, units=u, draws=draws, seed=seed), 1.0 - confidence
-    low, high = test.limits(alpha)
+    alpha, points = 1.0 - confidence, (-tolerance, 0.0, tolerance)
     diff = to_row(float(d.sum() / u.sum())) if diff is None else diff
-    interval = orient(Interval(diff, to_row(low), to_row(high), 2 * confidence - 1), higher_is_better)
-    p = tost_p_values(lambda t: test.p(to_test(t), "below"), lambda t: test.p(to_test(t), "above"),
-                      tolerance=tolerance, higher_is_better=higher_is_better)
+    if (u > 0).all():
+        test = means.sign_flip(d, units=u, draws=draws, seed=seed)
+        low, high = (to_row(x) for x in test.limits(alpha))
+    else:  # units of either sign (a relative group of means whose reference values change sign): means.ratio_flip
+        test = means.ratio_flip(d, u, draws=draws, seed=seed)
+    below, above = (lambda t: test.p(to_test(t), "below")), (lambda t: test.p(to_test(t), "above"))
+    if not (u > 0).all():
+        ends = (-max(1.0, 4.0 * (abs(diff) + tolerance)), max(1.0, 4.0 * (abs(diff) + tolerance)))
+        low, high = (means.inverted(f, alpha, points, lower=lower, ends=ends)
+                     for f, lower in ((above, True), (below, False)))
+    interval = orient(Interval(diff, *at_zero(low, high, below, above, alpha), 2 * confidence - 1), higher_is_better)
+    p = tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
     return interval, p, test.floor
 
 
