@@ -1,10 +1,13 @@
 """The statistics of one row of a comparison: which method reads a metric's paired per-document values, and the
 interval and one-sided p-values it gives (compare_paired, Comparison). Pure functions, no I/O.
 
-* 0/1 metrics averaged over documents: Tango's score interval and McNemar's exact test
+* 0/1 metrics averaged over documents, absolute: Tango's score interval and McNemar's exact test
   (evalkit/compare/statistics/proportions.py), with the exact one-sided tests of evalkit/compare/statistics/tost.py.
-* Other means over documents: tests that hold at every size (evalkit/compare/statistics/means.py): betting where every
-  value lies in [0, 1], else the sign-flip test with its pseudo-document (skewed differences).
+* Other means over documents (evalkit/compare/statistics/means.py): betting where every value lies in [0, 1],
+  valid at every size whatever the shape (a relative row, a % tolerance on a 0/1 metric included: on
+  c_i - (1 + t) r_i); else the sign-flip test with its pseudo-document, from means.MIN_UNBOUNDED documents on (no
+  test of a mean of unbounded values holds for every shape; below that the row is untested and says why), a
+  relative row on c_i - r_i - t s r_i so that the reference's noise is counted.
 * Everything else: the paired bootstrap (evalkit/compare/statistics/bootstrap.py) of the metric's own aggregation,
   read from bootstrap.MIN_DOCUMENTS documents on (on fewer the row is untested and its note says why).
 * The p-values of the one-sided tests against the tolerance (evalkit/compare/statistics/tost.py) go with each interval;

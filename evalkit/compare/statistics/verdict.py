@@ -2,9 +2,10 @@
 Pure functions, no I/O.
 
 Each row carries the p-values of its one-sided tests against its tolerance (stats.tost_p_values). Every kind of
-claim (worse, better, equivalent, lower, higher) is adjusted over all the rows compared at once by Holm's
-procedure (Holm 1979, "A simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70), worse
-and better with Tarone's count (tarone_holm): a row where no document's value changed cannot be shown worse or
+claim is adjusted over all the rows compared at once: worse and better each by Holm's procedure (Holm 1979, "A
+simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70) with Tarone's count
+(tarone_holm); equivalent, lower and higher together as one family (inside_family: each row's equivalence, then
+its direction, at alpha / 2 a side since either could be claimed). Under Tarone's count a row where no document's value changed cannot be shown worse or
 better and does not count, so copies of the reference compared beside a candidate do not dilute it. For that
 screen to keep the level, a 0/1 row's p_worse and p_better are those given that some document changed
 (tost.tango_p's given_change; other methods' rows change on some document whenever they can be worse).
@@ -14,14 +15,17 @@ wrongly exits 1, is at most alpha:
 worse         shown beyond -tolerance (p_worse)                                                      exits 1
 changed       direction unknown: shown beyond the tolerance either way                                exits 1
 better        shown beyond +tolerance (p_better)
-lower/higher  shown inside +-tolerance (p_equivalent) and shown below/above 0 (p_lower/p_higher)
+lower/higher  shown inside +-tolerance (p_equivalent), then below/above 0 (the smaller of p_lower and p_higher,
+              doubled), in one family with equivalent
 equivalent    shown inside +-tolerance, no difference from 0 shown
 inconclusive  none of these shown (too few documents, or a zero-width bootstrap: no evidence either way)
 
 A bootstrap p-value cannot go below 1 / (resamples + 1) (its p_floor); where that floor times the rows its claim
 is adjusted over (for worse and better, Tarone's count of the rows that could be worse) is not below alpha, the
 row's note says that its resolution, not the data, limits it (bootstrap.resamples_for sizes the resamples so
-that this happens only to corpus-level rows, whose resamples are bounded).
+that this happens only to corpus-level rows, whose resamples are bounded). Where a row's own test shows a claim
+(its interval beyond or inside the tolerance) that the family-wise verdict does not make, its note says that the
+adjustment is why (family_note).
 """
 
 from __future__ import annotations
