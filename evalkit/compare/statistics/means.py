@@ -18,10 +18,10 @@ intervals they invert. Pure functions, no I/O.
   5 % of documents dropping by 5 were `equivalent` 0.64 of the time at 10 documents (none drawn), and 98 %
   at -0.153 beside 2 % at +5 `worse` 0.17 of the time at 100. So a mean row of values outside [0, 1] is read
   from MIN_UNBOUNDED documents on, where the zero-inflated, skewed and heavy-tailed shapes of
-  benchmarks/small_samples.py --shapes hold the level, and is untested below (too_few_unbounded says why). Every sign pattern is enumerated up to EXACT_MAX
-  documents (so 3 documents cannot give a p-value below 1/8), random ones above, whose p-value (1 + as extreme)
-  / (1 + draws) is valid (Phipson & Smyth 2010, Stat Appl Genet Mol Biol 9:39). Each pattern's statistic is
-  linear in t, so one set of draws answers every bound, and the interval is read off exactly: the bounds where
+  benchmarks/small_samples.py --shapes hold the level, and is untested below (too_few_unbounded says why).
+  Every sign pattern is enumerated up to EXACT_MAX documents (so 3 documents cannot give a p-value below 1/8),
+  random ones above, whose p-value (1 + as extreme) / (1 + draws) is valid (Phipson & Smyth 2010, Stat Appl
+  Genet Mol Biol 9:39). Each pattern's statistic is linear in t, so one set of draws answers every bound, and the interval is read off exactly: the bounds where
   each pattern starts to count (tests/test_compare_values.py checks the p-values against
   scipy.stats.permutation_test). With units u_i > 0 (sign_flip's units: a perplexity's words) the test is of
   sum(d) / sum(u), on x_i = d_i - t u_i, and a = max(u) times the range of d / u.
@@ -144,11 +144,12 @@ def betting_p(x: np.ndarray, bound: float, side: str, *, alpha: float, low: floa
 MIN_UNBOUNDED = 200  # fewest documents a mean of values outside [0, 1] is tested on: measured, small_samples.py
 
 
-def too_few_unbounded(documents: int) -> str:
-    """The note of a mean row over values outside [0, 1] on fewer than MIN_UNBOUNDED documents ("" from there on)."""
+def too_few_unbounded(documents: int, what: str = "of values outside [0, 1]") -> str:
+    """The note of a row the sign-flip test reads a mean of (what: of which values) on fewer than MIN_UNBOUNDED
+    documents ("" from there on)."""
     if documents >= MIN_UNBOUNDED:
         return ""
-    return (f"{documents} documents of values outside [0, 1]: no test of a mean of unbounded values holds its level "
+    return (f"{documents} documents {what}: no test of a mean of unbounded values holds its level "
             "for every shape of change (a few rare, large changes can move it anywhere), and the sign-flip test "
             f"holds it on the skewed, zero-inflated and heavy-tailed shapes measured from {MIN_UNBOUNDED} documents "
             "on, so this row is not tested below that (inconclusive, whatever it shows)")
@@ -180,9 +181,11 @@ class RatioFlip:
         stat = self.flipped_d - bound * self.flipped_u
         slack = 1e-12 * (1.0 + np.abs(stat) + abs(observed))
         if side == "below":  # the pseudo-document +a holds the mean back; counted at both of its signs
-            counted = np.count_nonzero(stat + a <= observed + a + slack) + np.count_nonzero(stat - a <= observed + a + slack)
+            edge = observed + a + slack
+            counted = np.count_nonzero(stat + a <= edge) + np.count_nonzero(stat - a <= edge)
         else:
-            counted = np.count_nonzero(stat - a >= observed - a - slack) + np.count_nonzero(stat + a >= observed - a - slack)
+            edge = observed - a - slack
+            counted = np.count_nonzero(stat - a >= edge) + np.count_nonzero(stat + a >= edge)
         return float(min(1.0, (2 * self.always + counted) / (2 * self.total)))
 
 

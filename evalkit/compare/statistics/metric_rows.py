@@ -204,10 +204,10 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
     if all(is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)):
         form = mean_sums(pairs, w, scores[0], relative=tolerance.relative)
         n = sum(len(r) for r, _ in pairs)
-        bounded = all(stats.is_bounded(np.asarray(r, dtype=float), np.asarray(c, dtype=float)) for r, c in pairs)
-        if form is not None and not bounded and n < MIN_UNBOUNDED:
+        if form is not None and n < MIN_UNBOUNDED:  # weighted by leaf, even 0/1 changes are no longer bounded alike
             diff = relative_change(*scores) if tolerance.relative else scores[1] - scores[0]
-            return *stats.untested(diff, **reading), "sign-flip stratified", 1.0, too_few_unbounded(n)
+            return (*stats.untested(diff, **reading), "sign-flip stratified", 1.0,
+                    too_few_unbounded(n, "in leaves weighted unequally by document"))
         if form is not None:
             interval, p, floor = stats.ratio_reading(form, draws=draws, seed=seed, **reading)
             return interval, p, "sign-flip stratified", floor, ""
