@@ -23,8 +23,9 @@ intervals they invert. Pure functions, no I/O.
   random ones above, whose p-value (1 + as extreme) / (1 + draws) is valid (Phipson & Smyth 2010, Stat Appl
   Genet Mol Biol 9:39). Each pattern's statistic is linear in t, so one set of draws answers every bound, and
   the interval is read off exactly: the bounds where each pattern starts to count (tests/test_compare_values.py
-  checks the p-values against scipy.stats.permutation_test). With units u_i > 0 (sign_flip's units: a perplexity's words) the test is of
-  sum(d) / sum(u), on x_i = d_i - t u_i, and a = max(u) times the range of d / u.
+  checks the p-values against scipy.stats.permutation_test). With units u_i > 0 (sign_flip's units: a
+  perplexity's words) the test is of sum(d) / sum(u), on x_i = d_i - t u_i, and a = max(u) times the range of
+  d / u.
 * Values in [0, 1] (per-document F1, ROUGE, ...), whose differences lie in [-1, 1]: testing by betting
   (Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by betting", JRSS B 86:1-27, the
   predictable plug-in bets of section 5.1): p = 1 / the largest wealth of a bettor who wins when the mean lies
