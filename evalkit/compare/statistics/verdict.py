@@ -7,8 +7,9 @@ simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70)
 (tarone_holm); equivalent, lower and higher together as one family (inside_family: each row's equivalence, then
 its direction, at alpha / 2 a side since either could be claimed). Under Tarone's count a row where no
 document's value changed cannot be shown worse or better and does not count, so copies of the reference
-compared beside a candidate do not dilute it. For that screen to keep the level, a 0/1 row's p_worse and p_better are those given that some document changed
-(tost.tango_p's given_change; other methods' rows change on some document whenever they can be worse).
+compared beside a candidate do not dilute it. For that screen to keep the level, a 0/1 row's p_worse and
+p_better are those given that some document changed (tost.tango_p's given_change; other methods' rows change on
+some document whenever they can be worse).
 benchmarks/family_padding.py measures it. The chance that any row is wrongly called `worse`, and the command
 wrongly exits 1, is at most alpha:
 
