@@ -170,7 +170,8 @@ def adjusted_over(rows: str, mark=lambda word: f"`{word}`") -> str:
     mark the form a verdict's name is set in (Markdown's code by default)."""
     return (f"verdicts are Holm-adjusted over all {rows} ({mark('worse')} and {mark('better')} over those that could "
             "reach the level: Tarone's screen leaves out rows where no document changed and rows whose method's "
-            "smallest p-value cannot reach it)")
+            f"smallest p-value cannot reach it; {mark('equivalent')}, {mark('lower')} and {mark('higher')} as one "
+            "family, each row's direction after its equivalence, at half the level)")
 
 
 def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
