@@ -119,9 +119,11 @@ def test_lower_and_higher_are_one_family_with_equivalent():
 
 
 def test_one_row_spends_alpha_on_equivalence_then_on_direction():
-    """One row: its equivalence at alpha, then its direction at alpha / 2 a side; a second row shares alpha."""
+    """One row: its equivalence at alpha, then its direction at alpha / 2 a side (p_lower 0.03 was `lower`);
+    a second row shares alpha."""
     (alone,) = verdict.decide([one_row(0.02, p_equivalent=0.04)], ALPHA)
     assert alone.verdict[0] == "lower" and alone.p_equivalent_holm[0] == pytest.approx(0.04)
+    assert verdict.decide([one_row(0.03, p_equivalent=0.04)], ALPHA)[0].verdict[0] == "equivalent"
     (two,) = verdict.decide([one_row(0.02, p_equivalent=0.04, n=2)], ALPHA)
     assert list(two.verdict) == ["inconclusive"] * 2 and list(two.p_equivalent_holm) == pytest.approx([0.08] * 2)
 
