@@ -29,10 +29,19 @@ for arg in "$@"; do
         --latest) latest=1 ;;
         --dry-run) dry=1 ;;
         --check) only_check=1 ;;
+        -h|--help) echo "usage: ./install.sh [auto|cpu|gpu|client|ascend] [--latest] [--dry-run] [--check]"
+                   sed -n '2,/^set -euo/p' install.sh | sed '$d; s/^# \{0,1\}//'
+                   exit 0 ;;
         *) echo "install.sh: unknown argument '$arg' (auto, cpu, gpu, client, ascend, --latest, --dry-run, --check)" >&2
            exit 2 ;;
     esac
 done
+if [ -n "$only_check" ] && [ ! -x .venv/bin/python ]; then
+    how=./install.sh
+    if [ "$target" != auto ]; then how="$how $target"; fi
+    echo "install.sh: no .venv here to check: run $how first" >&2
+    exit 2
+fi
 
 # ./install.sh client: a machine that evaluates a server and runs no model. evalkit, lm-eval and transformers at the
 # tested versions (constraints/cpu.txt), no vLLM and no torch; the check says neither is there.

@@ -33,11 +33,26 @@ Methods and the documents each is given (tolerance 0.02, alpha 0.05, one row):
 * ``bootstrap stratified bleu`` (a group of corpus leaves, relative): two BLEU leaves of a third and two thirds of
   the documents, averaged equally, drawn as bootstrap bleu; read from 30 documents in its smallest leaf on.
 
+``--shapes`` measures instead the shapes LLM changes take, each at the bound of a relative tolerance of 2 % (the
+default for values outside [-1, 1]; values about 2.5, so a change of -0.05), through compare_paired:
+
+* ``zero-inflated``: 5 % of documents drop by 5 (a true change of -10 %): how often `equivalent`; and at the
+  bound, 2 % of documents drop by 2.5 (`worse`);
+* ``skewed, rare gain``: 98 % of documents at -0.153 and 2 % at +5 (a true change of -2 %): `worse`;
+* ``heavy-tailed``: -0.05 + 0.05 (Lomax(2.5) - 2 / 3), a long right tail (rare large gains) whose variance is
+  finite but not its third moment: `worse`; and, for contrast, beyond what any such test can promise, Lomax(1.5)
+  (mean 2), whose variance is infinite;
+* ``noisy reference``: truthfulqa's bleu_diff shape, per-document reference values -8 + Normal(0, 20), the
+  differences -0.16 + Normal(0, 0.05), independent of them (a true change of -2 %): `worse`;
+* ``% tolerance on 0/1``: a 0/1 metric (0.8 right in the reference) with --tolerance-for t/acc=2%, each right
+  document lost with probability 0.02 (a true change of -2 %): `worse` and `equivalent`; and lost with
+  probability 0.10: `equivalent`.
+
 ``--bleu-leaves`` measures instead the size of BLEU groups whose smallest leaf has 30 documents (leaves of 30
 and 60, 30 and 30, four of 30).
 
 Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 1000] [--seed 0] [--sizes 2,3,5,...]
-[--only NAMES] [--bleu-leaves]
+[--only NAMES] [--bleu-leaves] [--shapes]
 """
 
 from __future__ import annotations
@@ -263,6 +278,65 @@ def bleu_leaves(trials: int, rng) -> None:
               f"{math.sqrt(r * (1 - r) / trials + 1e-12):.3f})", flush=True)
 
 
+def zero_inflated(rng, n, drop, size=5.0):
+    """A share drop / size of documents drop by size (values about 2.5), the rest unchanged: relative."""
+    ref = rng.uniform(2.0, 3.0, n)
+    return row(ref, ref - np.where(rng.random(n) < drop / size, size, 0.0), relative=True)
+
+
+def rare_gain(rng, n, mean):
+    """98 % of documents move by x and 2 % gain 5, x such that the mean change is mean (values 2.5): relative."""
+    ref = np.full(n, 2.5)
+    return row(ref, ref + np.where(rng.random(n) < 0.02, 5.0, (mean - 0.1) / 0.98), relative=True)
+
+
+def heavy_tailed(rng, n, mean, shape=2.5):
+    """mean + 0.05 (Lomax(shape) - its mean): a long right tail, values about 2.5: relative."""
+    ref = rng.uniform(2.0, 3.0, n)
+    return row(ref, ref + mean + 0.05 * (rng.pareto(shape, n) - 1.0 / (shape - 1.0)), relative=True)
+
+
+def infinite_variance(rng, n, mean):
+    return heavy_tailed(rng, n, mean, shape=1.5)
+
+
+def noisy_reference(rng, n, change):
+    """truthfulqa's bleu_diff: reference values -8 + Normal(0, 20), differences 8 change + Normal(0, 0.05)."""
+    ref = -8.0 + rng.normal(0.0, 20.0, n)
+    return row(ref, ref + 8.0 * change + rng.normal(0.0, 0.05, n), relative=True)
+
+
+def percent_on_binary(rng, n, loss):
+    """0/1 values, 0.8 right in the reference (one at least), each right one lost with probability loss."""
+    ref = (rng.random(n) < 0.8).astype(float)
+    ref[0] = 1.0
+    return row(ref, np.where(rng.random(n) < loss, 0.0, ref), relative=True)
+
+
+SHAPES = [  # name, make, claim, its label, value
+    ("sign-flip, zero-inflated", zero_inflated, equivalent, "`equivalent` at -10 %", 0.25),
+    ("sign-flip, zero-inflated", zero_inflated, worse, "`worse` at the bound", 0.05),
+    ("sign-flip, skewed, rare gain", rare_gain, worse, "`worse` at the bound", -0.05),
+    ("sign-flip, heavy-tailed", heavy_tailed, worse, "`worse` at the bound", -0.05),
+    ("sign-flip, infinite variance (for contrast)", infinite_variance, worse, "`worse` at the bound", -0.05),
+    ("sign-flip, noisy reference", noisy_reference, worse, "`worse` at the bound", -TOL),
+    ("sign-flip, noisy reference", noisy_reference, worse, "power: `worse` at -4 %", -2 * TOL),
+    ("betting, % tolerance on 0/1", percent_on_binary, worse, "`worse` at the bound", TOL),
+    ("betting, % tolerance on 0/1", percent_on_binary, equivalent, "`equivalent` at the bound", TOL),
+    ("betting, % tolerance on 0/1", percent_on_binary, equivalent, "`equivalent` at -10 %", 0.10),
+    ("betting, % tolerance on 0/1", percent_on_binary, worse, "power: `worse` at -10 %", 0.10),
+]
+
+
+def shapes(trials: int, sizes: list[int], rng) -> None:
+    """--shapes: the level on the shapes LLM changes take (the module's docstring)."""
+    print("| shape | claim | " + " | ".join(f"n={n}" for n in sizes) + " |")
+    print("|---|---|" + "---|" * len(sizes))
+    for name, make, claim, label, value in SHAPES:
+        cells = [f"{rate(make, claim, value, n, trials, rng):.3f}" for n in sizes]
+        print(f"| {name} | {label} | " + " | ".join(cells) + " |", flush=True)
+
+
 EQUIVALENCE = [("betting", betting, 0.10), ("bootstrap (percentile, for contrast)", bootstrap_drop, 0.10)]
 
 
@@ -277,10 +351,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="2,3,5,10,30,100,1000")
     parser.add_argument("--only", default="", help="method names to run, separated by ';' (default: all)")
     parser.add_argument("--bleu-leaves", action="store_true", help="only the BLEU groups of 30-document leaves")
+    parser.add_argument("--shapes", action="store_true", help="only the shapes LLM changes take, relative rows")
     args = parser.parse_args()
     if args.bleu_leaves:
         return bleu_leaves(args.trials, np.random.default_rng(args.seed))
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.shapes:
+        return shapes(args.trials, sizes, np.random.default_rng(args.seed))
     rng = np.random.default_rng(args.seed)
     se = math.sqrt(ALPHA * (1 - ALPHA) / args.trials)
     print(f"{args.trials} trials per cell (standard error about {se:.3f} at a rate of {ALPHA}); tolerance {TOL}, "

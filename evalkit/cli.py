@@ -1,6 +1,7 @@
 """``evalkit COMMAND ...``: the one command over every entry point (the ``evalkit`` console script).
 
-``evalkit run key=value ...`` is ``python -m evalkit key=value ...`` (evalkit/__main__.py), ``evalkit compare``
+``evalkit run key=value ...`` is ``python -m evalkit key=value ...`` (evalkit/__main__.py), ``evalkit validate``
+its checks without the run, ``evalkit tasks`` evalkit/harness/task_list.py, ``evalkit compare``
 is evalkit/compare/cli.py, ``evalkit noise`` evalkit/compare/noise.py and ``evalkit report`` evalkit/sweep/cli.py,
 each with the same arguments. Hydra's shell completion of run's keys: ``eval "$(evalkit run -sc install=bash)"``.
 """
@@ -19,6 +20,18 @@ def run(argv: list[str]) -> int:
     sys.argv = [sys.argv[0], *argv]
     evaluation.main()
     return 0
+
+
+def validate(argv: list[str]) -> int:
+    from evalkit.__main__ import validate_main
+
+    return validate_main(argv)
+
+
+def tasks(argv: list[str]) -> int:
+    from evalkit.harness.task_list import main
+
+    return main(argv, prog="evalkit tasks")
 
 
 def compare(argv: list[str]) -> int:
@@ -41,6 +54,9 @@ def report(argv: list[str]) -> int:
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (run, "evaluate a model on tasks: evalkit run [key=value ...]; a sweep: evalkit run -m key=a,b"),
+    "validate": (validate, "every check a run makes before its engine starts, and no run: evalkit validate [-m] "
+                           "[key=value ...]"),
+    "tasks": (tasks, "the tasks a run may name: evalkit tasks [WORD] (those whose name holds WORD)"),
     "compare": (compare, "are runs' scores the same within a tolerance, and why not: evalkit compare REF CAND ..."),
     "noise": (noise, "the engine's own run-to-run variation, as a comparison: evalkit noise [key=value ...]"),
     "report": (report, "a sweep's report, written again: evalkit report SWEEP_DIR [--reference N]"),

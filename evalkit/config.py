@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -37,6 +37,16 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": 
 
 class ConfigError(ValueError):
     """A mistake in the user's input, reported as one line before any engine starts."""
+
+
+def name_of_weights(vllm_path: str) -> str:
+    """The name runs of weights without a preset are filed under: the last part of vllm_path (a folder's name, a
+    hub id's model, an embedded model's name)."""
+    return Path(str(vllm_path).rstrip("/")).name or str(vllm_path)
+
+
+# model_name's default reads vllm_path through it, so it resolves wherever the config does (a sweep's point too)
+OmegaConf.register_new_resolver("evalkit_name_of", name_of_weights, replace=True)
 
 
 @dataclass
@@ -92,9 +102,25 @@ class Endpoint:
 
 
 @dataclass
+class Gate:
+    """gate.reference=RUN: the run stops as soon as it is decided against that reference run (evalkit/run/gate.py)."""
+
+    reference: Optional[str] = None  # a reference run folder (result/<model>/<run id>) of the same tasks; null: no gate
+    tolerance: float = 0.02  # the largest acceptable change of a 0-1 metric (acc, exact_match), as evalkit compare's
+    alpha: float = 0.05  # the chance of a wrong `worse` or `equivalent`, over every row and every look together
+    require: str = "not_worse"  # "not_worse": stop early only on `worse`; "equivalent": also stop once equivalent
+    seed: int = 0  # the seed of the random order the documents are evaluated in
+    chunk: int = 50  # documents of each task evaluated between two looks
+
+
+GATE_REQUIRE = ("not_worse", "equivalent")
+
+
+@dataclass
 class EvalConfig:
-    # --- the model (a preset from conf/model/ fills these) ---
-    model_name: str = MISSING  # names the folder under result/
+    # --- the model (a preset from conf/model/ fills these; without one, the schema's defaults) ---
+    # names the folder under result/; without a preset, vllm_path's last part (name_of_weights)
+    model_name: str = "${evalkit_name_of:${vllm_path}}"
     vllm_path: str = MISSING  # local weights folder, a hub id, or embedded://<name>
     dtype: str = "auto"  # one of DTYPES; float32 is the right choice on CPU (docs/install.md, CPU-only machines)
     trust_remote_code: bool = False
@@ -140,6 +166,9 @@ class EvalConfig:
     task_data: dict[str, Any] = field(default_factory=dict)  # per task: dataset_path/dataset_name/dataset_kwargs
     tasks_dirs: list[str] = field(default_factory=list)  # more folders of task YAMLs, besides tasks/
     task_seeds: TaskSeeds = field(default_factory=lambda: TaskSeeds())  # lm-eval's seeds for building prompts
+    # tasks that run the model's code on this machine (humaneval, mbpp: unsafe_code in their YAML) run only with
+    # true, as lm-eval's --confirm_run_unsafe_code; refused before the engine starts otherwise
+    confirm_run_unsafe_code: bool = False
 
     # --- output ---
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
@@ -155,6 +184,7 @@ class EvalConfig:
     # reference's top ids that this run's own top-k left out (Engine.read_ids), so compare's bound against that
     # reference covers its whole top-k (docs/divergence.md, "Reading the reference's ids"); null: none
     divergence_reference: str | None = None
+    gate: Gate = field(default_factory=Gate)  # stop as soon as the run is decided against a reference run
     oom_retry: OomRetry = field(default_factory=OomRetry)
 
 
@@ -251,6 +281,8 @@ def validate(cfg: EvalConfig) -> None:
             raise ConfigError(f"engine_kwargs.{name} is evalkit's own key: pass {name}=... instead")
     if cfg.batch_invariant:
         check_batch_invariant(cfg.engine)
+    if cfg.num_fewshot is not None and cfg.num_fewshot < 0:
+        raise ConfigError(f"num_fewshot={cfg.num_fewshot} must be 0 or more (or null for each task's own)")
     if cfg.temperature is not None and cfg.temperature < 0:
         raise ConfigError(f"temperature={cfg.temperature} must be 0 or more (or null to keep each task's own)")
     if cfg.batch_size is not None and cfg.batch_size < 1:
@@ -260,10 +292,32 @@ def validate(cfg: EvalConfig) -> None:
     if cfg.limit is not None and (cfg.limit <= 0 or (cfg.limit > 1 and cfg.limit != int(cfg.limit))):
         raise ConfigError(f"limit={cfg.limit} must be a whole number of documents or a fraction in (0, 1]")
     check_divergence_top_k(cfg)
+    check_gate(cfg)
     if not cfg.tasks:
         raise ConfigError("tasks is empty: pass tasks=[name,...]")
-    if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith("."):
+    if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith(".") or "${" in cfg.model_name:
         raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")
+
+
+def check_gate(cfg: EvalConfig) -> None:
+    """The gate's values; its reference folder is read, before any engine starts, by evalkit/run/gate.py."""
+    gate = cfg.gate
+    if gate.reference is None:
+        return
+    if not 0 < gate.tolerance < 1:
+        raise ConfigError(f"gate.tolerance={gate.tolerance}: the largest acceptable change of a 0-1 metric lies in "
+                          "(0, 1), e.g. 0.02")
+    if not 0 < gate.alpha < 1:
+        raise ConfigError(f"gate.alpha={gate.alpha} must be in (0, 1), e.g. 0.05")
+    if gate.require not in GATE_REQUIRE:
+        raise ConfigError(not_one_of("gate.require", gate.require, GATE_REQUIRE))
+    if gate.chunk < 1:
+        raise ConfigError(f"gate.chunk={gate.chunk} must be at least 1")
+    if not cfg.resume:
+        raise ConfigError("gate.reference evaluates documents chunk by chunk and reuses each look's answers from the "
+                          "request store: leave resume=true")
+    if not cfg.log_samples:
+        raise ConfigError("gate.reference reads this run's per-document scores: leave log_samples=true")
 
 
 MAX_TOP_K = 100  # 8 bytes a position per entry; the bound's share was measured up to k = 100 (docs/divergence.md)

@@ -10,6 +10,7 @@ cannot parse are left to Hydra.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from typing import Any
@@ -21,11 +22,69 @@ CHOICES = {"dtype": DTYPES, "engine": ENGINES, "overflow": OVERFLOW_POLICIES}  #
 NUMBERS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
            "nine": 9, "ten": 10, "sixteen": 16, "thirty-two": 32, "sixty-four": 64}
 GROUPS = ["model"]  # config groups: top-level keys that are no field of the schema
+# lm-eval's flags and model_args, as users type them here: the evalkit key, or what to do instead
+LM_EVAL_FLAGS = {
+    "pretrained": "the weights are vllm_path=/path/or/hub-id (with model=PRESET for a preset's settings)",
+    "model_args": "each of lm-eval's model_args is its own key here: vllm_path=, dtype=, max_model_len=, "
+                  "+engine_kwargs.NAME=VALUE",
+    "include_path": "more task folders are tasks_dirs=[DIR]",
+    "device": "vLLM runs on the devices this process may use: choose them with CUDA_VISIBLE_DEVICES, and how many "
+              "with tensor_parallel_size=N",
+    "max_gen_toks": "the ceiling on new tokens is max_tokens=N",
+    "max_length": "the engine's context is max_model_len=N",
+    "max_batch_size": "the most sequences at once is batch_size=N",
+    "gen_kwargs": "sampling arguments are +sampling_kwargs.NAME=VALUE (temperature=X for the temperature)",
+    "output_path": "runs are written under output_dir=DIR",
+    "use_cache": "finished answers are reused by default (resume=true)",
+    "cache_requests": "finished answers are reused by default (resume=true)",
+    "check_integrity": "evalkit validate KEY=VALUE ... checks a command without starting an engine",
+    "write_out": "every prompt is in the run's samples files (log_samples=true, the default)",
+    "predict_only": "evalkit has no predict-only mode: runs are always scored; the answers are in the samples files",
+    "samples": "evalkit has no per-document selection: limit=N takes the first N documents of each task",
+    "metadata": "evalkit passes no task metadata: task_data.TASK.dataset_kwargs for a task's data",
+    "wandb_args": "evalkit logs to no tracker: results are files under output_dir (docs/results.md)",
+    "hf_hub_log_args": "evalkit logs to no hub: results are files under output_dir (docs/results.md)",
+    "bootstrap_iters": "evalkit's standard errors use lm-eval's bootstrap with 1000 resamples; it is no key",
+    "verbosity": "evalkit's own lines go to the terminal and the engine's to the run's log (docs/results.md)",
+}
+LIST_WORDS = {"list", "list_groups", "list_subtasks", "list_tags"}  # lm-eval's --tasks list and its kin
+# lm-eval's model types: `model=vllm` there names the backend, here a preset
+LM_EVAL_MODELS = {"vllm": "engine=vllm (the default)", "hf": "engine=hf", "local-completions": "engine=served",
+                  "local-chat-completions": "engine=served", "openai-completions": "engine=served"}
 
 
+OVERRIDE = re.compile(r"^[+~]*[\w.\-/]+=")  # a word that starts an override of its own: key=...
 # Hydra's options that take the next word as their value (hydra/_internal/utils.py, get_args_parser)
 VALUED_OPTIONS = {"-c", "--cfg", "-p", "--package", "-i", "--info", "-cp", "--config-path", "-cn", "--config-name",
                   "-cd", "--config-dir", "-sc", "--shell-completion", "--experimental-rerun"}
+
+
+def prepared(argv: list[str]) -> list[str]:
+    """The command line as evalkit hands it to Hydra: an override the shell split at a space inside brackets
+    (``tasks=[gsm8k, arc_easy]``) joined again, ``-m`` first (argparse takes the overrides in one run only), and
+    ``~model`` (no preset) where vllm_path is given without model=, so those weights get their own name (the last
+    part of the path) and the schema's settings, never the embedded preset's."""
+    words: list[str] = [word for word in argv if word in ("-m", "--multirun")]
+    for word in (word for word in argv if word not in ("-m", "--multirun")):
+        if words and open_brackets(words[-1]) > 0 and not word.startswith("-") and not OVERRIDE.match(word):
+            words[-1] = f"{words[-1]} {word}"
+        else:
+            words.append(word)
+    overrides = arguments_to_check(words)
+    keys = {word.split("=", 1)[0].lstrip("+~") for word in overrides}
+    if "vllm_path" in keys and "model" not in keys:  # beside the other overrides: argparse takes them in one run
+        words.insert(words.index(overrides[0]), "~model")
+    return words
+
+
+def open_brackets(word: str) -> int:
+    """How many brackets a key=value word leaves open (0 for an option or a word that closes them all)."""
+    if "=" not in word or word.startswith("-"):
+        return 0
+    value = word.split("=", 1)[1]
+    if not value.startswith(("[", "{")):  # a text that holds a bracket (system_instruction=...) is no list
+        return 0
+    return value.count("[") + value.count("{") - value.count("]") - value.count("}")
 
 
 def arguments_to_check(argv: list[str]) -> list[str]:
@@ -40,6 +99,10 @@ def check_overrides(overrides: list[str]) -> None:
     cannot take (the module docstring)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    for override in overrides:  # before parsing: lm-eval's values (model_args=a=b,c=d) are no override Hydra parses
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in LM_EVAL_FLAGS:
+            field_type(key)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=overrides)
     except Exception:  # Hydra reports its own syntax errors
@@ -53,7 +116,19 @@ def check_overrides(overrides: list[str]) -> None:
             check_presets([str(v) for v in values])
             continue
         kind = field_type(key)
-        for value in values if kind is not None else []:
+        if kind is None:
+            text = override.input_line or f"{key}=..."
+            raise ConfigError(f"{text} adds a key to {key.split('.')[0]}, which has none until it is added: "
+                              f"pass +{text}")
+        if typing.get_origin(bare(kind)) is list and override.is_sweep_override() and values and \
+                all(isinstance(v, str) for v in values):
+            listed = ",".join(str(v) for v in values)
+            raise ConfigError(f"{key}={listed} must be a list: pass {key}=[{listed}] (no spaces; a sweep over "
+                              f"them, one at a time, is -m {key}=" + ",".join(f"[{v}]" for v in values) + ")")
+        for value in values:
+            if key == "tasks" and set(value if isinstance(value, list) else [value]) & LIST_WORDS:
+                raise ConfigError(f"{override.input_line} would run a task named so; to list the tasks: evalkit tasks "
+                                  "[WORD] (every task whose name holds WORD)")
             check_value(key, kind, value)
 
 
@@ -69,9 +144,23 @@ def sweep_values(override: Any) -> list[Any]:
 
 def check_presets(values: list[str]) -> None:
     presets = model_presets()
-    for value in values:
+    for value in map(str, values):
+        if value in LM_EVAL_MODELS:
+            raise ConfigError(f"model={value} is lm-eval's backend; here model= picks a preset, and vLLM is "
+                              f"{LM_EVAL_MODELS[value]}: pass vllm_path=/path/or/hub-id, or model=PRESET "
+                              f"({', '.join(presets)})")
         if value not in presets:
-            raise ConfigError(f"unknown model preset {value!r}{closest(value, presets)}; presets: {', '.join(presets)}")
+            raise ConfigError(f"unknown model preset {value!r}{closest_preset(value, presets)}; presets: "
+                              f"{', '.join(presets)}; weights without a preset: vllm_path=/path/or/hub-id")
+
+
+def closest_preset(value: str, presets: list[str]) -> str:
+    """closest, where a chat release's other name (-chat for -instruct, and back) comes first."""
+    other = value.replace("-chat", "-instruct") if value.endswith("-chat") else value.replace("-instruct", "-chat")
+    near = [other] if other != value and other in presets else []
+    near += [p for p in closest(value, presets).removeprefix(" (did you mean ").removesuffix("?)").split(", ")
+             if p and p not in near]
+    return f" (did you mean {', '.join(near[:3])}?)" if near else ""
 
 
 def field_type(key: str) -> Any:
@@ -82,6 +171,8 @@ def field_type(key: str) -> Any:
         if not dataclasses.is_dataclass(node):
             return None
         hints = typing.get_type_hints(node)
+        if part not in hints and depth == 0 and part in LM_EVAL_FLAGS:
+            raise ConfigError(f"{key} is lm-eval's; {LM_EVAL_FLAGS[part]} (every key: docs/configuration.md)")
         if part not in hints:
             prefix = ".".join(key.split(".")[:depth])
             known = [f"{prefix}.{name}" if prefix else name for name in hints] + (GROUPS if not prefix else [])

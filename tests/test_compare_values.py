@@ -58,7 +58,7 @@ def negative_scores(n, seed=0):
     return -8.0 + np.random.default_rng(seed).normal(0.0, 2.0, n)
 
 
-@pytest.mark.parametrize("n", [30, 100, 400])
+@pytest.mark.parametrize("n", [200, 400])
 @pytest.mark.parametrize("change, verdict, code", [(-0.2, "worse", 1), (+0.2, "better", 0)])
 def test_a_relative_change_of_a_negative_score_keeps_its_direction(tmp_path, n, change, verdict, code):
     """A 20 % regression of a score around -8 (it falls to -9.6) is worse, a 20 % improvement (-6.4) better."""
@@ -70,15 +70,24 @@ def test_a_relative_change_of_a_negative_score_keeps_its_direction(tmp_path, n, 
     assert cli.main([str(ref_dir), str(cand_dir)]) == code
 
 
-@pytest.mark.parametrize("n", [30, 200])
-def test_a_relative_change_from_a_reference_near_zero_keeps_its_direction(tmp_path, n):
-    """BLEU (relative by name) around 0.001 falling by about three quarters: worse however small the score."""
-    rng = np.random.default_rng(n)
-    ref = rng.uniform(0.0005, 0.0015, n)
-    ref_dir, cand_dir = value_pair(tmp_path, ref, ref * rng.uniform(0.0, 0.5, n), metric="bleu", aggregation="mean")
+def test_a_relative_change_from_a_reference_near_zero_keeps_its_direction(tmp_path):
+    """BLEU (relative by name) around 0.001 falling by about three quarters: values in [0, 1], so betting on
+    c_i - (1 + t) r_i, which cannot tell a fall of 0.00075 a document on 30 documents from one that a few unseen
+    documents could undo (inconclusive), and shows it worse on 20,000, however small the score."""
+    from lm_eval.api.registry import get_aggregation
+
+    from evalkit.compare.statistics.stats import compare_paired
+
+    rng = np.random.default_rng(30)
+    ref = rng.uniform(0.0005, 0.0015, 30)
+    ref_dir, cand_dir = value_pair(tmp_path, ref, ref * rng.uniform(0.0, 0.5, 30), metric="bleu", aggregation="mean")
     row = row_of(ref_dir, cand_dir)
-    assert row.relative and row["diff"] < -0.5 and row.verdict == "worse"
-    assert cli.main([str(ref_dir), str(cand_dir)]) == 1
+    assert row.relative and row.method == "betting" and row["diff"] < -0.5 and row.verdict == "inconclusive"
+    assert cli.main([str(ref_dir), str(cand_dir)]) == 0
+    ref = rng.uniform(0.0005, 0.0015, 20_000)
+    row = compare_paired(ref.tolist(), (ref * rng.uniform(0.0, 0.5, 20_000)).tolist(), aggregate=get_aggregation("mean"),
+                         aggregate_name="mean", by_mean=True, higher_is_better=True, tolerance=0.02, relative=True)
+    assert row.method == "betting" and row.diff < -0.5 and row.p_worse < 0.001 and row.ci_high < -0.5
 
 
 def accuracy_pair(tmp_path, n, *, damage, where="cand"):
@@ -231,16 +240,21 @@ def test_the_sweep_report_calls_a_point_with_a_nan_value_not_comparable(tmp_path
     assert list(verdicts[2].verdict) == ["worse"] and len(ref) == n
 
 
-@pytest.mark.parametrize("n, verdict", [(2, "inconclusive"), (3, "inconclusive"), (4, "inconclusive"), (5, "worse"),
-                                        (10, "worse"), (30, "worse")])
-def test_a_mean_of_few_documents_is_worse_only_where_an_exact_test_can_say_so(tmp_path, n, verdict):
-    """Every document 0.03 lower (scores around -0.5: absolute, not in [0, 1]): the paired bootstrap called 3 such
-    documents worse at p about 1e-4; the sign-flip test's p-value cannot go below 2^-n (1/8 at 3, 1/16 at 4, 1/32 at 5)."""
+@pytest.mark.parametrize("n, verdict", [(2, "inconclusive"), (5, "inconclusive"), (30, "inconclusive"),
+                                        (199, "inconclusive"), (200, "worse")])
+def test_a_mean_of_unbounded_values_is_tested_only_from_200_documents(tmp_path, n, verdict):
+    """Every document 0.03 lower (scores around -0.5: absolute, not in [0, 1]): the sign-flip test called 5 such
+    documents worse, though no test of a mean of unbounded values holds its level for every shape of change; it
+    is read from means.MIN_UNBOUNDED documents on, where it holds on the shapes benchmarks/small_samples.py
+    measures, and below that the row is untested and its note says why."""
     ref = -0.5 + np.random.default_rng(n).uniform(-0.3, 0.3, n)
     row = row_of(*value_pair(tmp_path, ref, ref - 0.03))
-    floor = 2.0 ** -n if n <= 16 else 1 / 10_001  # every pattern up to 16 documents, else 10,000 drawn
-    assert row.method == "sign-flip" and row.p_floor == pytest.approx(floor) and row.verdict == verdict
-    assert row.p_worse == pytest.approx(floor)  # every pattern but the observed one is less extreme
+    assert row.method == "sign-flip" and row.verdict == verdict
+    if n < 200:
+        assert row.p_floor == 1.0 and row.note.startswith(f"{n} documents of values outside [0, 1]: no test of a mean")
+        assert row.ci_low == -math.inf and row.ci_high == math.inf
+    else:
+        assert row.p_floor == pytest.approx(1 / 10_001) and row.p_worse == pytest.approx(1 / 10_001)
 
 
 @pytest.mark.parametrize("n", [3, 10, 30, 100])
@@ -264,11 +278,11 @@ def test_a_bounded_mean_of_enough_documents_is_equivalent_or_worse(tmp_path, n):
     assert drop.verdict == "worse" and drop.ci_high < -0.02
 
 
-@pytest.mark.parametrize("n", [5, 10, 30])
+@pytest.mark.parametrize("n", [200])
 def test_a_mean_of_skewed_differences_holds_its_level(n):
     """Differences -0.02 + 0.05 (Exp(1) - 1) (true change exactly -tolerance, asymmetric about it) of values
     around 2.5: `worse` at most alpha of the time (400 seeded rows, within 2.5 standard errors). The plain
-    sign-flip test, exact only for symmetric differences, was at 0.115-0.155 at these sizes."""
+    sign-flip test, exact only for symmetric differences, was at 0.115-0.155 at 5-30 documents."""
     from lm_eval.api.registry import get_aggregation
 
     from evalkit.compare.statistics.stats import compare_paired

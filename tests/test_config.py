@@ -38,6 +38,27 @@ def test_product_spec_overrides_work_as_written(monkeypatch):
     assert cfg.dtype == "bfloat16" and cfg.apply_chat_template is False
 
 
+def test_weights_without_a_preset_get_their_own_name_and_the_schemas_settings():
+    from evalkit.overrides import prepared
+
+    cfg = load(*prepared(["vllm_path=/models/Mistral-7B-v0.1/"]))
+    assert (cfg.model_name, cfg.vllm_path) == ("Mistral-7B-v0.1", "/models/Mistral-7B-v0.1/")
+    schema = EvalConfig(model_name="x", vllm_path="y")
+    assert (cfg.dtype, cfg.gpu_memory_utilization, cfg.max_model_len, cfg.apply_chat_template) == (
+        schema.dtype, schema.gpu_memory_utilization, schema.max_model_len, schema.apply_chat_template)
+    validate(cfg)
+    assert load(*prepared(["vllm_path=Qwen/Qwen2-7B", "model_name=mine"])).model_name == "mine"
+    assert load(*prepared(["model=qwen2-7b", "vllm_path=/x/q"])).model_name == "qwen2-7b"  # a preset keeps its name
+
+
+def test_each_point_of_a_sweep_over_weights_gets_its_own_name():
+    from evalkit.__main__ import points
+    from evalkit.overrides import prepared
+
+    every = points(prepared(["vllm_path=/m/A,/m/B", "limit=2"]))
+    assert [load(*point).model_name for point in every] == ["A", "B"]
+
+
 def test_command_line_beats_the_preset():
     cfg = load("model=llama2-7b", "vllm_path=/x/llama", "dtype=float32")
     assert (cfg.vllm_path, cfg.dtype) == ("/x/llama", "float32")
@@ -80,7 +101,7 @@ def test_unknown_preset_lists_the_presets():
 
 
 def test_known_overrides_pass_the_check():
-    check_overrides(["model=yi-6b", "tensor_parallel_size=2", "engine_kwargs.enforce_eager=true",
+    check_overrides(["model=yi-6b", "tensor_parallel_size=2", "+engine_kwargs.enforce_eager=true",
                      "+engine_kwargs.x=1", "hydra.verbose=true"])
 
 
@@ -93,6 +114,7 @@ def test_known_overrides_pass_the_check():
     ("limit=2.5", "limit=2.5"),
     ("tasks=[]", "tasks is empty"),
     ("model_name=../x", "model_name='../x'"),
+    ("num_fewshot=-1", "num_fewshot=-1 must be 0 or more"),
 ])
 def test_bad_values_fail_with_one_line(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
@@ -139,3 +161,11 @@ def test_every_key_of_the_schema_is_in_the_key_table():
     documented = documented_keys(page)
     assert not set(schema_paths()) - documented, "keys missing from docs/configuration.md's table"
     assert not documented - set(schema_paths()) - {"model"}, "keys in the table the schema lacks"
+
+
+def test_a_sweep_hydra_expands_itself_is_left_to_hydra():
+    from evalkit.__main__ import points
+
+    assert points(["limit=interval(0.1,0.5)"]) is None and points(["tasks=[a"]) is None
+    assert points(["limit=range(1,3)", "+engine_kwargs.x=1"]) == [["limit=1", "+engine_kwargs.x=1"],
+                                                                  ["limit=2", "+engine_kwargs.x=1"]]

@@ -59,3 +59,10 @@ def test_compare_help_says_what_it_answers_with_examples_and_exit_codes():
     assert re.search(r"^  0  no row .* is worse or changed", codes, re.MULTILINE)
     assert re.search(r"^  1  a row is worse .* or changed", codes, re.MULTILINE)
     assert re.search(r"^  2  unusable input", codes, re.MULTILINE)
+
+
+def test_help_of_weights_without_a_preset_shows_them_without_one():
+    page = help_of("evalkit", "vllm_path=/models/Mistral-7B")
+    values = key_values(page)
+    assert values["model"] == "None" and values["vllm_path"] == "/models/Mistral-7B", values
+    assert "evalkit validate [-m] [key=value ...]" in page

@@ -267,12 +267,25 @@ def test_client_check_alone_reads_the_venv_and_installs_nothing(repo, tmp_path):
     suite's .venv (vLLM and torch present) it fails in one line instead of installing over it."""
     env = machine(tmp_path / "m", 0, "absent")
     code, lines, err = install(repo, "client", "--check", env=env)
-    assert (code, lines, err.strip()) == (1, [], "install.sh: no .venv here: run ./install.sh client first")
+    assert (code, lines, err.strip()) == (2, [], "install.sh: no .venv here to check: run ./install.sh client first")
     (repo / ".venv").symlink_to(Path(sys.prefix))
     code, lines, err = install(repo, "client", "--check", env={**env, "PYTHONPATH": str(REPO)})
     assert code == 1 and lines == [], lines
     assert err.strip().splitlines()[-1] == ("install.sh: the client .venv has ['vllm', 'torch']: "
                                             "run ./install.sh client again")
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu", "ascend"])
+def test_a_check_without_a_venv_is_one_line(repo, tmp_path, target):
+    code, lines, err = install(repo, target, "--check", env=machine(tmp_path / "m", 0, "absent"))
+    assert (code, lines, err.strip()) == (2, [], f"install.sh: no .venv here to check: run ./install.sh {target} first")
+
+
+def test_help_prints_the_usage_and_installs_nothing(repo, tmp_path):
+    code, lines, err = install(repo, "--help", env=machine(tmp_path / "m", 0, "absent"))
+    assert code == 0 and not err and lines[0].startswith("usage: ./install.sh [auto|cpu|gpu|client|ascend]"), err
+    assert any(line.startswith("  ./install.sh cpu ") for line in lines) and not (repo / ".venv").exists()
+    assert not any(line.startswith("set ") for line in lines)
 
 
 # --- Python: the version the pins need, said alike by pyproject.toml, the README and install.sh ---

@@ -224,11 +224,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare")
             write_report(reference, candidate, {".md": text, ".html": page}, args.output)
         for d in found:
             if d.verdict and d.verdict.label == "unusable":
-                print(f"evalkit.compare: error: the divergence of {d.candidate} against noise: {d.verdict.reason}",
-                      file=sys.stderr)
+                print(f"{prog.removeprefix('python -m ')}: error: the divergence of {d.candidate} against noise: "
+                      f"{d.verdict.reason}", file=sys.stderr)
         return code
     except CompareError as error:
-        print(f"evalkit.compare: error: {printable(error)}", file=sys.stderr)
+        print(f"{prog.removeprefix('python -m ')}: error: {printable(error)}", file=sys.stderr)
         return 2
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from evalkit.harness.budget import PromptTooLong
 from evalkit.config import ConfigError, EvalConfig, compose_config
-from evalkit.overrides import check_overrides
+from evalkit.overrides import check_overrides, prepared
 from evalkit.store.fingerprint import answers_key
 from evalkit.store.lock import result_lock
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare.n
     from evalkit.engine.factory import start_engines
     from evalkit.engine.wrapper import KeptRunning
 
-    overrides = list(sys.argv[1:] if argv is None else argv)
+    overrides = prepared(list(sys.argv[1:] if argv is None else argv))
     if {"-h", "--help"} & set(overrides):
         print(f"usage: {prog} [key=value ...]\n\n{__doc__.split(chr(10), 1)[1].strip()}")
         return 0

@@ -107,7 +107,15 @@ def recorded_scores(run: Run) -> dict[tuple[str, str, str], float]:
 
 
 def check_like_for_like(reference: Run, candidate: Run) -> None:
-    """Same tasks at the same versions, documents, few-shot counts, prompts and targets; a CompareError if not."""
+    """Same tasks at the same versions, documents, few-shot counts, prompts and targets; a CompareError if not.
+    A run its gate stopped early is refused first: its documents were chosen by when the gate decided, so a
+    fixed-n test on them would claim more than the gate did (its verdict is in results.json, evalkit.gate)."""
+    for run in (reference, candidate):
+        gate = (run.results.get("evalkit") or {}).get("gate")
+        if isinstance(gate, dict) and gate.get("stopped_early"):
+            raise CompareError(f"{run.name}: stopped early by its gate ({gate.get('verdict')} after "
+                               f"{sum((gate.get('documents') or {}).values())} documents; results.json, evalkit.gate):"
+                               " its verdict is the gate's; run it again without gate.reference to compare all")
     if set(reference.samples) != set(candidate.samples):
         raise CompareError(f"different tasks: {sorted(reference.samples)} vs {sorted(candidate.samples)}")
     versions = [run.results.get("versions") or {} for run in (reference, candidate)]

@@ -79,10 +79,28 @@ def broken_yaml(name: str, dirs: list[str]) -> str | None:
     return None
 
 
-def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str]) -> tuple[Any, list[Any]]:
-    """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
+def runs_model_code(yaml_path: Path, depth: int = 0) -> bool:
+    """Whether a task's YAML (or one it includes) says ``unsafe_code: true``: read as text, without importing the
+    task's functions (humaneval's load a code-running metric at import)."""
+    class Plain(yaml.SafeLoader):
+        pass
 
-    ConfigError if a name is unknown or its data cannot be read."""
+    Plain.add_multi_constructor("!", lambda loader, suffix, node: None)  # lm-eval's !function
+    try:
+        config = yaml.load(yaml_path.read_text(), Loader=Plain)
+    except (OSError, yaml.YAMLError):
+        return False  # the task's own loading reports it
+    if not isinstance(config, dict):
+        return False
+    if "unsafe_code" in config or depth > 8:
+        return bool(config.get("unsafe_code"))
+    include = config.get("include")
+    return isinstance(include, str) and runs_model_code(yaml_path.parent / include, depth + 1)
+
+
+def indexed(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str]) -> Any:
+    """The TaskManager that indexes names (and task_data's), each checked to be there: a name it lacks is a
+    ConfigError naming a broken YAML of that name, or the closest known names. No task is built."""
     manager = task_manager_for(list(names) + list(task_data), extra_dirs)
     for name in list(names) + list(task_data):
         if name not in manager.task_index:
@@ -92,6 +110,16 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
             known = known_names(manager)
             raise ConfigError(f"unknown task {name!r}{closest(name, known)}; {len(known)} tasks are known "
                               f"(lm-eval's and {TASKS_DIR.name}/)")
+    return manager
+
+
+def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str],
+               confirm_run_unsafe_code: bool = False) -> tuple[Any, list[Any]]:
+    """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
+
+    ConfigError if a name is unknown, its data cannot be read, or it runs the model's code (unsafe_code in its
+    YAML) without confirm_run_unsafe_code, as lm-eval's simple_evaluate refuses it, but before the engine starts."""
+    manager = indexed(names, task_data=task_data, extra_dirs=extra_dirs)
     loaded: list[Any] = []
     for name in names:
         entry = manager.task_index[name]
@@ -100,6 +128,10 @@ def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[
                 raise ConfigError(f"task_data.{name}: {name} is a group; point task_data at its tasks instead")
             loaded.append(name)  # groups and tags: lm-eval expands them
             continue
+        if not confirm_run_unsafe_code and entry.yaml_path and runs_model_code(Path(entry.yaml_path)):
+            raise ConfigError(f"task {name} runs the code the model writes on this machine: pass "
+                              "confirm_run_unsafe_code=true to run it (as lm-eval's --confirm_run_unsafe_code), "
+                              "best inside a sandbox")
         overrides = _overrides(entry, full_config(manager, entry), task_data.get(name))
         try:
             loaded.append(build_task(manager, entry, overrides or None))

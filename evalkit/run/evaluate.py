@@ -18,7 +18,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from evalkit.engine.machine import preflight
-from evalkit.run import reference, results
+from evalkit.run import gate, reference, results
 from evalkit.run.progress import Progress
 from evalkit.run.sources import task_sources
 from evalkit.store import replay
@@ -69,7 +69,8 @@ def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[
     preflight.check_model(cfg, model_dir)
     watch.lap("prepare_model")
     seed_as_lm_eval(cfg.task_seeds)  # simple_evaluate seeds before it builds tasks: process_docs may shuffle
-    manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs))
+    manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs),
+                                confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
     watch.lap("load_tasks")
     return model_dir, manager, tasks
 
@@ -83,8 +84,10 @@ def seed_as_lm_eval(seeds: TaskSeeds) -> None:
     set_torch_seed(seeds.torch)
 
 
-def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list[Any]) -> dict[str, Any]:
-    """lm-eval's simple_evaluate on the built tasks, plus the fields its EvaluationTracker adds to results."""
+def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list[Any],
+                       samples: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """lm-eval's simple_evaluate on the built tasks (those documents of each where samples names them), plus the
+    fields its EvaluationTracker adds to results."""
     from lm_eval import simple_evaluate
     from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
 
@@ -99,12 +102,13 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
         chat_template=template)
     with lm_eval_compat.env_info_ahead():
         outcome = simple_evaluate(
-            model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot, limit=_limit(cfg.limit),
+            model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot,
+            limit=_limit(cfg.limit) if samples is None else None, samples=samples,
             log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
             system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
             random_seed=cfg.task_seeds.random, numpy_random_seed=cfg.task_seeds.numpy,
             torch_random_seed=cfg.task_seeds.torch, fewshot_random_seed=cfg.task_seeds.fewshot,
-            bootstrap_iters=1000,
+            bootstrap_iters=1000, confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
         )
     tracker.log_end_time()
     outcome.update(asdict(tracker))
@@ -179,6 +183,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
     sources = task_sources(names=list(cfg.tasks), tasks_dirs=list(cfg.tasks_dirs), task_data=dict(cfg.task_data))
     run_id = results.new_run_id()
     against = reference.load(cfg.divergence_reference) if cfg.divergence_reference else None
+    planned = gate.plan(cfg, tasks) if cfg.gate.reference else None
     engine = (deferred(cfg, model_dir) if engine_factory is start_engines else None) or \
         started(cfg, model_dir, engine_factory)
     watch.lap("engine_start")
@@ -190,15 +195,27 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         if cfg.resume:
             answers = RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
             engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg))
-        lm = EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
-                       add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
-                       sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow,
-                       strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
-                       order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
-                       progress=Progress, divergence_top_k=top_k,
-                       reference=against.ids if against is not None and top_k else None)
+        def new_lm() -> EvalkitLM:
+            return EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
+                             add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
+                             sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens,
+                             overflow=cfg.overflow, strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
+                             order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
+                             progress=Progress, divergence_top_k=top_k,
+                             reference=against.ids if against is not None and top_k else None)
+
+        def look(samples: dict[str, list[int]] | None) -> tuple[EvalkitLM, dict[str, Any]]:
+            """lm-eval on those documents of the tasks samples names (every document of every task: None)."""
+            fresh = new_lm()  # one per look: its records are the documents of this look, each once
+            named = tasks if samples is None else [t for t in tasks if t.config.task in samples]
+            return fresh, score_with_lm_eval(cfg, fresh, manager, named, samples=samples)
+
         scoring_before = engine.scoring_counts()  # a lent engine counts earlier runs too
-        outcome = score_with_lm_eval(cfg, lm, manager, tasks)
+        if planned is None:
+            lm, gated = new_lm(), None
+            outcome = score_with_lm_eval(cfg, lm, manager, tasks)
+        else:
+            lm, outcome, gated = gate.run(cfg, planned, look)
         scoring = Counter(engine.scoring_counts())
         scoring.subtract(scoring_before)
         description = engine.describe()  # a deferred engine's own, where a missing answer started it
@@ -224,6 +241,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         "attempts": [*(attempts or []), {"settings": memory_settings(cfg), "status": "ok", "error": None,
                                           "seconds": timings["total"]}],
         "resume": engine.record() if cfg.resume else None,
+        **({"gate": gated} if gated is not None else {}),
     }
     divergence = lm.traces.summary() if top_k else {"top_k": 0, "recorded": f"nothing: {unrecorded}"}
     if against is not None and top_k:

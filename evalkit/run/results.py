@@ -22,7 +22,7 @@ from collections import Counter
 from datetime import datetime
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Iterable, TypedDict
+from typing import Any, Iterable, NotRequired, TypedDict
 
 import pandas as pd
 
@@ -85,6 +85,9 @@ class EvalkitSection(TypedDict):
     files: dict[str, Any]  # written by write_run: {"results": lm-eval's name, "samples": {task: file name},
     #   "divergence": {task: file name}}
     divergence: dict[str, Any]  # written by write_run: what the divergence record holds (recording.section)
+    # gate.reference runs: the gate's reference, tolerance, alpha, order, every look's rows and intervals, the
+    # documents evaluated of each task, whether it stopped early, its verdict and why (evalkit/run/gate.py)
+    gate: NotRequired[dict[str, Any]]
 
 
 class SampleLine(TypedDict, total=False):

@@ -79,7 +79,7 @@ class SweepCallback(Callback):
         try:
             written = write_report(sweep_dir)
             names = ", ".join(p.name for p in written if p.name.startswith("report."))
-            print(f"evalkit: sweep report in {sweep_dir}: {names} (python -m evalkit.report {sweep_dir} "
+            print(f"evalkit: sweep report in {sweep_dir}: {names} (evalkit report {sweep_dir} "
                   "--reference N compares with another point)", file=sys.stderr)
         except (SweepError, OSError) as error:
             print(f"evalkit: the sweep report could not be written: {error}", file=sys.stderr)

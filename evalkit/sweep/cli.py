@@ -4,7 +4,8 @@ The command behind ``evalkit report`` (evalkit/cli.py) and ``python -m evalkit.r
 (evalkit/report/__main__.py); the line above is the --help description of both. Writes report.csv, report.md, report.html, scores.png, throughput.png and the comparison reports into the
 sweep folder (report.py) and prints report.md. The end of a sweep writes the same report by
 itself (callback.py); this command writes it again, e.g. against another reference point.
-Bad input (not a sweep folder, no points, an unknown reference): one line on stderr, exit 2.
+Bad input (not a sweep folder, no points, an unknown reference, a tolerance outside (0, 1)): one line on stderr,
+exit 2.
 """
 
 from __future__ import annotations
@@ -13,22 +14,30 @@ import argparse
 import sys
 from pathlib import Path
 
+EXIT_CODES = """exit status:
+  0  the report was written (whatever its verdicts; the sweep's own exit status says whether points failed)
+  2  unusable input: not a sweep folder, no points, an unknown --reference, a --tolerance outside (0, 1)"""
+
 
 def main(argv: list[str] | None = None, prog: str = "python -m evalkit.report") -> int:
     from evalkit.sweep.points import SweepError
     from evalkit.sweep.report import write_report
     from evalkit.untrusted import printable
 
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=EXIT_CODES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", help="a sweep folder: <output_dir>/.sweeps/<time>")
     parser.add_argument("--reference", type=int, default=None,
                         help="the point every other point is compared with (default: the first completed point)")
     parser.add_argument("--tolerance", type=float, default=0.02, help="largest acceptable change, metric units")
     args = parser.parse_args(argv)
     try:
+        if not 0 < args.tolerance < 1:  # as compare's: a change of a 0-1 metric
+            raise SweepError(f"--tolerance {args.tolerance:g}: the largest acceptable change of a 0-1 metric lies in "
+                             "(0, 1), e.g. 0.02")
         written = write_report(Path(args.sweep_dir), reference=args.reference, tolerance=args.tolerance)
     except SweepError as error:
-        print(f"evalkit.report: error: {printable(error)}", file=sys.stderr)
+        print(f"{prog.removeprefix('python -m ')}: error: {printable(error)}", file=sys.stderr)
         return 2
     report_md = next(p for p in written if p.name == "report.md")
     print(printable(report_md.read_text(), keep="\n"))  # names and outputs from run folders: no terminal control

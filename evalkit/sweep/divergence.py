@@ -92,7 +92,7 @@ def notes(found: dict[int, Divergence], reference: int) -> list[str]:
 
 def header(reference: int, found: dict[int, Divergence]) -> str:
     bound = " / ".join(sorted({d.bound for d in found.values() if not d.missing})) or "top-k of both"
-    return (f"KL(P_ref ‖ P_point) in nats per task against point {reference}, as `python -m evalkit.compare REF P` "
+    return (f"KL(P_ref ‖ P_point) in nats per task against point {reference}, as `evalkit compare REF P` "
             f"gives it: Mean KLD (a lower bound from {bound}) and Same top p (the most likely token the same), "
             "± the standard error, [ ] the 95 % interval, over documents. No noise run in a sweep: figures only, no "
             "verdict. Percentiles, Δp and the PPL ratio: each point's comparison report (docs/divergence.md).")

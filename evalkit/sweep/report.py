@@ -212,7 +212,7 @@ def markdown(table: pd.DataFrame, points: list[PointRecord], *, sweep_dir: str, 
              "- points: " + ", ".join(f"{v} {k}" for k, v in statuses.items()),
              f"- reference: point {reference}" if reference is not None else "- reference: none (no point completed)",
              f"- verdicts: evalkit.compare against the reference, tolerance ±{tolerance}, the rows of every compared "
-             "point one family (Holm), as `python -m evalkit.compare REF P1 ... Pk` gives them",
+             "point one family (Holm), as `evalkit compare REF P1 ... Pk` gives them",
              "- tokens/s: prompt + generated tokens per second in the engine", ""]
     shown = table.drop(columns=divergence.COLUMNS).astype(object)
     shown = shown.where(shown.notna(), None)  # empty cells, not "nan"

@@ -27,7 +27,14 @@ class EvalkitSlurmLauncher(SlurmLauncher):
 
         try:
             return super().launch(job_overrides, initial_job_idx)
-        except UncompletedJobError:  # a job without a result: wait for every job, record the ones without
+        except UncompletedJobError as error:  # a job without a result: wait for every job, record the ones without
+            if not submitted(Path(str(self.params["submitit_folder"])).parent):  # sbatch took no job: nothing ran
+                said = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+                worst = next((line for line in said if "fatal" in line), said[-1])
+                print(f"evalkit: error: sbatch took none of the sweep's jobs ({worst.strip()}); run the sweep where "
+                      "sbatch works (a login node of the cluster), or without hydra/launcher=evalkit_slurm",
+                      file=sys.stderr)
+                raise SystemExit(2) from None
             return self.gather(job_overrides, initial_job_idx)
 
     def gather(self, job_overrides: Sequence[Sequence[str]], first: int) -> list[JobReturn]:
@@ -60,6 +67,11 @@ class EvalkitSlurmLauncher(SlurmLauncher):
             cfg.hydra.job.num = num
         record_failure(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir), num=num, overrides=overrides,
                        error=error)
+
+
+def submitted(root: Path) -> bool:
+    """Whether submitit's folder root holds a job's folder: sbatch took at least one job."""
+    return root.is_dir() and any(JOB_FOLDER.match(p.name) for p in root.iterdir())
 
 
 def launched(root: Path, count: int) -> list[str]:

@@ -126,7 +126,7 @@ def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], 
     if floor is None and (everything or any(why.choice_changes(reference.samples, c.samples, near_tie=near_tie,
                                                                floor=0.0) for c in candidates)):
         raise LocateError(f"--locate: {floor_source}; pass --noise RUN_A RUN_B (two runs of the candidate's config, "
-                          "python -m evalkit.compare.noise) to measure the floor for these runs")
+                          "evalkit noise) to measure the floor for these runs")
     for line in filter(None, map(advice, filter(None, [ref_choice, *choices]))):
         print(line, file=sys.stderr)
     ref_pass = engine_pass(ref_choice, everything, top_k=top_k) if everything else None

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from evalkit.compare.statistics import bootstrap, corpus, ratio, stats
+from evalkit.compare.statistics.means import MIN_UNBOUNDED, too_few_unbounded
 from evalkit.compare.statistics.interval import relative_change
 from evalkit.compare.statistics.verdict import Tolerance, Tolerances
 
@@ -165,15 +166,17 @@ def widened(statistics: np.ndarray, scores: list[float], documents: int) -> np.n
 def mean_sums(pairs: list[tuple[list, list]], w: np.ndarray, reference: float, *, relative: bool
               ) -> ratio.Form | None:
     """A weighted mean of leaves' means as a ratio of per-document sums (ratio.Form): d_i = w_k (c_i - r_i) / n_k
-    over units w_k / n_k (summing to 1), relative over |the reference's group score|. None where relative and that
-    score is 0."""
-    scale = abs(reference) if relative else 1.0
-    if not scale > 0:
+    over units w_k / n_k (summing to 1), or, relative, over units s w_k r_i / n_k (s the sign of the reference's
+    group score: the units sum to its absolute value), so that the reference's per-document values stay in the
+    test rather than their mean taken as a known constant. None where relative and that score is 0."""
+    if relative and not reference != 0:
         return None
+    sign = 1.0 if reference > 0 else -1.0
     d = np.concatenate([wk * (np.asarray(c, dtype=float) - np.asarray(r, dtype=float)) / len(r)
                         for wk, (r, c) in zip(w, pairs)])
-    u = np.concatenate([np.full(len(r), wk / len(r)) for wk, (r, _) in zip(w, pairs)])
-    return d, u, (lambda x: x * scale), (lambda x: x / scale)
+    u = np.concatenate([wk * (sign * np.asarray(r, dtype=float) if relative else np.ones(len(r))) / len(r)
+                        for wk, (r, _) in zip(w, pairs)])
+    return d, u, (lambda x: x), (lambda x: x)
 
 
 def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, pairs: list[tuple[list, list]],
@@ -200,6 +203,11 @@ def stratified_reading(results: dict[str, Any], tasks: list[str], metric: str, p
             return interval, p, f"sign-flip stratified {name}", floor, note
     if all(is_mean(results, t, metric) and stats.all_scalar(*pair) for t, pair in zip(tasks, pairs)):
         form = mean_sums(pairs, w, scores[0], relative=tolerance.relative)
+        n = sum(len(r) for r, _ in pairs)
+        if form is not None and n < MIN_UNBOUNDED:  # weighted by leaf, even 0/1 changes are no longer bounded alike
+            diff = relative_change(*scores) if tolerance.relative else scores[1] - scores[0]
+            return (*stats.untested(diff, **reading), "sign-flip stratified", 1.0,
+                    too_few_unbounded(n, "in leaves weighted unequally by document"))
         if form is not None:
             interval, p, floor = stats.ratio_reading(form, draws=draws, seed=seed, **reading)
             return interval, p, "sign-flip stratified", floor, ""

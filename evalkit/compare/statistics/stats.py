@@ -1,10 +1,13 @@
 """The statistics of one row of a comparison: which method reads a metric's paired per-document values, and the
 interval and one-sided p-values it gives (compare_paired, Comparison). Pure functions, no I/O.
 
-* 0/1 metrics averaged over documents: Tango's score interval and McNemar's exact test
+* 0/1 metrics averaged over documents, absolute: Tango's score interval and McNemar's exact test
   (evalkit/compare/statistics/proportions.py), with the exact one-sided tests of evalkit/compare/statistics/tost.py.
-* Other means over documents: tests that hold at every size (evalkit/compare/statistics/means.py): betting where every
-  value lies in [0, 1], else the sign-flip test with its pseudo-document (skewed differences).
+* Other means over documents (evalkit/compare/statistics/means.py): betting where every value lies in [0, 1],
+  valid at every size whatever the shape (a relative row, a % tolerance on a 0/1 metric included: on
+  c_i - (1 + t) r_i); else the sign-flip test with its pseudo-document, from means.MIN_UNBOUNDED documents on (no
+  test of a mean of unbounded values holds for every shape; below that the row is untested and says why), a
+  relative row on c_i - r_i - t s r_i so that the reference's noise is counted.
 * Everything else: the paired bootstrap (evalkit/compare/statistics/bootstrap.py) of the metric's own aggregation,
   read from bootstrap.MIN_DOCUMENTS documents on (on fewer the row is untested and its note says why).
 * The p-values of the one-sided tests against the tolerance (evalkit/compare/statistics/tost.py) go with each interval;
@@ -93,30 +96,46 @@ class Comparison:
 
 def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: float,
            higher_is_better: bool | None) -> tuple[Interval, tuple, dict[str, float]]:
+    """Tango's exact tests and the interval they invert. Where some document changed, the tests of a change
+    beyond a bound away from 0 (worse at -tolerance, better at +tolerance) are those given that some document
+    changed, as verdict.decide's screen needs (tost.tango_p's given_change), the others unconditional; the
+    interval inverts the same tests, so it lies below -tolerance exactly when the row's own test of worse
+    rejects (inverting the unconditional ones put it there beside an inconclusive verdict)."""
     b, c, p = mcnemar_exact(ref, cand)
-    n = len(ref)
-    low, high = tost.tango_limits(b, c, n, 1.0 - confidence, points=(-tolerance, 0.0, tolerance))  # what they test
-    interval = orient(Interval((c - b) / n, low, high, 2 * confidence - 1), higher_is_better)
-    p_values = tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below"), lambda t: tost.tango_p(b, c, n, t, "above"),
-                             tolerance=tolerance, higher_is_better=higher_is_better)
-    if b + c:  # worse and better given that some document changed, as verdict.decide's screen needs
-        given = tost_p_values(lambda t: tost.tango_p(b, c, n, t, "below", True) if t < 0 else math.nan,
-                              lambda t: tost.tango_p(b, c, n, t, "above", True) if t > 0 else math.nan,
-                              tolerance=tolerance, higher_is_better=higher_is_better)
-        p_values.update(p_worse=given["p_worse"], p_better=given["p_better"])
-    return interval, (b, c, p), p_values
+    n, alpha, points = len(ref), 1.0 - confidence, (-tolerance, 0.0, tolerance)
+    below = lambda t: tost.tango_p(b, c, n, t, "below", bool(b + c) and t < 0)  # noqa: E731
+    above = lambda t: tost.tango_p(b, c, n, t, "above", bool(b + c) and t > 0)  # noqa: E731
+    low = tost._limit(lambda t: above(t) < alpha, above, alpha, points, lower=True)
+    high = tost._limit(lambda t: below(t) < alpha, below, alpha, points, lower=False)
+    interval = orient(Interval((c - b) / n, *at_zero(low, high, below, above, alpha), 2 * confidence - 1),
+                      higher_is_better)
+    return interval, (b, c, p), tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
+
+
+def at_zero(low: float, high: float, below: Callable[[float], float], above: Callable[[float], float],
+            alpha: float) -> tuple[float, float]:
+    """The interval's limits where 0 is concerned: the direction of a change inside the tolerance (`lower`,
+    `higher`) is claimed at alpha / 2 a side, since either could be (verdict.inside_family), so 0 stays in the
+    interval unless the row's own test rejects it at that level; elsewhere the limits are the tests' at alpha."""
+    if high < 0 and not below(0.0) < alpha / 2:
+        high = 0.0
+    if low > 0 and not above(0.0) < alpha / 2:
+        low = 0.0
+    return low, high
 
 
 def bootstrap_reading(diff: float, statistics: np.ndarray, *, tolerance: float, confidence: float,
                       higher_is_better: bool | None) -> tuple[Interval, dict[str, float]]:
     """The (1 - 2 alpha) percentile interval and the one-sided p-values of a bootstrap distribution."""
-    interval = orient(Interval(float(diff), *tost.bootstrap_limits(statistics, 1.0 - confidence),
-                               2 * confidence - 1), higher_is_better)  # the interval bootstrap_p inverts
+    below = lambda t: tost.bootstrap_p(statistics, t, "below")  # noqa: E731
+    above = lambda t: tost.bootstrap_p(statistics, t, "above")  # noqa: E731
+    low, high = tost.bootstrap_limits(statistics, 1.0 - confidence)  # the interval bootstrap_p inverts
+    if high > low:
+        low, high = at_zero(low, high, below, above, 1.0 - confidence)
+    interval = orient(Interval(float(diff), low, high, 2 * confidence - 1), higher_is_better)
     if not interval.high > interval.low:  # a point, or NaN: no evidence of anything
         return interval, dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
-    return interval, tost_p_values(lambda t: tost.bootstrap_p(statistics, t, "below"),
-                                   lambda t: tost.bootstrap_p(statistics, t, "above"),
-                                   tolerance=tolerance, higher_is_better=higher_is_better)
+    return interval, tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
 
 
 def untested(diff: float, *, tolerance: float, confidence: float, higher_is_better: bool | None
@@ -133,27 +152,52 @@ def is_bounded(*runs: np.ndarray) -> bool:
 
 def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool, draws: int, seed: int,
                  tolerance: float, confidence: float, higher_is_better: bool | None
-                 ) -> tuple[str, Interval, dict[str, float], float]:
-    """(method, interval, p-values, p_floor) of a mean of per-document values, by tests that hold at every n
-    (means.py): betting where every value lies in [0, 1], else the sign-flip test. A relative row reads the
-    differences over |the reference's mean| (its tolerance a fraction of that score)."""
-    delta, alpha = candidate - reference, 1.0 - confidence
-    scale = abs(float(reference.mean())) if relative else 1.0
-    diff = float(delta.mean()) / scale
-    if not relative and is_bounded(reference, candidate):
-        below = lambda t: means.betting_p(delta, t, "below", alpha=alpha)  # noqa: E731
-        above = lambda t: means.betting_p(delta, t, "above", alpha=alpha)  # noqa: E731
-        low = tost._limit(lambda t: above(t) < alpha, above, alpha, (-tolerance, 0.0, tolerance), lower=True)
-        high = tost._limit(lambda t: below(t) < alpha, below, alpha, (-tolerance, 0.0, tolerance), lower=False)
-        method, floor = "betting", 0.0
+                 ) -> tuple[str, Interval, dict[str, float], float, str]:
+    """(method, interval, p-values, p_floor, note) of a mean of per-document values, by tests whose level does not
+    rest on the shape of the changes where the values are bounded (means.py): betting where every value lies in
+    [0, 1], on c_i - r_i - t (absolute) or on c_i - (1 + t) r_i (relative: the change over the reference's mean
+    as a ratio of sums, every term in [-(1 + t), 1], so a % tolerance on a 0/1 metric is tested too); else the
+    sign-flip test, from means.MIN_UNBOUNDED documents on (untested below, saying why), of c_i - r_i against t
+    (absolute) or of c_i - r_i - t s r_i (relative, s the sign of the reference's sum: means.ratio_flip), the
+    reference's values never taken as a known constant."""
+    delta, alpha, n = candidate - reference, 1.0 - confidence, len(reference)
+    sign = 1.0 if float(reference.sum()) >= 0 else -1.0
+    diff = float(delta.sum() / (sign * reference.sum())) if relative else float(delta.mean())
+    points, level = (-tolerance, 0.0, tolerance), 2 * confidence - 1
+    if is_bounded(reference, candidate):
+        if relative:
+            def p(t: float, side: str) -> float:
+                k = 1.0 + t  # c - k r lies in [min(0, -k), max(1, 1 - k)]
+                return means.betting_p(candidate - k * reference, 0.0, side, alpha=alpha, low=min(0.0, -k),
+                                       high=max(1.0, 1.0 - k))
+            ends = (-1.0, max(1.0, 4.0 * (abs(diff) + tolerance)))
+        else:
+            def p(t: float, side: str) -> float:
+                return means.betting_p(delta, t, side, alpha=alpha)
+            ends = (-1.0, 1.0)
+        below, above = (lambda t: p(t, "below")), (lambda t: p(t, "above"))
+        low = means.inverted(above, alpha, points, lower=True, ends=ends)
+        high = means.inverted(below, alpha, points, lower=False, ends=ends)
+        method, floor, note = "betting", 0.0, ""
+    elif n < means.MIN_UNBOUNDED:
+        interval, p_values = untested(diff, tolerance=tolerance, confidence=confidence,
+                                      higher_is_better=higher_is_better)
+        return "sign-flip", interval, p_values, 1.0, means.too_few_unbounded(n)
+    elif relative:
+        test = means.ratio_flip(delta, sign * reference, draws=draws, seed=seed)
+        below, above = (lambda t: test.p(t, "below")), (lambda t: test.p(t, "above"))
+        ends = (-max(1.0, 4.0 * (abs(diff) + tolerance)), max(1.0, 4.0 * (abs(diff) + tolerance)))
+        low = means.inverted(above, alpha, points, lower=True, ends=ends)
+        high = means.inverted(below, alpha, points, lower=False, ends=ends)
+        method, floor, note = "sign-flip", test.floor, ""
     else:
         test = means.sign_flip(delta, draws=draws, seed=seed)
-        below = lambda t: test.p(t * scale, "below")  # noqa: E731
-        above = lambda t: test.p(t * scale, "above")  # noqa: E731
-        low, high = (x / scale for x in test.limits(alpha))
-        method, floor = "sign-flip", test.floor
-    interval = orient(Interval(diff, low, high, 2 * confidence - 1), higher_is_better)
-    return method, interval, tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better), floor
+        below, above = (lambda t: test.p(t, "below")), (lambda t: test.p(t, "above"))
+        low, high = test.limits(alpha)
+        method, floor, note = "sign-flip", test.floor, ""
+    interval = orient(Interval(diff, *at_zero(low, high, below, above, alpha), level), higher_is_better)
+    p_values = tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
+    return method, interval, p_values, floor, note
 
 
 def ratio_reading(form: ratio.Form, *, draws: int, seed: int, tolerance: float, confidence: float,
@@ -167,12 +211,20 @@ def ratio_reading(form: ratio.Form, *, draws: int, seed: int, tolerance: float, 
     if not d.any():  # no document's log-likelihood moved: no evidence of anything
         none = dict(NO_EVIDENCE, p_better=math.nan if higher_is_better is None else 1.0)
         return Interval(0.0, 0.0, 0.0, 2 * confidence - 1), none, 1.0
-    test, alpha = means.sign_flip(d, units=u, draws=draws, seed=seed), 1.0 - confidence
-    low, high = test.limits(alpha)
+    alpha, points = 1.0 - confidence, (-tolerance, 0.0, tolerance)
     diff = to_row(float(d.sum() / u.sum())) if diff is None else diff
-    interval = orient(Interval(diff, to_row(low), to_row(high), 2 * confidence - 1), higher_is_better)
-    p = tost_p_values(lambda t: test.p(to_test(t), "below"), lambda t: test.p(to_test(t), "above"),
-                      tolerance=tolerance, higher_is_better=higher_is_better)
+    if (u > 0).all():
+        test = means.sign_flip(d, units=u, draws=draws, seed=seed)
+        low, high = (to_row(x) for x in test.limits(alpha))
+    else:  # units of either sign (a relative group of means whose reference values change sign): means.ratio_flip
+        test = means.ratio_flip(d, u, draws=draws, seed=seed)
+    below, above = (lambda t: test.p(to_test(t), "below")), (lambda t: test.p(to_test(t), "above"))
+    if not (u > 0).all():
+        ends = (-max(1.0, 4.0 * (abs(diff) + tolerance)), max(1.0, 4.0 * (abs(diff) + tolerance)))
+        low, high = (means.inverted(f, alpha, points, lower=lower, ends=ends)
+                     for f, lower in ((above, True), (below, False)))
+    interval = orient(Interval(diff, *at_zero(low, high, below, above, alpha), 2 * confidence - 1), higher_is_better)
+    p = tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
     return interval, p, test.floor
 
 
@@ -239,9 +291,10 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
             interval, mcnemar, p = _tango(np.asarray(reference, dtype=float), np.asarray(candidate, dtype=float),
                                           **settings)
         elif by_mean and all_scalar(reference, candidate) and not (relative and scores[0] == 0):
-            method, interval, p, floor = mean_reading(np.asarray(reference, dtype=float),
-                                                      np.asarray(candidate, dtype=float), relative=relative,
-                                                      draws=max(iterations, needed), seed=seed, **settings)
+            method, interval, p, floor, note = mean_reading(np.asarray(reference, dtype=float),
+                                                            np.asarray(candidate, dtype=float), relative=relative,
+                                                            draws=max(iterations, needed), seed=seed, **settings)
+            notes += [note] if note else []
         elif analytic and (read := _perplexity(reference, candidate, aggregate_name, scores, relative=relative,
                                                draws=max(iterations, needed), seed=seed, **settings)) is not None:
             method, (interval, p, floor, note) = f"sign-flip {aggregate_name}", read

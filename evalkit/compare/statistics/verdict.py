@@ -2,26 +2,31 @@
 Pure functions, no I/O.
 
 Each row carries the p-values of its one-sided tests against its tolerance (stats.tost_p_values). Every kind of
-claim (worse, better, equivalent, lower, higher) is adjusted over all the rows compared at once by Holm's
-procedure (Holm 1979, "A simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70), worse
-and better with Tarone's count (tarone_holm): a row where no document's value changed cannot be shown worse or
-better and does not count, so copies of the reference compared beside a candidate do not dilute it. For that
-screen to keep the level, a 0/1 row's p_worse and p_better are those given that some document changed
-(tost.tango_p's given_change; other methods' rows change on some document whenever they can be worse).
+claim is adjusted over all the rows compared at once: worse and better each by Holm's procedure (Holm 1979, "A
+simple sequentially rejective multiple test procedure", Scand J Statist 6:65-70) with Tarone's count
+(tarone_holm); equivalent, lower and higher together as one family (inside_family: each row's equivalence, then
+its direction, at alpha / 2 a side since either could be claimed). Under Tarone's count a row where no
+document's value changed cannot be shown worse or better and does not count, so copies of the reference
+compared beside a candidate do not dilute it. For that screen to keep the level, a 0/1 row's p_worse and
+p_better are those given that some document changed (tost.tango_p's given_change; other methods' rows change on
+some document whenever they can be worse).
 benchmarks/family_padding.py measures it. The chance that any row is wrongly called `worse`, and the command
 wrongly exits 1, is at most alpha:
 
 worse         shown beyond -tolerance (p_worse)                                                      exits 1
 changed       direction unknown: shown beyond the tolerance either way                                exits 1
 better        shown beyond +tolerance (p_better)
-lower/higher  shown inside +-tolerance (p_equivalent) and shown below/above 0 (p_lower/p_higher)
+lower/higher  shown inside +-tolerance (p_equivalent), then below/above 0 (the smaller of p_lower and p_higher,
+              doubled), in one family with equivalent
 equivalent    shown inside +-tolerance, no difference from 0 shown
 inconclusive  none of these shown (too few documents, or a zero-width bootstrap: no evidence either way)
 
 A bootstrap p-value cannot go below 1 / (resamples + 1) (its p_floor); where that floor times the rows its claim
 is adjusted over (for worse and better, Tarone's count of the rows that could be worse) is not below alpha, the
 row's note says that its resolution, not the data, limits it (bootstrap.resamples_for sizes the resamples so
-that this happens only to corpus-level rows, whose resamples are bounded).
+that this happens only to corpus-level rows, whose resamples are bounded). Where a row's own test shows a claim
+(its interval beyond or inside the tolerance) that the family-wise verdict does not make, its note says that the
+adjustment is why (family_note).
 """
 
 from __future__ import annotations
@@ -124,6 +129,31 @@ def tarone_holm(p_values: np.ndarray, reach: np.ndarray, alpha: float) -> np.nda
     return adjusted
 
 
+def inside_family(p_equivalent: np.ndarray, p_direction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Adjusted p-values of every row's claim of equivalence (p_equivalent) and of its direction inside the
+    tolerance (p_direction: the smaller of p_lower and p_higher, doubled, a test of no change whose sign says
+    which), as one family: the claims `equivalent`, `lower` and `higher` are then wrong with probability at most
+    alpha together (adjusted separately, `lower` joined two families: up to 2 alpha). Each row holds an equal
+    share of alpha, spent on its equivalence first and, once that is shown, on its direction (a fixed sequence
+    within the row); a row whose both claims are shown hands its share on to the rows left, equally. That is a
+    sequentially rejective procedure whose weights grow as claims are shown and sum to at most 1 over the claims
+    not yet shown (Goeman & Solari 2010, "The sequential rejection principle of familywise error control", Ann
+    Stat 38:3782-3810; a graph of the kind of Bretz et al. 2009, Stat Med 28:586-604), so its family-wise error
+    is at most alpha. With one row it is that row's two tests at alpha, one after the other. Adjusted p-values
+    (Bretz et al.'s algorithm): the claim showable at the smallest level next, its p-value over its weight, a
+    running maximum; rejected exactly where below alpha."""
+    stages = np.stack([np.nan_to_num(np.asarray(p, dtype=float), nan=1.0) for p in (p_equivalent, p_direction)])
+    m = stages.shape[1]
+    adjusted, stage, running = np.ones((2, m)), np.zeros(m, dtype=int), 0.0
+    while (open_rows := np.flatnonzero(stage < 2)).size:
+        current = stages[stage[open_rows], open_rows]
+        pick = open_rows[int(np.argmin(current))]
+        running = max(running, min(1.0, float(current.min()) * open_rows.size))
+        adjusted[stage[pick], pick] = running
+        stage[pick] += 1
+    return adjusted[0], adjusted[1]
+
+
 def reach(rows: pd.DataFrame) -> np.ndarray:
     """Each row's smallest attainable p-value for worse and better: 1 where no document's value differs between
     the runs (no method can show a change there), else its method's floor (p_floor)."""
@@ -140,7 +170,8 @@ def adjusted_over(rows: str, mark=lambda word: f"`{word}`") -> str:
     mark the form a verdict's name is set in (Markdown's code by default)."""
     return (f"verdicts are Holm-adjusted over all {rows} ({mark('worse')} and {mark('better')} over those that could "
             "reach the level: Tarone's screen leaves out rows where no document changed and rows whose method's "
-            "smallest p-value cannot reach it)")
+            f"smallest p-value cannot reach it; {mark('equivalent')}, {mark('lower')} and {mark('higher')} as one "
+            "family, each row's direction after its equivalence, at half the level)")
 
 
 def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
@@ -152,18 +183,37 @@ def decide(tables: list[pd.DataFrame], alpha: float) -> list[pd.DataFrame]:
         return [t.assign(verdict=pd.Series(dtype=object), p_worse_holm=np.nan, p_equivalent_holm=np.nan, mde=np.nan)
                 for t in tables]
     rows = pd.concat(tables, ignore_index=True)
-    shown = {c: holm(rows[c].to_numpy(dtype=float)) for c in P_COLUMNS}
-    shown.update({c: tarone_holm(rows[c].to_numpy(dtype=float), reach(rows), alpha) for c in ("p_worse", "p_better")})
+    shown = {c: tarone_holm(rows[c].to_numpy(dtype=float), reach(rows), alpha) for c in ("p_worse", "p_better")}
+    p_lower, p_higher = (np.nan_to_num(rows[c].to_numpy(dtype=float), nan=1.0) for c in ("p_lower", "p_higher"))
+    shown["p_equivalent"], direction = inside_family(rows["p_equivalent"].to_numpy(dtype=float),
+                                                     np.minimum(1.0, 2 * np.minimum(p_lower, p_higher)))
     unknown = rows["higher_is_better"].isna().to_numpy()
     worse, better, inside = (shown[c] < alpha for c in ("p_worse", "p_better", "p_equivalent"))
+    directed = inside & (direction < alpha)
     verdicts = np.select(
-        [worse & unknown, worse, better, inside & (shown["p_lower"] < alpha), inside & (shown["p_higher"] < alpha),
-         inside], ["changed", "worse", "better", "lower", "higher", "equivalent"], default="inconclusive")
+        [worse & unknown, worse, better, directed & (p_lower < p_higher), directed, inside],
+        ["changed", "worse", "better", "lower", "higher", "equivalent"], default="inconclusive")
     rows = rows.assign(verdict=verdicts, p_worse_holm=shown["p_worse"], p_equivalent_holm=shown["p_equivalent"])
-    rows["note"] = resolution_notes(rows, alpha)
+    rows["note"] = ["; ".join(filter(None, [note, family_note(row, alpha, len(rows))]))
+                    for note, (_, row) in zip(resolution_notes(rows, alpha), rows.iterrows())]
     rows["mde"] = detectable(rows)
     bounds = np.cumsum([0] + [len(t) for t in tables])
     return [rows.iloc[a:b].reset_index(drop=True) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def family_note(row: pd.Series, alpha: float, m: int) -> str:
+    """Where the row's own test shows a claim (its interval beyond or inside the tolerance) that its verdict does
+    not make, the words that say the family-wise adjustment over the m rows is why ("" elsewhere, and for a
+    single row, whose interval and verdict always agree)."""
+    claims = (("worse", "p_worse", "p_worse_holm", ("worse", "changed"), "beyond the tolerance on the worse side"),
+              ("better", "p_better", None, ("better",), "beyond the tolerance on the better side"),
+              ("equivalent", "p_equivalent", "p_equivalent_holm", SHOWN_INSIDE, "inside the tolerance"))
+    for claim, raw, adjusted, verdicts, where in claims:
+        if m > 1 and float(np.nan_to_num(row.get(raw, np.nan), nan=1.0)) < alpha and row["verdict"] not in verdicts:
+            by = f" (adjusted p {row[adjusted]:.3g})" if adjusted else ""
+            return (f"its interval lies {where}, as its own test at {alpha:g} shows, but not {claim} at the "
+                    f"family-wise level over the {m} rows compared{by}")
+    return ""
 
 
 def resolution_notes(rows: pd.DataFrame, alpha: float) -> list[str]:

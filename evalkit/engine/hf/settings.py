@@ -64,7 +64,7 @@ def check_settings(*, engine_kwargs: dict[str, Any], sampling_kwargs: dict[str, 
                         ("pipeline_parallel_size", pipeline_parallel_size)):
         if value != 1:
             raise ConfigError(f"{name}={value} is vLLM's; the hf engine spreads a model over GPUs with "
-                              f"engine_kwargs.device_map=auto: pass {name}=1")
+                              f"+engine_kwargs.device_map=auto: pass {name}=1")
     for name in engine_kwargs:
         if name not in ENGINE_KWARGS + IGNORED_KWARGS:
             raise ConfigError(f"engine_kwargs.{name} is not an argument of the hf engine (it takes "

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from evalkit.engine.machine import environment, gpus, model_download, npus
 from evalkit.engine.machine.gpus import Gpu
 from evalkit.engine.machine.npus import Npu
-from evalkit.config import (ConfigError, EvalConfig, devices_needed, devices_per_engine, installed_vllm_build,
+from evalkit.config import (ConfigError, EvalConfig, closest, devices_needed, devices_per_engine, installed_vllm_build,
                             release)
 
 # config.json keys vLLM reads for a model's context length; it takes the smallest present.
@@ -54,6 +54,66 @@ def resolve_model_path(vllm_path: str) -> str:
                       f"(or set EVALKIT_MODELS_DIR for the presets)")
 
 
+def check_hub_model(model_dir: str) -> None:
+    """A hub id (what resolve_model_path returns for one) that vLLM can fetch or finds in the Hugging Face cache;
+    on a machine that cannot reach the hub, or where HF_HUB_OFFLINE is set, one line instead of the engine failing
+    to start a minute later."""
+    if Path(model_dir).is_dir() or not HUB_ID.match(model_dir):
+        return
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, OfflineModeIsEnabled, RepositoryNotFoundError
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(model_dir, "config.json"), str):
+        return  # downloaded before: vLLM reads it from the cache
+    fetch = (f"download it where the hub can be reached (hf download {model_dir}) and pass its folder as "
+             "vllm_path=/path/to/weights")
+    try:
+        huggingface_hub.HfApi().model_info(model_dir, timeout=10)
+    except OfflineModeIsEnabled:
+        raise ConfigError(f"vllm_path={model_dir} is a hub id, not in the Hugging Face cache, and HF_HUB_OFFLINE is "
+                          f"set: {fetch}") from None
+    except GatedRepoError:
+        raise ConfigError(f"vllm_path={model_dir} is a gated hub model: accept its terms on the hub and set HF_TOKEN, "
+                          f"or {fetch}") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"vllm_path={model_dir} is neither a folder here nor a model on the hub (or one HF_TOKEN "
+                          "may not read): pass vllm_path=/path/to/weights") from None
+    except Exception as error:  # the hub's client raises its HTTP library's errors: no network, DNS, a proxy
+        raise ConfigError(f"vllm_path={model_dir} is a hub id, not in the Hugging Face cache, and the hub cannot be "
+                          f"reached from here ({type(error).__name__}): {fetch}") from None
+
+
+def sampling_arguments() -> tuple[str, ...] | None:
+    """The arguments the installed vLLM's SamplingParams takes: its public annotated fields, read from its source
+    (importing vLLM takes seconds and torch); None where the class is not found there."""
+    import ast
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(list(spec.submodule_search_locations)[0]) / "sampling_params.py"
+    if not source.is_file():
+        return None
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == "SamplingParams":
+            return tuple(item.target.id for item in node.body if isinstance(item, ast.AnnAssign)
+                         and isinstance(item.target, ast.Name) and not item.target.id.startswith("_")
+                         and "ClassVar" not in ast.unparse(item.annotation))
+    return None
+
+
+def check_sampling_kwargs(cfg: EvalConfig) -> None:
+    """sampling_kwargs names arguments of vLLM's SamplingParams, where evalkit starts a vLLM engine (the hf engine
+    checks its own, evalkit/engine/hf/settings.py; a server's API takes its own)."""
+    if not cfg.sampling_kwargs or cfg.engine != "vllm":
+        return
+    known = sampling_arguments()
+    for name in cfg.sampling_kwargs if known else []:
+        if name not in known:
+            raise ConfigError(f"sampling_kwargs.{name} is not an argument of vLLM's SamplingParams"
+                              f"{closest(name, list(known))}: remove it (its arguments: docs.vllm.ai, SamplingParams)")
+
+
 def model_config(model_dir: str) -> dict[str, Any] | None:
     """The model's config.json, or None where there is none (a hub id); ConfigError when it is damaged."""
     config_file = Path(model_dir) / "config.json"
@@ -89,9 +149,13 @@ def model_context_length(model_dir: str) -> tuple[int, str] | None:
 
 
 def check_model(cfg: EvalConfig, model_dir: str) -> float:
-    """The model against the config and this machine: its length, its heads against tensor_parallel_size, and
-    the free memory of the GPUs its engine will run on. Returns the gpu_memory_utilization the engine can start
-    with (cfg's, or with tune the lower one that fits what other processes left free: fit_utilization)."""
+    """The model against the config and this machine: a hub id that can be fetched, the sampling arguments, its
+    length, its heads against tensor_parallel_size, and the free memory of the GPUs its engine will run on.
+    Returns the gpu_memory_utilization the engine can start with (cfg's, or with tune the lower one that fits
+    what other processes left free: fit_utilization)."""
+    if cfg.engine != "served" or cfg.endpoint.serve:
+        check_hub_model(model_dir)
+    check_sampling_kwargs(cfg)
     stated = model_context_length(model_dir)
     if stated and cfg.max_model_len > stated[0]:
         raise ConfigError(f"max_model_len={cfg.max_model_len} exceeds what {cfg.model_name} supports "

