@@ -9,13 +9,17 @@ secret variable by its name only; a file is replaced through a temporary that no
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
 import secrets
+import stat
 import unicodedata
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from evalkit.config import ConfigError
 
 
 def printable(text: object, *, keep: str = "") -> str:
@@ -163,6 +167,44 @@ def write_atomic(path: Path, data: str | bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+class PlantedFile(ConfigError):
+    """A file evalkit keeps open in an output folder (a lock, a request store, a server's log) that is a link, is
+    not a regular file, or is another user's: it may have been planted there to redirect or feed a write."""
+
+
+def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
+    """A descriptor of path opened with flags (os.O_CREAT, ...) where neither path nor its folder is a link and the
+    file is a regular one of this user's with one name; else PlantedFile, before anything is written."""
+    path = Path(path)
+    try:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise PlantedFile(_planted(path.parent, "is a link")) from None
+    try:
+        fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=folder)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads, opened for writing
+            raise
+        raise PlantedFile(_planted(path, "is a link" if error.errno == errno.ELOOP else "is not a regular file"))
+    finally:
+        os.close(folder)
+    found = os.fstat(fd)
+    what = ("is not a regular file" if not stat.S_ISREG(found.st_mode) else "belongs to another user"
+            if found.st_uid != os.geteuid() else "has another name (a hard link)" if found.st_nlink > 1 else "")
+    if what:
+        os.close(fd)
+        raise PlantedFile(_planted(path, what))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _planted(path: Path, what: str) -> str:
+    return (f"{printable(path)} {what}: evalkit writes nothing through it (another user may have planted it); "
+            "remove it, or pass output_dir= a folder only you can write to")
 
 
 def fresh_folder(parent: Path, prefix: str) -> Path:
