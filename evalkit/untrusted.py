@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import logging
 import os
 import re
 import secrets
@@ -55,7 +56,7 @@ def unencrypted_elsewhere(url: str) -> str:
 
 
 def without_credentials(url: str) -> str:
-    """url with its user:password@ part removed, for records and messages."""
+    """url with its user:password@ part removed (all before the netloc's last @), for records and messages."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -65,8 +66,9 @@ def without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
-# a URL's user:password@, also as Hydra writes an override (http\://user\:pass@host)
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*\\?://)[^/?#\s@]+@")
+# a URL's user:password@, also as Hydra writes an override (http\://user\:pass@host): everything up to the last @
+# before the authority ends (a user name may hold an @, a password spaces), so free text may lose more, never less
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*\\?://)[^/?#\r\n\"'<>`]*@")
 SECRET_NAME = re.compile(r"(?i)KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH")  # a variable whose value is a secret
 NOT_RECORDED = "(secret: not recorded)"
 
@@ -80,6 +82,28 @@ def scrubbed(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return [scrubbed(v) for v in value]
     return value
+
+
+def literal_password(text: str) -> bool:
+    """Whether a URL in text carries a user:password@ other than a user name and a ``${...}`` interpolation (as
+    ``http://user:${oc.env:VAR}@host`` does, which keeps the password itself out of the text); Hydra's
+    escaped ``\\:`` is read as ``:``."""
+    for found in _USERINFO.finditer(text):
+        userinfo = found.group(0)[len(found.group(1)):-1].replace("\\:", ":")
+        if not re.fullmatch(r"[^:]*:\$\{[^}]*\}", userinfo):
+            return True
+    return False
+
+
+class ScrubbedLog(logging.Filter):
+    """A log handler's filter that takes the user:password of every URL out of each line (Hydra's launchers log
+    each point's overrides)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if scrubbed(text) != text:
+            record.msg, record.args = scrubbed(text), None
+        return True
 
 
 def environment(environ: dict[str, str], prefix: str) -> dict[str, str]:

@@ -36,6 +36,65 @@ def test_helpers():
                    "VLLM_HOST": "http://127.0.0.1:9/v1"}
 
 
+HARD = "hunter 2"  # a password with a space, after a user name with an @
+HARD_URL = f"http://alice@corp:{HARD}@127.0.0.1:9/v1"
+
+
+def test_a_user_name_with_an_at_and_a_password_with_spaces_are_scrubbed():
+    """Everything before the last @ of a URL's authority goes: a user name may hold an @, a password spaces; a
+    URL as Hydra escapes an override, and in a line of text, too. The served engine's messages take the same."""
+    from evalkit.engine.served import http
+
+    assert untrusted.scrubbed([HARD_URL, f"endpoint.url='{HARD_URL}'", "u=http\\://a@b\\:pw d@h\\:1/v1 x=1",
+                               "ftp://a@b:c d@host", "a@b https://h/p?q=x@y"]) == [
+        "http://127.0.0.1:9/v1", "endpoint.url='http://127.0.0.1:9/v1'", "u=http\\://h\\:1/v1 x=1", "ftp://host",
+        "a@b https://h/p?q=x@y"]
+    assert untrusted.without_credentials(HARD_URL) == http.without_credentials(HARD_URL) == "http://127.0.0.1:9/v1"
+    assert [untrusted.literal_password(t) for t in (HARD_URL, "http://alice@corp:${oc.env:PW}@h/v1",
+                                                    "http\\://u\\:${oc.env\\:PW}@h", "http://tok@h", "http://h/v1")] \
+        == [True, False, False, True, False]
+
+
+def test_a_sweep_prints_and_records_no_password_of_a_user_name_with_an_at(tmp_path):
+    """A sweep whose endpoint.url (ftp://, refused by each point's config check) has a user name with an @ and a
+    password with a space: the points' errors (point.json, the report, stderr), Hydra's launch lines on stdout and
+    multirun.yaml hold no password."""
+    url = HARD_URL.replace("http://", "ftp://")
+    cmd = [sys.executable, "-m", "evalkit", "-m", f"output_dir={tmp_path}", "tasks=[evalkit_facts]", "limit=2",
+           "engine=served", f"endpoint.url='{url}'", "max_model_len=1000,2000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    (folder,) = (tmp_path / ".sweeps").iterdir()
+    points = sweep_points.read_points(folder)
+    assert [p.error for p in points] == ["endpoint.url='ftp://127.0.0.1:9/v1' must start with http:// or https://"] * 2
+    assert "#0 : " in done.stdout and "endpoint.url='ftp://127.0.0.1:9/v1'" in done.stdout
+    assert files_holding(tmp_path, HARD) == [] and HARD not in done.stderr + done.stdout
+
+
+def test_a_sweep_through_submitit_pickles_no_password(tmp_path):
+    """submitit pickles each point's config into the sweep folder: a literal password in a URL stops the sweep in
+    one line (exit 2) before anything is written; given as ${oc.env:VAR}, each job reads it from the environment
+    (its points reach the URL) and no file in the sweep folder, pickles included, holds it."""
+    import os
+
+    common = [sys.executable, "-m", "evalkit", "-m", "hydra/launcher=submitit_local", f"output_dir={tmp_path}",
+              "tasks=[evalkit_facts]", "limit=2", "engine=served", "endpoint.retries=0", "max_model_len=1000,2000"]
+    refused = subprocess.run([*common, f"endpoint.url='{HARD_URL}'"], capture_output=True, text=True, timeout=300)
+    assert (refused.returncode, refused.stderr.splitlines()) == (2, [
+        "evalkit: error: a URL in this sweep holds a password, which submitit would write into its job files in the "
+        "sweep folder; pass it through the environment instead: "
+        "endpoint.url='http://USER:${oc.env:VARIABLE}@HOST:PORT/v1'"]), refused.stderr[-3000:]
+    assert not tmp_path.exists() or files_holding(tmp_path, HARD) == []
+    url = "endpoint.url='http://alice@corp:${oc.env:EVALKIT_TEST_PW}@127.0.0.1:9/v1'"
+    done = subprocess.run([*common, url], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "EVALKIT_TEST_PW": HARD})
+    assert done.returncode == 1, done.stderr[-3000:]
+    (folder,) = (tmp_path / ".sweeps").iterdir()
+    assert list(folder.rglob("*.pkl")) and files_holding(tmp_path, HARD) == []
+    assert [p.error for p in sweep_points.read_points(folder)] == [
+        "the server at http://127.0.0.1:9 refused connections (ConnectError: All connection attempts failed)"] * 2
+
+
 @pytest.mark.parametrize("name", ["/etc/passwd", "../other/samples.jsonl", "a/../../b", "", None, 3])
 def test_a_name_that_leaves_the_folder_is_refused(tmp_path, name):
     with pytest.raises(untrusted.OutsideFolder):
