@@ -18,6 +18,7 @@ import secrets
 import stat
 import unicodedata
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from evalkit.config import ConfigError
@@ -156,10 +157,27 @@ def too_large(path: Path, size: int, limit: int, how: str = "") -> TooLarge:
                     f"from one file of a run folder; set {FILE_LIMIT_VARIABLE} higher where you trust the run")
 
 
+class NotRegularFile(OSError):
+    """A name in a run folder that is no regular file: a FIFO (reading it waits for a writer that never comes),
+    a device, a socket, a folder."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """path opened for reading where it is a regular file; else NotRegularFile, without waiting (a FIFO is opened
+    non-blocking, so no writer is waited for)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder)", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def read_bounded(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of path, TooLarge where it holds more than limit (file_limit()): never more is read."""
+    """The bytes of path, TooLarge where it holds more than limit (file_limit()): never more is read;
+    NotRegularFile where it is no regular file."""
     limit = file_limit() if limit is None else limit
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         data = f.read(limit + 1) if size <= limit else b""
     if size > limit or len(data) > limit:  # it may grow while read

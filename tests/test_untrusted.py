@@ -295,3 +295,70 @@ def test_a_run_folder_is_built_where_no_planted_link_points(tmp_path):
                               evalkit={"counts": {}})
     assert final == parent / "r1" and (final / "config.yaml").read_text() == "x: 1\n"
     assert list(elsewhere.iterdir()) == []
+
+
+def without_hanging(code, timeout=120):
+    """code run by a fresh Python (a hang is a timeout, not a stuck test): its exit status and stderr's lines."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("what", ["divergence", "divergence_reference", "point.json"])
+def test_a_fifo_in_a_received_folder_is_refused_without_waiting(tmp_path, what):
+    """A FIFO where a run or sweep folder has a file (opening one to read waits for a writer that never comes):
+    compare, the sweep report and a run's divergence_reference refuse it in one line, exit 2, at once."""
+    import os
+
+    ref, cand, _ = divergence_pair(tmp_path)
+    if what in ("divergence", "divergence_reference"):
+        run = ref if what == "divergence_reference" else cand
+        fifo = run / next(iter(json.loads((run / "results.json").read_text())["evalkit"]["files"]["divergence"].values()))
+        fifo.unlink()
+        os.mkfifo(fifo)
+    if what == "divergence_reference":
+        code, err = without_hanging(f"from evalkit.run import reference; reference.load({str(ref)!r})")
+        assert code == 1 and err[-1].startswith("evalkit.config.ConfigError: divergence_reference") \
+            and "not a regular file" in err[-1], err
+        return
+    if what == "divergence":
+        code, err = without_hanging(f"from evalkit.compare import cli; raise SystemExit(cli.main([{str(ref)!r}, "
+                                    f"{str(cand)!r}]))")
+    else:
+        folder = tmp_path / "sweep"
+        for num, run in ((0, ref), (1, cand)):
+            sweep_points.write_point(folder / str(num), sweep_points.PointRecord(
+                num=num, overrides=[f"seed={num}"], status="ok", run_dir=str(run), error=None, wall_seconds=1.0,
+                devices=None, host="h", started="2026-01-01T10:00:00+00:00"))
+        (folder / "1" / "point.json").unlink()
+        os.mkfifo(folder / "1" / "point.json")
+        code, err = without_hanging(f"from evalkit.sweep.cli import main; raise SystemExit(main([{str(folder)!r}]))")
+    assert code == 2 and len(err) == 1 and "not a regular file" in err[0], err
+
+
+def test_a_results_json_that_links_out_of_its_folder_is_refused(tmp_path, capsys):
+    """results.json itself a link to a file elsewhere on this machine (a run folder copied with its links): compare,
+    the sweep report and divergence_reference refuse it in one line, exit 2, and show nothing of the file."""
+    from evalkit.compare import cli
+    from evalkit.config import ConfigError
+    from evalkit.run import reference
+    from evalkit.sweep.cli import main as report_main
+
+    ref, cand, _ = divergence_pair(tmp_path)
+    elsewhere = tmp_path / "private.json"
+    (cand / "results.json").rename(elsewhere)
+    (cand / "results.json").symlink_to(elsewhere)
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "results.json leads out of" in err[0] and "through a link" in err[0], err
+    with pytest.raises(ConfigError, match="results.json .*through a link"):
+        reference.load(str(cand))
+    folder = tmp_path / "sweep"
+    for num, run in ((0, ref), (1, cand)):
+        sweep_points.write_point(folder / str(num), sweep_points.PointRecord(
+            num=num, overrides=[f"seed={num}"], status="ok", run_dir=str(run), error=None, wall_seconds=1.0,
+            devices=None, host="h", started="2026-01-01T10:00:00+00:00"))
+    assert report_main([str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "point 1's" in err[0] and "through a link" in err[0], err
+    assert not list(folder.glob("report.*"))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.run.results import sample_files
-from evalkit.untrusted import OutsideFolder, TooLarge, read_bounded
+from evalkit.untrusted import OutsideFolder, TooLarge, inside, read_bounded
 
 
 class CompareError(ValueError):
@@ -74,6 +74,10 @@ def load_run(path: str | Path) -> Run:
     results_file = folder / "results.json"
     if not results_file.is_file():
         raise CompareError(f"{path}: not an evalkit run (no results.json)")
+    try:
+        inside(folder, "results.json")  # a link to a file elsewhere on this machine would show it in the report
+    except OutsideFolder as error:
+        raise CompareError(f"{folder}: {error}; a run folder holds its own results") from None
     results = _json(_text(results_file), str(results_file))
     try:
         files = sample_files(folder, results)

@@ -47,7 +47,10 @@ class Reference:
 def _results(folder: Path) -> dict[str, Any]:
     where = folder / "results.json"
     try:
-        return json.loads(read_bounded(where).decode("utf-8"))
+        return json.loads(read_bounded(inside(folder, "results.json")).decode("utf-8"))
+    except OutsideFolder as error:
+        raise ConfigError(f"divergence_reference={folder}: {error}; a run folder holds its own "
+                          "results") from None
     except FileNotFoundError:
         raise ConfigError(f"divergence_reference={folder}: no results.json there; name a run folder "
                           "(result/<model>/<run id>)") from None

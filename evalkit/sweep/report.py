@@ -40,6 +40,7 @@ from evalkit.page import png, pyplot
 from evalkit.sweep import divergence, report_page
 from evalkit.sweep.points import (COMPLETED, PointRecord, SweepError, distinct_overrides, read_points,
                                    write_atomic)
+from evalkit import untrusted
 from evalkit.untrusted import inside
 
 COLUMNS = ["point", "overrides", "status", "task", "metric", "filter", "value", "stderr", "verdict", "diff",
@@ -242,7 +243,11 @@ def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
     for p in points:
         results_file = Path(p.run_dir) / "results.json" if p.run_dir else None
         if p.status in COMPLETED and results_file and results_file.is_file():
-            runs[p.num] = json.loads(results_file.read_text())
+            try:  # a point.json may name any folder: its own results.json read as data, bounded, a regular file
+                runs[p.num] = json.loads(untrusted.read_bounded(inside(results_file.parent, "results.json")))
+            except (OSError, ValueError) as error:  # TooLarge, NotRegularFile and OutsideFolder included
+                raise SweepError(f"point {p.num}'s {untrusted.printable(results_file)} cannot be read: "
+                                 f"{untrusted.printable(getattr(error, 'strerror', None) or error)}") from None
     return runs
 
 
