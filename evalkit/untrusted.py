@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -18,7 +19,7 @@ import secrets
 import stat
 import unicodedata
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from evalkit.config import ConfigError
@@ -183,6 +184,19 @@ def read_bounded(path: Path, limit: int | None = None) -> bytes:
     if size > limit or len(data) > limit:  # it may grow while read
         raise too_large(path, max(size, len(data)), limit)
     return data
+
+
+def json_data(text: str | bytes) -> Any:
+    """json.loads of text from a run or sweep folder, whose crafted failures (nesting deeper than the parser
+    recurses, an integer past Python's 4300 digits) are ValueErrors in one line, as a damaged file's are."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a file evalkit wrote") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        raise ValueError("a number too long to be one evalkit wrote (over 4300 digits)") from None
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:

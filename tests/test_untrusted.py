@@ -312,7 +312,8 @@ def test_a_fifo_in_a_received_folder_is_refused_without_waiting(tmp_path, what):
     ref, cand, _ = divergence_pair(tmp_path)
     if what in ("divergence", "divergence_reference"):
         run = ref if what == "divergence_reference" else cand
-        fifo = run / next(iter(json.loads((run / "results.json").read_text())["evalkit"]["files"]["divergence"].values()))
+        names = json.loads((run / "results.json").read_text())["evalkit"]["files"]["divergence"]
+        fifo = run / next(iter(names.values()))
         fifo.unlink()
         os.mkfifo(fifo)
     if what == "divergence_reference":
@@ -362,3 +363,28 @@ def test_a_results_json_that_links_out_of_its_folder_is_refused(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "point 1's" in err[0] and "through a link" in err[0], err
     assert not list(folder.glob("report.*"))
+
+
+@pytest.mark.parametrize("where", ["results.json", "samples"])
+@pytest.mark.parametrize("value", ["[" * 100000 + "]" * 100000, "9" * 5000])
+def test_json_nested_too_deep_or_a_number_too_long_is_unusable_input_not_worse(tmp_path, capsys, where, value):
+    """A received results.json or samples line holding 100,000 nested lists (past the parser's recursion) or a
+    5,000-digit integer (past Python's 4,300 digits): compare refuses it in one line, exit 2 (1 means worse), as
+    divergence_reference and the sweep report do."""
+    from evalkit.compare import cli
+    from evalkit.config import ConfigError
+    from evalkit.run import reference
+
+    ref, cand, _ = divergence_pair(tmp_path)
+    file = cand / "results.json" if where == "results.json" else next(cand.glob("samples_*.jsonl"))
+    lines = file.read_text().rstrip("\n").split("\n")
+    lines[-1 if where == "results.json" else 0] = lines[-1 if where == "results.json" else 0][:-1] + \
+        f', "x": {value}}}'
+    file.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("nested too deeply" in err[0] or "over 4300 digits" in err[0]), err
+    if where == "results.json":
+        with pytest.raises(ConfigError, match="nested too deeply|over 4300 digits"):
+            reference.load(str(cand))

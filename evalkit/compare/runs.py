@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.run.results import sample_files
-from evalkit.untrusted import OutsideFolder, TooLarge, inside, read_bounded
+from evalkit.untrusted import OutsideFolder, TooLarge, inside, json_data, read_bounded
 
 
 class CompareError(ValueError):
@@ -39,10 +39,12 @@ def _text(file: Path) -> str:
 
 def _json(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return json_data(text)
     except json.JSONDecodeError as error:
         raise CompareError(f"{where}: not JSON ({error.msg} at line {error.lineno}, column {error.colno}): a "
                            "truncated or damaged file; rerun or copy it again") from None
+    except ValueError as error:
+        raise CompareError(f"{where}: {error}") from None
 
 
 def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:

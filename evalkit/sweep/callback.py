@@ -57,8 +57,9 @@ def scrub_multirun(sweep_dir: Path) -> None:
 
 def refuse_pickled_passwords(config: DictConfig) -> None:
     """submitit's launchers pickle each point's config into the sweep folder (.submitit/): a URL's literal password
-    in the sweep's config or overrides (hydra.overrides.task, the sweeper's params) would be kept there. Such a sweep stops in one line (exit 2) before any
-    job is written; a password as an interpolation (``${oc.env:VAR}``) is resolved by each job, never pickled."""
+    in the sweep's config or overrides (hydra.overrides.task, the sweeper's params) would be kept there. Such a
+    sweep stops in one line (exit 2) before any job is written; a password as an interpolation
+    (``${oc.env:VAR}``) is resolved by each job, never pickled."""
     from evalkit.untrusted import literal_password
 
     if "submitit" not in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):

@@ -70,7 +70,7 @@ def read_point(path: Path) -> PointRecord:
     """The record in path, each field of its type: a point.json is data (a sweep folder may come from elsewhere),
     and its num names the report's files, so a num that is not a whole number is no record."""
     try:
-        data = json.loads(untrusted.read_bounded(Path(path)))  # a FIFO or a huge file from elsewhere: refused
+        data = untrusted.json_data(untrusted.read_bounded(Path(path)))  # a FIFO or a huge file: refused
         record = PointRecord(**{f.name: data[f.name] for f in fields(PointRecord)})
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SweepError(f"{path} is not a point record ({type(error).__name__}: {error})") from None
