@@ -186,6 +186,15 @@ def read_bounded(path: Path, limit: int | None = None) -> bytes:
     return data
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
+
+
+def spreadsheet_cell(value: object) -> object:
+    """value for a CSV cell that a spreadsheet shows as text: a string that starts like a formula
+    (``=HYPERLINK(...)``, ``+``, ``-``, ``@``) gets a leading ``'``; numbers and other strings stay as they are."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
 def json_data(text: str | bytes) -> Any:
     """json.loads of text from a run or sweep folder, whose crafted failures (nesting deeper than the parser
     recurses, an integer past Python's 4300 digits) are ValueErrors in one line, as a damaged file's are."""

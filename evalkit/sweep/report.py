@@ -271,7 +271,8 @@ def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: fl
                     notes={n: v for n, v in verdicts.items() if isinstance(v, str) and v.startswith("not comparable")})
     images = {"Scores per point": scores_png(table), "Throughput per point": throughput_png(table)}
     written = [write_atomic(inside(sweep_dir, name), data) for name, data in compare_files.items()]
-    written.append(write_atomic(sweep_dir / "report.csv", table.to_csv(index=False)))
+    # names and values from the runs are data: none starts a formula in a spreadsheet that opens the file
+    written.append(write_atomic(sweep_dir / "report.csv", table.map(untrusted.spreadsheet_cell).to_csv(index=False)))
     written.append(write_atomic(sweep_dir / "report.md", text))
     written += [write_atomic(sweep_dir / "scores.png", images["Scores per point"]),
                 write_atomic(sweep_dir / "throughput.png", images["Throughput per point"])]
