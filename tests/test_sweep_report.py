@@ -453,3 +453,16 @@ def test_a_name_that_reads_as_mathtext_is_drawn_as_written(sweep, tmp_path):
     written = {p.name for p in write_report(folder, reference=0)}
     assert {"report.csv", "report.md", "report.html", "scores.png"} <= written
     assert "$x^$ \\frac{" in pd.read_csv(folder / "report.csv").task.tolist()
+
+
+def test_a_newline_in_a_received_point_record_starts_no_line(sweep, tmp_path):
+    """A received point.json whose error and override hold a newline and an escape sequence: report.md shows them
+    escaped (\\x0a, \\x1b) inside their own line, never as a heading of their own."""
+    folder = tmp_path / "sweep"
+    write_point(folder / "0", replace(record(0, "ok", sweep["runs"][0]), overrides=["seed=0"]))
+    write_point(folder / "1", replace(record(1, "failed", error="boom\n# Injected heading\x1b]0;t\x07"),
+                                      overrides=["seed=1\n## Injected override"]))
+    write_report(folder, reference=0)
+    md = (folder / "report.md").read_text()
+    assert not [line for line in md.splitlines() if line.startswith(("# Injected", "## Injected"))], md
+    assert "boom\\x0a# Injected heading\\x1b]0;t\\x07" in md and "\x1b" not in md

@@ -388,3 +388,31 @@ def test_json_nested_too_deep_or_a_number_too_long_is_unusable_input_not_worse(t
     if where == "results.json":
         with pytest.raises(ConfigError, match="nested too deeply|over 4300 digits"):
             reference.load(str(cand))
+
+
+def test_a_newline_in_a_received_name_starts_no_line(tmp_path, capsys):
+    """A task name and a run folder's name holding a newline (and the folder an escape sequence): compare's
+    report on the terminal and its .md show them escaped (\\x0a) on their own line, never as a line of their own
+    (a heading, a table row), and still compare the task."""
+    from evalkit.compare import cli
+
+    ref, cand = fake_run(tmp_path, "a", FakeEngine()), fake_run(tmp_path, "b", FakeEngine(reply=" 13"))
+    odd = cand.rename(cand.parent / "run\x1b]0;owned\x07\n# Folder heading")
+    for run in (ref, odd):
+        data = json.loads((run / "results.json").read_text())
+        new = "evalkit_arith\n## Injected heading"
+        for section in ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "task_hashes"):
+            if isinstance(data.get(section), dict) and "evalkit_arith" in data[section]:
+                data[section][new] = data[section].pop("evalkit_arith")
+        files = data["evalkit"]["files"]["samples"]
+        files[new] = files.pop("evalkit_arith")
+        (run / "results.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cli.main([str(ref), str(odd), "--output", str(tmp_path / "out")]) == 1  # arithmetic is worse
+    shown = capsys.readouterr().out
+    (md,) = (tmp_path / "out").glob("*.md")
+    for text in (shown, md.read_text()):
+        lines = text.splitlines()
+        assert not [line for line in lines if line.startswith(("## Injected", "# Folder", "| ## Injected"))], text
+        assert any("evalkit_arith\\x0a## Injected heading" in line and "worse" in line for line in lines), text
+        assert "\x1b" not in text and "run\\x1b]0;owned\\x07\\x0a# Folder heading" in text

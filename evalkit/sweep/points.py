@@ -77,7 +77,10 @@ def read_point(path: Path) -> PointRecord:
     wrong = next((name for name, ok in checks(record) if not ok), None)
     if wrong:
         raise SweepError(f"{path} is not a point record ({wrong}={printable(repr(getattr(record, wrong)))[:80]})")
-    return record
+    # shown line by line (the report, the terminal): a newline or an escape in a received value stays in its line
+    return replace(record, overrides=[printable(o) for o in record.overrides],
+                   **{f: printable(getattr(record, f)) for f in ("error", "devices", "host", "started")
+                      if getattr(record, f) is not None})
 
 
 def checks(record: PointRecord) -> list[tuple[str, bool]]:

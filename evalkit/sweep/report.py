@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 
 from evalkit.compare.divergence.between import Divergence
+from evalkit.compare.runs import names_escaped
 from evalkit.page import png, pyplot
 from evalkit.sweep import divergence, report_page
 from evalkit.sweep.points import (COMPLETED, PointRecord, SweepError, distinct_overrides, read_points,
@@ -244,7 +245,8 @@ def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
         results_file = Path(p.run_dir) / "results.json" if p.run_dir else None
         if p.status in COMPLETED and results_file and results_file.is_file():
             try:  # a point.json may name any folder: its own results.json read as data, bounded, a regular file
-                runs[p.num] = untrusted.json_data(untrusted.read_bounded(inside(results_file.parent, "results.json")))
+                data = untrusted.json_data(untrusted.read_bounded(inside(results_file.parent, "results.json")))
+                runs[p.num] = names_escaped(data)  # a newline in a task's name starts no line of the report
             except (OSError, ValueError) as error:  # TooLarge, NotRegularFile and OutsideFolder included
                 raise SweepError(f"point {p.num}'s {untrusted.printable(results_file)} cannot be read: "
                                  f"{untrusted.printable(getattr(error, 'strerror', None) or error)}") from None
