@@ -241,7 +241,8 @@ class PlantedFile(ConfigError):
 
 def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
     """A descriptor of path opened with flags (os.O_CREAT, ...) where neither path nor its folder is a link and the
-    file is a regular one of this user's with one name; else PlantedFile, before anything is written."""
+    file is a regular one of this user's (or of its folder's owner) with one name; else PlantedFile, before
+    anything is written."""
     path = Path(path)
     try:
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -250,6 +251,8 @@ def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
             raise
         raise PlantedFile(_planted(path.parent, "is a link")) from None
     try:
+        # the folder's owner may own it too: on NFS with root_squash a root user's files belong to nobody
+        owners = {os.geteuid(), os.fstat(folder).st_uid}
         fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=folder)
     except OSError as error:
         if error.errno not in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads, opened for writing
@@ -259,7 +262,7 @@ def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
         os.close(folder)
     found = os.fstat(fd)
     what = ("is not a regular file" if not stat.S_ISREG(found.st_mode) else "belongs to another user"
-            if found.st_uid != os.geteuid() else "has another name (a hard link)" if found.st_nlink > 1 else "")
+            if found.st_uid not in owners else "has another name (a hard link)" if found.st_nlink > 1 else "")
     if what:
         os.close(fd)
         raise PlantedFile(_planted(path, what))
