@@ -35,7 +35,9 @@ GATE_FAILED = 3  # the exit status of a gated run that failed: 1 is the gate's "
 
 
 def fail(message: str, code: int = 2) -> None:
-    print(f"evalkit: error: {message}", file=sys.stderr)
+    from evalkit.untrusted import scrubbed
+
+    print(f"evalkit: error: {scrubbed(message)}", file=sys.stderr)  # a URL's password in a message: not shown
     sys.exit(code)
 
 
@@ -93,7 +95,7 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
 
     def finish(status: str, run_dir: Path | None = None, error: str | None = None) -> None:
         folder_name = str(Path(run_dir).resolve()) if run_dir else None  # readable from any working directory
-        write_point(folder, replace(record, status=status, run_dir=folder_name, error=error,
+        write_point(folder, replace(record, status=status, run_dir=folder_name, error=error and one_line(error),
                                     wall_seconds=round(time.perf_counter() - started, 1)))
 
     try:
@@ -118,7 +120,7 @@ def run_point(cfg: EvalConfig, *, num: int, overrides: list[str], folder: Path) 
     except Exception as error:  # a bug, not bad input: its traceback, and the sweep goes on
         traceback.print_exc()
         finish("failed", error=one_line(f"{type(error).__name__}: {error}"))
-        print(f"evalkit: error: point {num} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"evalkit: error: point {num} failed: {one_line(f'{type(error).__name__}: {error}')}", file=sys.stderr)
         return
     except BaseException as error:  # Ctrl-C or SIGTERM in this process: the sweep ends here
         what = f"exit code {error.code}" if isinstance(error, SystemExit) else type(error).__name__
@@ -144,7 +146,10 @@ def notice_to_launcher(signum: int, *, num: int) -> None:
 
 
 def one_line(text: str) -> str:
-    return " ".join(text.split())
+    """text on one line, a URL's user:password taken out (a point's error is recorded in its point.json)."""
+    from evalkit.untrusted import scrubbed
+
+    return scrubbed(" ".join(text.split()))
 
 
 MULTIRUN = {"-m", "--multirun"}

@@ -195,10 +195,12 @@ def png(fig) -> bytes:
 
 
 def pyplot():
-    """matplotlib's pyplot with the Agg backend (no display), imported only when a report draws."""
+    """matplotlib's pyplot with the Agg backend (no display), imported only when a report draws; text is drawn as
+    it is written (a name a run chose, "$x^$", is no mathtext for matplotlib to parse and fail on)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

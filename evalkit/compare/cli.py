@@ -107,10 +107,10 @@ def write_report(reference: Run, candidate: Run, files: dict[str, str], output: 
         folder.mkdir(parents=True, exist_ok=True)
         written = results.write_beside(folder, {f"{stem}{suffix}": text for suffix, text in files.items()})
     except OSError as error:
-        print(f"evalkit.compare: the report could not be written to {folder} ({error.strerror or error}); the "
-              "verdict above stands; --output DIR writes it elsewhere", file=sys.stderr)
+        print(f"evalkit.compare: the report could not be written to {printable(folder)} ({error.strerror or error}); "
+              "the verdict above stands; --output DIR writes it elsewhere", file=sys.stderr)
         return
-    print(f"\nwritten: {', '.join(map(str, written))}")
+    print(f"\nwritten: {', '.join(printable(path) for path in written)}")  # a folder's name as text
 
 
 def add_arguments(parser: Any) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.run.results import sample_files
-from evalkit.untrusted import OutsideFolder, TooLarge, read_bounded
+from evalkit.untrusted import OutsideFolder, TooLarge, inside, json_data, printable, read_bounded
 
 
 class CompareError(ValueError):
@@ -24,7 +24,19 @@ class Run:
 
     @property
     def name(self) -> str:
-        return f"{self.path.parent.name}/{self.path.name}"
+        """<model folder>/<run folder>, control characters (a newline, an escape) escaped: a folder may come from
+        elsewhere, and its name is shown on the terminal, in the text report and on the page."""
+        return printable(f"{self.path.parent.name}/{self.path.name}")
+
+
+def names_escaped(value: Any) -> Any:
+    """value (a results.json) with the control characters of every key escaped (untrusted.printable): task,
+    metric and filter names are shown line by line, so a newline in one would start a line of its own."""
+    if isinstance(value, dict):
+        return {printable(k) if isinstance(k, str) else k: names_escaped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [names_escaped(v) for v in value]
+    return value
 
 
 def _text(file: Path) -> str:
@@ -39,10 +51,12 @@ def _text(file: Path) -> str:
 
 def _json(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return json_data(text)
     except json.JSONDecodeError as error:
         raise CompareError(f"{where}: not JSON ({error.msg} at line {error.lineno}, column {error.colno}): a "
                            "truncated or damaged file; rerun or copy it again") from None
+    except ValueError as error:
+        raise CompareError(f"{where}: {error}") from None
 
 
 def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
@@ -56,7 +70,7 @@ def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]
             if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
                 raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
                                    "file evalkit (lm-eval) wrote")
-            key = (sample["doc_id"], str(sample.get("filter", "none")))
+            key = (sample["doc_id"], printable(str(sample.get("filter", "none"))))  # as results.json's names
             if key in samples:
                 raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
                                    f"(first on line {lines[key]}); a samples file holds one line per document and "
@@ -74,7 +88,11 @@ def load_run(path: str | Path) -> Run:
     results_file = folder / "results.json"
     if not results_file.is_file():
         raise CompareError(f"{path}: not an evalkit run (no results.json)")
-    results = _json(_text(results_file), str(results_file))
+    try:
+        inside(folder, "results.json")  # a link to a file elsewhere on this machine would show it in the report
+    except OutsideFolder as error:
+        raise CompareError(f"{folder}: {error}; a run folder holds its own results") from None
+    results = names_escaped(_json(_text(results_file), str(results_file)))
     try:
         files = sample_files(folder, results)
     except OutsideFolder as error:

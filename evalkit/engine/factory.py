@@ -7,7 +7,7 @@ import sys
 from evalkit.config import EvalConfig
 from evalkit.contracts import Engine
 from evalkit.engine.vllm.start import start_vllm
-from evalkit.untrusted import unencrypted_elsewhere
+from evalkit.untrusted import unencrypted_elsewhere, without_credentials
 
 
 def start_engines(cfg: EvalConfig, model_dir: str) -> Engine:
@@ -42,7 +42,7 @@ def start_served(cfg: EvalConfig, model_dir: str) -> Engine:
     import os
 
     from evalkit.engine.served.engine import ServedEngine
-    from evalkit.engine.served.http import Client, without_credentials
+    from evalkit.engine.served.http import Client
     from evalkit.engine.served.probe import ServerRefused, deployment, weights_identity
 
     end = cfg.endpoint

@@ -33,10 +33,11 @@ from its arrays' headers before decompressing anything.
 from __future__ import annotations
 
 import hashlib
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, Sequence
 
 import numpy as np
 
@@ -192,9 +193,10 @@ def write(path: Path, positions: Positions) -> None:
         np.savez_compressed(f, version=np.asarray(VERSION), **{name: getattr(positions, name) for name in columns})
 
 
-def decompressed_size(path: Path) -> int:
-    """The bytes path's arrays take decompressed, from each member's size and its array header (NumPy allocates
-    what the header says before reading); ValueError where path is no npz archive."""
+def decompressed_size(path: Path | BinaryIO) -> int:
+    """The bytes path's arrays take decompressed (path: a file name or an open file), from each member's size and
+    its array header (NumPy allocates what the header says before reading); ValueError where it is no npz
+    archive."""
     total = 0
     try:
         with zipfile.ZipFile(path) as archive:
@@ -218,22 +220,29 @@ def read(path: Path, limit: int | None = None) -> Positions:
     decompressed."""
     limit = untrusted.file_limit() if limit is None else limit
     try:
-        on_disk = Path(path).stat().st_size
-        if on_disk > limit:
-            raise untrusted.too_large(path, on_disk, limit)
-        size = decompressed_size(path)
-        if size > limit:
-            raise untrusted.too_large(path, size, limit, " decompressed")
-        with np.load(path, allow_pickle=False) as data:
-            if int(data["version"]) != VERSION:
-                raise ValueError(f"version {int(data['version'])}, this evalkit reads {VERSION}")
-            columns = {name: data[name].astype(DTYPES[name], copy=False) for name in COLUMNS}
-            n = len(columns["doc_id"])
-            for name in GIVEN:
-                columns[name] = (data[name].astype(DTYPES[name], copy=False) if name in data.files
-                                 else np.zeros((n, 0), dtype=DTYPES[name]))
-            return Positions(**columns)
+        with untrusted.open_regular(path) as file:  # a FIFO would wait for a writer: refused
+            return _read(path, file, limit)
     except untrusted.TooLarge:
         raise
     except (OSError, KeyError, ValueError) as error:
         raise ValueError(f"{path} is not a readable divergence record: {error}") from None
+
+
+def _read(path: Path, file: BinaryIO, limit: int) -> Positions:
+    """The record in the open file, its size checked on disk and decompressed first."""
+    on_disk = os.fstat(file.fileno()).st_size
+    if on_disk > limit:
+        raise untrusted.too_large(path, on_disk, limit)
+    size = decompressed_size(file)
+    if size > limit:
+        raise untrusted.too_large(path, size, limit, " decompressed")
+    file.seek(0)
+    with np.load(file, allow_pickle=False) as data:
+        if int(data["version"]) != VERSION:
+            raise ValueError(f"version {int(data['version'])}, this evalkit reads {VERSION}")
+        columns = {name: data[name].astype(DTYPES[name], copy=False) for name in COLUMNS}
+        n = len(columns["doc_id"])
+        for name in GIVEN:
+            columns[name] = (data[name].astype(DTYPES[name], copy=False) if name in data.files
+                             else np.zeros((n, 0), dtype=DTYPES[name]))
+        return Positions(**columns)

@@ -15,7 +15,6 @@ untrusted.file_limit().
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from evalkit.config import ConfigError
 from evalkit.contracts import ScoreRequest
 from evalkit.run import divergence_record
-from evalkit.untrusted import OutsideFolder, TooLarge, inside, printable, read_bounded
+from evalkit.untrusted import OutsideFolder, TooLarge, inside, json_data, printable, read_bounded
 
 
 @dataclass(frozen=True)
@@ -47,13 +46,16 @@ class Reference:
 def _results(folder: Path) -> dict[str, Any]:
     where = folder / "results.json"
     try:
-        return json.loads(read_bounded(where).decode("utf-8"))
+        return json_data(read_bounded(inside(folder, "results.json")).decode("utf-8"))
+    except OutsideFolder as error:
+        raise ConfigError(f"divergence_reference={folder}: {error}; a run folder holds its own "
+                          "results") from None
     except FileNotFoundError:
         raise ConfigError(f"divergence_reference={folder}: no results.json there; name a run folder "
                           "(result/<model>/<run id>)") from None
     except TooLarge as error:
         raise ConfigError(f"divergence_reference={folder}: {error}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and json's errors are ValueErrors
         raise ConfigError(f"divergence_reference={folder}: its results.json cannot be read ({error})") from None
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from evalkit.config import ConfigError
 from evalkit.engine.machine import forks
+from evalkit.untrusted import open_own
 
 LOCK_NAME = ".lock"
 
@@ -106,7 +107,7 @@ class ResultLock:
 
     def _open(self) -> int:
         try:
-            return os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)  # not inherited by the run's processes
+            return open_own(self.path, os.O_CREAT | os.O_RDWR)  # not inherited by the run's processes
         except OSError as error:
             raise ConfigError(f"cannot write to the result folder {self.folder} ({error.strerror}); "
                               "pass output_dir= a writable folder") from None

@@ -39,6 +39,7 @@ from evalkit.contracts import (Engine, Generation, GenRequest, IdsRead, PartialA
 from evalkit.hashing import sha256
 from evalkit.engine.machine import forks
 from evalkit.engine.wrapper import Wrapped
+from evalkit.untrusted import open_own
 
 
 class StoreHeld(ConfigError):
@@ -53,7 +54,7 @@ def hold(path: Path, wait: float = 0.0, poll: float = 1.0) -> int:
     holder; StoreHeld when it is still held."""
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = open_own(path, os.O_CREAT | os.O_RDWR)  # a link, FIFO or another user's file planted there: refused
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -81,7 +82,7 @@ class RequestStore:
         self.origins: dict[str, Any] = {}  # key -> the memory settings of the try that computed the answer
         self.fd: int | None = None
         self.fd = hold(self.path, wait)  # before reading: no other run appends while we cut
-        with open(self.path, "rb+") as f:
+        with os.fdopen(os.dup(self.fd), "rb+") as f:  # the file held, not whatever the path names now
             whole = 0  # bytes up to the end of the last complete line
             for line in f:
                 if not line.endswith(b"\n"):
@@ -110,10 +111,12 @@ class RequestStore:
         """Append answers, each with the settings of the try that computed them (by)."""
         if self.fd is None:
             raise RuntimeError(f"the request store {self.path} was closed")
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps({"key": k, "answer": a, "by": by}) + "\n" for k, a in items))
-            f.flush()
-            os.fsync(f.fileno())
+        data = "".join(json.dumps({"key": k, "answer": a, "by": by}) + "\n" for k, a in items).encode()
+        end = os.lseek(self.fd, 0, os.SEEK_END)  # the file held (only its holder appends)
+        while data:
+            written = os.pwrite(self.fd, data, end)
+            data, end = data[written:], end + written
+        os.fsync(self.fd)
         self.answers.update(items)
         self.origins.update((k, by) for k, _ in items)
 

@@ -55,8 +55,37 @@ def scrub_multirun(sweep_dir: Path) -> None:
         write_atomic(multirun, scrubbed(text))
 
 
+def refuse_pickled_passwords(config: DictConfig) -> None:
+    """submitit's launchers pickle each point's config into the sweep folder (.submitit/): a URL's literal password
+    in the sweep's config or overrides (hydra.overrides.task, the sweeper's params) would be kept there. Such a
+    sweep stops in one line (exit 2) before any job is written; a password as an interpolation
+    (``${oc.env:VAR}``) is resolved by each job, never pickled."""
+    from evalkit.untrusted import literal_password
+
+    if "submitit" not in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
+        return
+    # unresolved: an override that holds ${oc.env:VAR} would read as the variable's value
+    if any(literal_password(str(text)) for text in leaves(OmegaConf.to_container(config, resolve=False))):
+        print("evalkit: error: a URL in this sweep holds a password, which submitit would write into its job files "
+              "in the sweep folder; pass it through the environment instead: "
+              "endpoint.url='http://USER:${oc.env:VARIABLE}@HOST:PORT/v1'", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def leaves(value: Any) -> list[Any]:
+    """The values of a config's dicts and lists, nested ones included."""
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in leaves(v)]
+    return [value]
+
+
 class SweepCallback(Callback):
     """Progress after each point (basic launcher), the report and the exit status at the end of a sweep."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_pickled_passwords(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN:

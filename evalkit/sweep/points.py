@@ -70,14 +70,17 @@ def read_point(path: Path) -> PointRecord:
     """The record in path, each field of its type: a point.json is data (a sweep folder may come from elsewhere),
     and its num names the report's files, so a num that is not a whole number is no record."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = untrusted.json_data(untrusted.read_bounded(Path(path)))  # a FIFO or a huge file: refused
         record = PointRecord(**{f.name: data[f.name] for f in fields(PointRecord)})
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SweepError(f"{path} is not a point record ({type(error).__name__}: {error})") from None
     wrong = next((name for name, ok in checks(record) if not ok), None)
     if wrong:
         raise SweepError(f"{path} is not a point record ({wrong}={printable(repr(getattr(record, wrong)))[:80]})")
-    return record
+    # shown line by line (the report, the terminal): a newline or an escape in a received value stays in its line
+    return replace(record, overrides=[printable(o) for o in record.overrides],
+                   **{f: printable(getattr(record, f)) for f in ("error", "devices", "host", "started")
+                      if getattr(record, f) is not None})
 
 
 def checks(record: PointRecord) -> list[tuple[str, bool]]:

@@ -36,10 +36,12 @@ from typing import Any
 import pandas as pd
 
 from evalkit.compare.divergence.between import Divergence
+from evalkit.compare.runs import names_escaped
 from evalkit.page import png, pyplot
 from evalkit.sweep import divergence, report_page
 from evalkit.sweep.points import (COMPLETED, PointRecord, SweepError, distinct_overrides, read_points,
                                    write_atomic)
+from evalkit import untrusted
 from evalkit.untrusted import inside
 
 COLUMNS = ["point", "overrides", "status", "task", "metric", "filter", "value", "stderr", "verdict", "diff",
@@ -242,7 +244,12 @@ def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
     for p in points:
         results_file = Path(p.run_dir) / "results.json" if p.run_dir else None
         if p.status in COMPLETED and results_file and results_file.is_file():
-            runs[p.num] = json.loads(results_file.read_text())
+            try:  # a point.json may name any folder: its own results.json read as data, bounded, a regular file
+                data = untrusted.json_data(untrusted.read_bounded(inside(results_file.parent, "results.json")))
+                runs[p.num] = names_escaped(data)  # a newline in a task's name starts no line of the report
+            except (OSError, ValueError) as error:  # TooLarge, NotRegularFile and OutsideFolder included
+                raise SweepError(f"point {p.num}'s {untrusted.printable(results_file)} cannot be read: "
+                                 f"{untrusted.printable(getattr(error, 'strerror', None) or error)}") from None
     return runs
 
 
@@ -266,7 +273,8 @@ def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: fl
                     notes={n: v for n, v in verdicts.items() if isinstance(v, str) and v.startswith("not comparable")})
     images = {"Scores per point": scores_png(table), "Throughput per point": throughput_png(table)}
     written = [write_atomic(inside(sweep_dir, name), data) for name, data in compare_files.items()]
-    written.append(write_atomic(sweep_dir / "report.csv", table.to_csv(index=False)))
+    # names and values from the runs are data: none starts a formula in a spreadsheet that opens the file
+    written.append(write_atomic(sweep_dir / "report.csv", table.map(untrusted.spreadsheet_cell).to_csv(index=False)))
     written.append(write_atomic(sweep_dir / "report.md", text))
     written += [write_atomic(sweep_dir / "scores.png", images["Scores per point"]),
                 write_atomic(sweep_dir / "throughput.png", images["Throughput per point"])]

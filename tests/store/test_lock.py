@@ -202,3 +202,18 @@ def test_a_tokenizer_named_as_the_model_folder_is_the_models_lock(tmp_path):
     other = tmp_path / "T"
     other.mkdir()
     assert answers_key(compose_config([f"vllm_path={model}", f"tokenizer={other}"])) != plain
+
+
+def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_kept(tmp_path):
+    """The lock's name (.lock-<key>) is a hash anyone can compute: a link another user plants there, to a file of
+    the user who runs evalkit, is refused in one line (a ConfigError: exit 2), and the file it points at is
+    neither truncated nor written."""
+    folder = tmp_path / "result" / "model"
+    folder.mkdir(parents=True)
+    victim = tmp_path / "notes.txt"
+    victim.write_text("the victim's notes\n")
+    (folder / f"{LOCK_NAME}-abc").symlink_to(victim)
+    with pytest.raises(ConfigError, match=rf"^{folder}/{LOCK_NAME}-abc is a link: evalkit writes nothing through "
+                                          r"it \(another user may have planted it\); remove it, or pass output_dir="):
+        ResultLock(folder, f"{LOCK_NAME}-abc").acquire()
+    assert victim.read_text() == "the victim's notes\n"

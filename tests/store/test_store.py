@@ -256,3 +256,43 @@ def test_ids_reads_are_kept_and_a_rerun_replays_them_without_the_engine(tmp_path
     assert again.record()["id_reads"] == {"reused": 4, "computed": 0}
     assert again.read_ids([IdsRead(context=(1, 97), ids=(99, 98, 0))]) == fresh.read_ids(
         [IdsRead(context=(1, 97), ids=(99, 98, 0))]) and len(fresh.id_reads) == 2  # another order: another read
+
+
+@pytest.mark.parametrize("planted", ["link", "linked folder", "fifo", "another user's file", "hard link"])
+def test_a_store_file_planted_by_another_user_is_refused_and_nothing_is_written(tmp_path, planted):
+    """The store's path (.requests/<fingerprint>.jsonl) is one anyone can compute. What another user plants there
+    is refused in one line before anything is read or written: a link (it would truncate and append to the file it
+    points at), its folder as a link, a FIFO (opening it would hang), a file of theirs (its lines would be
+    resumed as this run's answers), a hard link to a file of the user's."""
+    import os
+    import shutil
+
+    from evalkit.untrusted import PlantedFile
+
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text('{"key": "k", "answer": {}, "by": null}\ntorn')
+    folder = tmp_path / ".requests"
+    folder.mkdir()
+    path = folder / "f.jsonl"
+    if planted == "link":
+        path.symlink_to(victim)
+    elif planted == "linked folder":
+        folder.rmdir()
+        (tmp_path / "elsewhere").mkdir()
+        folder.symlink_to(tmp_path / "elsewhere")
+    elif planted == "fifo":
+        os.mkfifo(path)
+    elif planted == "hard link":
+        os.link(victim, path)
+    else:
+        shutil.copy(victim, path)
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(path, 65534, 65534)
+    what = {"link": "is a link", "linked folder": "is a link", "fifo": "is not a regular file",
+            "another user's file": "belongs to another user", "hard link": r"has another name \(a hard link\)"}
+    with pytest.raises(PlantedFile, match=rf"^{folder if planted == 'linked folder' else path} {what[planted]}: "
+                                          "evalkit writes nothing through it"):
+        RequestStore(path)
+    assert victim.read_text() == '{"key": "k", "answer": {}, "by": null}\ntorn'
+    assert not (tmp_path / "elsewhere").exists() or not any((tmp_path / "elsewhere").iterdir())

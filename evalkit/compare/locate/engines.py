@@ -114,11 +114,17 @@ def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -
             raise LocateError(f"{flag} {item!r}: expected key=value, e.g. {flag} vllm_path=/path/to/model")
         if head not in keys:
             raise LocateError(f"{flag}: unknown config key {head!r}{closest(head, keys)}; see evalkit/config.py")
+    # vllm_path is checked here only: model_folder decides which folder loads
+    stand_in = {"vllm_path": recorded["vllm_path"]} if isinstance(recorded.get("vllm_path"), str) else {}
+    given = {item.split("=", 1)[0] for item in dotlist}
+    taken = {k: v for k, v in {**stand_in, **adoptable(recorded)[0]}.items() if k not in given}
+    for key, value in taken.items():  # OmegaConf would resolve ${oc.env:HF_TOKEN} into the config, and the errors
+        if "${" in str(value):
+            raise LocateError(f"{flag}: the run records {key}={printable(value)}, an interpolation; --locate "
+                              "resolves nothing a run folder records: pass the value itself, "
+                              f"{flag} {key}=VALUE")
     try:
-        # vllm_path is checked here only: model_folder decides which folder loads
-        stand_in = {"vllm_path": recorded["vllm_path"]} if isinstance(recorded.get("vllm_path"), str) else {}
-        merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), stand_in, adoptable(recorded)[0],
-                                 OmegaConf.from_dotlist(dotlist))
+        merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), taken, OmegaConf.from_dotlist(dotlist))
         cfg = OmegaConf.to_object(merged)
         validate(cfg)
     except ConfigError as error:
@@ -177,12 +183,15 @@ def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineCho
 
 
 def advice(choice: EngineChoice) -> str | None:
-    """One line naming the recorded settings --locate left out, as the flag that would pass them; None if none."""
+    """One line naming the recorded settings --locate left out, as the flag that would pass them, each quoted for
+    the shell (a recorded $(...) pasted runs nothing); None if none."""
+    import shlex
+
     if not choice.not_adopted:
         return None
     return (f"evalkit.compare: the {choice.side} run {printable(choice.run)} recorded settings --locate does not take "
             f"from a run folder; if you trust them, pass {choice.flag} "
-            f"{' '.join(printable(o) for o in choice.not_adopted)}")
+            f"{' '.join(printable(shlex.quote(o)) for o in choice.not_adopted)}")
 
 
 def start(choice: EngineChoice) -> Engine:

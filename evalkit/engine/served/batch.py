@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 
 from evalkit.contracts import PartialAnswers, Progress
 from evalkit.engine.logprob_reads import BadRead
-from evalkit.engine.served.http import Client, Failure, without_credentials
+from evalkit.engine.served.http import Client, Failure
+from evalkit.untrusted import without_credentials
 
 Make = Callable[[Any], dict]  # a request's body; called again for a second try (a fresh cache_salt)
 Read = Callable[[Any, dict], Any]  # a request's answer from its response, or BadRead

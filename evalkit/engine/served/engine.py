@@ -20,11 +20,12 @@ from evalkit.engine.logprob_reads import NOTHING_SCORED, unscored
 from evalkit.engine.machine.environment import library_versions
 from evalkit.engine.served.batch import Sender, ServedError, failed
 from evalkit.engine.served.body import PROMPTS_PER_REQUEST, salt
-from evalkit.engine.served.http import Client, without_credentials
+from evalkit.engine.served.http import Client
 from evalkit.engine.served.openai import OpenAIApi
 from evalkit.engine.served.probe import ServerRefused, early_probe, probe, server_defaults
 from evalkit.engine.served.traced_requests import TracedVLLMApi
 from evalkit.engine.tokenizer import TokenizerSide, load_tokenizer
+from evalkit.untrusted import without_credentials
 
 __all__ = ["ServedEngine", "ServedError", "ServerRefused"]
 

@@ -24,9 +24,8 @@ import asyncio
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
-from urllib.parse import urlsplit, urlunsplit
-
 from evalkit.engine.served.concurrency import Gate, Window
+from evalkit.untrusted import without_credentials
 
 RETRIED_STATUS = {408, 429}  # and every 5xx
 GONE_STATUS = {502, 503, 504}  # /health answered by a gateway with no server behind it, or a dead engine
@@ -66,14 +65,6 @@ def tls() -> Any:
     import httpx
 
     return httpx.create_ssl_context()
-
-
-def without_credentials(url: str) -> str:
-    """url without a user:password part, for records and messages."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def refused(error: BaseException) -> bool:

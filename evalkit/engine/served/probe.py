@@ -21,7 +21,8 @@ from evalkit.contracts import GenRequest, ScoreRequest
 from evalkit.engine.served import body
 from evalkit.engine.served import openai
 from evalkit.engine.logprob_reads import BadRead
-from evalkit.engine.served.http import Client, Failure, without_credentials
+from evalkit.engine.served.http import Client, Failure
+from evalkit.untrusted import without_credentials
 
 PROBE_TEXT = "The capital of France is Paris. The capital of Italy is Rome. " * 24  # longer than a cache block
 # the fields vLLM's server fills from the model's generation_config.json into a request that leaves them out

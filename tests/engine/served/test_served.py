@@ -60,6 +60,73 @@ def test_the_server_evalkit_started_answers_only_its_key_which_no_command_line_s
     assert group and not any(served.server.api_key in " ".join(p.cmdline()) for p in group)
 
 
+def app_routes(command):
+    """Every (method, path) and websocket path of the app vLLM builds from the server's command line (vLLM's own
+    build_app and argument parser), with every task vLLM knows, so no route of another task is missed."""
+    import typing
+
+    from fastapi.routing import APIWebSocketRoute
+    from starlette.routing import Mount
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.tasks import SupportedTask
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def leaves(kind):
+        return [leaf for arg in typing.get_args(kind) for leaf in (leaves(arg) if typing.get_args(arg) else [arg])]
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(command)
+    app = build_app(args, tuple(leaves(SupportedTask)), None)
+    http, sockets = [], []
+    for route in app.routes:
+        path = route.path.replace("{", "").replace("}", "")  # a path parameter given its own name as value
+        if isinstance(route, APIWebSocketRoute):
+            sockets.append(path)
+        else:
+            methods = ["GET", "POST"] if isinstance(route, Mount) else sorted(route.methods)  # a mounted app: any
+            http += [(method, where) for method in methods
+                     for where in ([path, path + "/"] if isinstance(route, Mount) else [path])]
+    return http, sockets
+
+
+@pytest.mark.engine
+def test_every_route_of_the_server_evalkit_started_refuses_a_request_without_its_key(served):
+    """vLLM checks its key only under /v1, /v2, /inference and /cohere; the server evalkit starts answers nothing
+    without the run's key: each route of the app vLLM builds from the server's own command line (SageMaker's
+    /invocations, /tokenize, /metrics, /health, the docs, a websocket, ...) and a path no route has answer 401
+    without a key and with another key (a websocket is refused before it opens); with the key, /tokenize and
+    /health answer."""
+    import http.client
+
+    import psutil
+
+    server = [p for p in psutil.process_iter(["pid", "cmdline"]) if _group(p.pid) == served.server.process.pid
+              and "vllm.entrypoints.openai.api_server" in p.info["cmdline"]][0]
+    command = server.info["cmdline"]
+    routes, sockets = app_routes(command[command.index("vllm.entrypoints.openai.api_server") + 1:])
+    assert ("POST", "/invocations") in routes and ("GET", "/metrics") in routes and sockets, (routes, sockets)
+
+    def status(method, path, key, headers=()):
+        connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=60)
+        try:
+            given = dict(headers, **({"Authorization": f"Bearer {key}"} if key else {}))
+            body = json.dumps({"model": served.model, "prompt": "a"}) if method in ("POST", "PUT", "PATCH") else None
+            connection.request(method, path, body=body, headers={"Content-Type": "application/json", **given})
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    answered = {(method, path, key): status(method, path, key) for method, path in [*routes, ("GET", "/no-route")]
+                for key in (None, "guessed")}
+    opened = {(path, key): status("GET", path, key, upgrade) for path in sockets for key in (None, "guessed")}
+    assert {where: code for where, code in answered.items() if code != 401} == {}
+    assert {where: code for where, code in opened.items() if code != 403} == {}  # closed before it opened
+    key = served.server.api_key
+    assert (status("GET", "/health", key), status("POST", "/tokenize", key)) == (200, 200)
+
+
 def _group(pid):
     import os
 

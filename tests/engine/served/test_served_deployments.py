@@ -102,11 +102,13 @@ def test_a_server_whose_echo_misses_the_prompt_runs_generation_and_refuses_log_l
         [s["resps"] for s in read_samples(offline, "evalkit_arith")]
 
 
-def metric(url: str, name: str) -> float:
-    """One of the server's Prometheus counters or gauges, summed over its labels."""
+def metric(url: str, name: str, key: str) -> float:
+    """One of the server's Prometheus counters or gauges, summed over its labels (asked with the server's key:
+    the server evalkit starts answers no path without it)."""
     import urllib.request
 
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+    asked = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(asked, timeout=10) as answer:
         lines = answer.read().decode().splitlines()
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{") or line.startswith(name + " "))
 
@@ -120,8 +122,8 @@ def test_ctrl_c_cancels_the_requests_in_flight_on_the_server(served, tmp_path):
     import subprocess
     import sys
 
-    root = served.client.root()
-    before = metric(root, "vllm:generation_tokens_total")
+    root, key = served.client.root(), served.server.api_key
+    before = metric(root, "vllm:generation_tokens_total", key)
     log = tmp_path / "log"
     with open(log, "w") as out:
         run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", f"endpoint.url={served.client.url}",
@@ -129,18 +131,18 @@ def test_ctrl_c_cancels_the_requests_in_flight_on_the_server(served, tmp_path):
                                 "+sampling_kwargs={min_tokens: 1000, ignore_eos: true}", f"output_dir={tmp_path}"],
                                stdout=out, stderr=out, process_group=0)
     deadline = time.monotonic() + 300
-    while metric(root, "vllm:num_requests_running") < 5:  # the task's 5 documents
+    while metric(root, "vllm:num_requests_running", key) < 5:  # the task's 5 documents
         assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGINT)
     assert run.wait(timeout=120) == 130, log.read_text()[-3000:]
     assert "evalkit: error: stopped: by SIGINT; finished answers are kept" in log.read_text() and "Traceback" not in log.read_text(), log.read_text()[-3000:]
-    while metric(root, "vllm:num_requests_running") + metric(root, "vllm:num_requests_waiting") > 0:
+    while metric(root, "vllm:num_requests_running", key) + metric(root, "vllm:num_requests_waiting", key) > 0:
         assert time.monotonic() < deadline, "the server still works on evalkit's requests"
         time.sleep(0.2)
-    stopped = metric(root, "vllm:generation_tokens_total")
+    stopped = metric(root, "vllm:generation_tokens_total", key)
     time.sleep(2)
-    assert metric(root, "vllm:generation_tokens_total") == stopped < before + 5 * 1000
+    assert metric(root, "vllm:generation_tokens_total", key) == stopped < before + 5 * 1000
 
 
 @pytest.mark.engine
@@ -187,6 +189,8 @@ def test_a_server_shut_down_mid_run_fails_the_run_in_one_line_and_keeps_its_answ
 
     import psutil
 
+    from evalkit.engine.served import start
+
     log = tmp_path / "log"
     with open(log, "w") as out:
         run = subprocess.Popen([sys.executable, "-m", "evalkit", "engine=served", "endpoint.serve=true",
@@ -200,7 +204,11 @@ def test_a_server_shut_down_mid_run_fails_the_run_in_one_line_and_keeps_its_answ
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         root = f"http://127.0.0.1:{found.group(1)}"
-        while metric(root, "vllm:request_success_total") < 3 + 1 or metric(root, "vllm:num_requests_running") < 1:
+        # the run's key, from the environment of the server listening there (this user may read it)
+        server = next(pid for pid in start.listeners(int(found.group(1))) if pid is not None)
+        key = psutil.Process(server).environ()["VLLM_API_KEY"]
+        while metric(root, "vllm:request_success_total", key) < 3 + 1 or \
+                metric(root, "vllm:num_requests_running", key) < 1:
             assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]  # the probe's 3, one
             time.sleep(0.5)
         (api,) = [p for p in psutil.Process(run.pid).children(recursive=True)  # the server, not its guard
@@ -236,6 +244,8 @@ def test_no_server_process_is_left_after_sigkill_of_evalkit(tmp_path):
     import sys
 
     import psutil
+
+    from evalkit.engine.served import start
 
     log = tmp_path / "log"
     with open(log, "w") as out:

@@ -29,8 +29,9 @@ class Healthy(QuietHandler):
 
 def test_a_port_taken_by_another_process_before_the_server_is_refused_before_anything_is_sent(tmp_path, monkeypatch):
     """The free port chosen, another process (this test's listener, standing in for another user's) binds it
-    first and answers /health; the started process (a sleeper standing in for vLLM) never listens. The start
-    stops its process group and fails in one line naming the port and the listener; only /health was asked."""
+    first and would answer /health; the started process (a sleeper standing in for vLLM) never listens. The start
+    stops its process group and fails in one line naming the port and the listener; nothing reached the listener,
+    not even /health (which carries the run's key)."""
     impostor = serve(Healthy)
     try:
         monkeypatch.setattr(start, "free_port", lambda: impostor.server_port)
@@ -46,7 +47,7 @@ def test_a_port_taken_by_another_process_before_the_server_is_refused_before_any
     message = str(raised.value)
     assert message.startswith(f"127.0.0.1:{impostor.server_port} is answered by a process evalkit did not start "
                               f"(pid {os.getpid()})") and "nothing was sent to it" in message, message
-    assert [path for path, _ in Healthy.seen] == ["/health"]
+    assert Healthy.seen == []
 
 
 def routable_address():
@@ -87,3 +88,22 @@ def test_a_key_bound_for_plain_http_to_another_host_is_said_in_one_line(tmp_path
                           "over plain http://, unencrypted on the network: use https:// there"]
     else:
         assert warned == []
+
+
+def test_a_link_planted_at_the_servers_log_is_refused_before_the_server_starts(tmp_path, monkeypatch):
+    """The server's log has a predictable name (.servers/server-<port>.log in a shared output folder): a link
+    planted there, to a file of the user who runs evalkit, is refused in one line before any process starts, and
+    the file it points at is not appended to."""
+    from evalkit.untrusted import PlantedFile
+
+    started = []
+    monkeypatch.setattr("evalkit.engine.machine.tuning.choices_for", lambda cfg, model_dir: [])
+    monkeypatch.setattr(start.subprocess, "Popen", lambda *a, **k: started.append(a))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept\n")
+    log = tmp_path / "server.log"
+    log.symlink_to(victim)
+    cfg = compose_config(["engine=served", "endpoint.serve=true", f"output_dir={tmp_path}"])
+    with pytest.raises(PlantedFile, match=f"^{log} is a link: evalkit writes nothing through it"):
+        start.start_server(cfg, str(tmp_path), log=log)
+    assert victim.read_text() == "kept\n" and started == []
