@@ -47,6 +47,9 @@ class OomRetry:
     utilization_step: float = 0.1  # lower gpu_memory_utilization by this much per try...
     utilization_floor: float = 0.5  # ...down to this
     max_num_seqs: list[int] = field(default_factory=lambda: [64, 16, 4])  # then fewer sequences at once
+    # a profiling run out of memory (before the utilization applies) steps vLLM's max_num_batched_tokens down these
+    # first, then fewer sequences and eager
+    max_num_batched_tokens: list[int] = field(default_factory=lambda: [8192, 4096, 2048])
     eager: bool = True  # last, enforce_eager=true (no CUDA graphs)
     max_attempts: int = 10
 
@@ -170,8 +173,10 @@ def devices_needed(cfg: EvalConfig) -> int:
 
 def memory_settings(cfg: EvalConfig) -> dict[str, Any]:
     """The settings the OOM back-off changes, as recorded for each try."""
+    tokens = cfg.engine_kwargs.get("max_num_batched_tokens")
     return {"gpu_memory_utilization": cfg.gpu_memory_utilization, "batch_size": cfg.batch_size,
-            "enforce_eager": bool(cfg.engine_kwargs.get("enforce_eager", False))}
+            "enforce_eager": bool(cfg.engine_kwargs.get("enforce_eager", False)),
+            **({"max_num_batched_tokens": tokens} if tokens is not None else {})}
 
 
 def register_configs() -> None:

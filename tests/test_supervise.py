@@ -442,3 +442,79 @@ def test_a_try_that_ignores_the_stop_is_killed_and_leaves_nothing(tmp_path, sign
     assert run.stderr.read().strip() == "evalkit: error: stopped: by SIGINT; finished answers are kept for a rerun"
     assert live_members(try_pid) == []
     assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "result").exists()
+
+
+# --- the kernel's out-of-memory killer: the machine's memory, not the GPUs' (its counter faked in a file) ---
+# The try counts one more kill in the kernel's counter (VMSTAT, /proc/vmstat's oom_kill) where KILLED_BY_OOM is
+# set, as the kernel does when its out-of-memory killer ends a process; then it dies by SIGKILL ("try") or reports
+# its engine dead ("engine", an EngineCore killed under it).
+OOM_TRY = r'''
+import json, os, re, signal, sys
+vmstat = os.environ["FAKE_VMSTAT"]
+if os.environ.get("KILLED_BY_OOM"):
+    count = int(re.search(r"oom_kill (\d+)", open(vmstat).read()).group(1))
+    open(vmstat, "w").write(f"pgfault 10\noom_kill {count + 1}\n")
+if os.environ["KILLED"] == "engine":
+    print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+          "{'EngineCore_DP0': -9}", flush=True)
+    open(sys.argv[-2], "w").write(json.dumps({"status": "error", "message": "RuntimeError: Engine core "
+                                              "initialization failed. See root cause above."}))
+else:
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.fixture
+def oom_try(tmp_path, monkeypatch):
+    """oom_try(killed, by_oom, on_gpus): the Outcome of one try of OOM_TRY."""
+    from evalkit.run import supervise as module
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 10\noom_kill 3\n")
+    monkeypatch.setattr(module, "VMSTAT", str(vmstat))
+    monkeypatch.setenv("FAKE_VMSTAT", str(vmstat))
+    (tmp_path / "try.py").write_text(OOM_TRY)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'try.py'} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+
+    def run(killed: str, by_oom: bool, on_gpus: bool) -> Outcome:
+        monkeypatch.setenv("KILLED", killed)
+        if by_oom:
+            monkeypatch.setenv("KILLED_BY_OOM", "1")
+        else:
+            monkeypatch.delenv("KILLED_BY_OOM", raising=False)
+        return module.Attempt(cfg(), [], on_line=lambda line: None, on_gpus=on_gpus).wait()
+
+    return run
+
+
+def test_the_kernels_oom_killer_on_a_gpu_run_fails_in_one_line_naming_the_machines_memory(oom_try):
+    """Lowering gpu_memory_utilization (four full restarts of a TP=4 engine) cannot give the machine memory."""
+    outcome = oom_try("try", by_oom=True, on_gpus=True)
+    assert outcome.status == "error" and outcome.message == (
+        "the kernel's out-of-memory killer ended the try (SIGKILL): the machine's memory ran out; that is the "
+        "machine's memory, not the GPUs', which no smaller GPU setting frees: stop what else holds it, or run where "
+        "more is free")
+    engine = oom_try("engine", by_oom=True, on_gpus=True)
+    assert engine.status == "error" and engine.message.startswith(
+        "the kernel's out-of-memory killer ended a process of the try: the machine's memory ran out (not the GPUs') "
+        "<- RuntimeError: Engine core initialization failed.")
+    _, attempts = run_with_retries(cfg(), lambda settings, history: outcome)
+    assert len(attempts) == 1
+
+
+def test_oom_kills_on_a_cpu_engine_back_off_and_a_sigkill_from_outside_is_not_retried(oom_try):
+    """On vLLM's CPU build the machine's memory is the engine's (gpu_memory_utilization sizes its KV cache there):
+    the back-off applies. A SIGKILL the kernel's counter does not show is someone's, not a lack of memory."""
+    cpu = oom_try("try", by_oom=True, on_gpus=False)
+    assert (cpu.status, cpu.memory_kind) == ("memory", "pressure")
+    assert cpu.message == "the kernel's out-of-memory killer ended the try (SIGKILL): the machine's memory ran out"
+    engine = oom_try("engine", by_oom=True, on_gpus=False)
+    assert (engine.status, engine.memory_kind) == ("memory", "pressure")
+    for on_gpus in (True, False):
+        outside = oom_try("try", by_oom=False, on_gpus=on_gpus)
+        assert outside.status == "error" and outside.message == (
+            "the try was killed by SIGKILL from outside (not by evalkit, nor by the kernel's out-of-memory killer)")
+    assert oom_try("engine", by_oom=False, on_gpus=True).status == "error"
