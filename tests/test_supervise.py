@@ -518,3 +518,58 @@ def test_oom_kills_on_a_cpu_engine_back_off_and_a_sigkill_from_outside_is_not_re
         assert outside.status == "error" and outside.message == (
             "the try was killed by SIGKILL from outside (not by evalkit, nor by the kernel's out-of-memory killer)")
     assert oom_try("engine", by_oom=False, on_gpus=True).status == "error"
+
+
+# --- on a shared node, the wait after a try is for the engine's own GPUs (GPUs faked at NVML) ---
+# Eight H100s; the run's engine takes the first four (tensor_parallel_size=4). While try 1 runs, another job grows
+# on GPU 7 and keeps it; try 1's own GPUs have their memory back at once.
+NEIGHBOUR_TRY = r'''
+import json, os, sys
+spec_file, outcome_file = sys.argv[-3:-1]
+spec, gpus_file = json.loads(open(spec_file).read()), os.environ["FAKE_NVML"][1:]
+if spec["attempts"]:
+    run_dir = os.path.join(spec["config"]["output_dir"], spec["config"]["model_name"], "run1")
+    os.makedirs(run_dir)
+    outcome = {"status": "ok", "run_dir": run_dir}
+else:
+    gpus = json.loads(open(gpus_file).read())
+    gpus[7]["free"] = 20 << 30
+    open(gpus_file, "w").write(json.dumps(gpus))
+    outcome = {"status": "error", "message": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+open(outcome_file, "w").write(json.dumps(outcome))
+'''
+
+
+def test_after_a_try_the_supervisor_waits_for_its_engines_gpus_not_a_neighbours(tmp_path, monkeypatch, capsys):
+    from evalkit.run import supervise as module
+    from tests.fake_gpus import on_fake_gpus
+
+    nodes = [{"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "total": 80 << 30, "free": 79 << 30}
+             for i in range(8)]
+    on_fake_gpus(monkeypatch, tmp_path / "machine", nodes)
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps(nodes))
+    monkeypatch.setenv("FAKE_NVML", f"@{nvml}")
+    monkeypatch.setattr(module.preflight, "check_devices", lambda *args: None)
+    monkeypatch.setattr(module.preflight, "check_model", lambda cfg, *args: cfg.gpu_memory_utilization)
+    monkeypatch.setattr(module.preflight, "resolve_model_path", lambda path: path)
+    monkeypatch.setattr(module, "GPU_MEMORY_WAIT", 2.0)
+    (tmp_path / "try.py").write_text(NEIGHBOUR_TRY)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'try.py'} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    supervise(cfg(output_dir=str(tmp_path / "result"), tensor_parallel_size=4))
+    shown = capsys.readouterr().err
+    assert "evalkit: succeeded on try 2" in shown and "GPU 7" not in shown and "GiB free" not in shown, shown
+
+    from evalkit.run.supervise import engine_devices
+
+    visible = module.environment.devices_now()
+    assert [g.uuid for g in engine_devices(cfg(tensor_parallel_size=4), visible)] == [f"GPU-{i}" for i in range(4)]
+    assert len(engine_devices(cfg(tensor_parallel_size=2, data_parallel_size=2), visible)) == 4  # a Ray started here
+    from evalkit.config import Cluster, Endpoint
+
+    assert len(engine_devices(cfg(data_parallel_size=2, cluster=Cluster(address="auto")), visible)) == 8  # Ray's choice
+    assert len(engine_devices(cfg(engine="hf"), visible)) == 1
+    assert engine_devices(cfg(engine="served", endpoint=Endpoint(url="http://127.0.0.1:1/v1")), visible) == []

@@ -7,8 +7,8 @@ When a try fails for lack of memory it is retried with smaller settings (:func:`
 finished work. A try stopped by a signal from outside is not retried (:class:`RunStopped`); any other
 failure stops at once with its message. After every try the whole process group is killed and waited for
 until it is empty (evalkit/engine/machine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it, and
-then, on GPUs, waited for until NVML shows each GPU's memory free again as before the first try, at most
-``GPU_MEMORY_WAIT`` seconds (engine processes outside the group, a data-parallel actor's, may hold it a little
+then, on GPUs, waited for until NVML shows each of the engine's GPUs (:func:`engine_devices`, not every GPU of a
+shared node) with its memory free again as before the first try, at most ``GPU_MEMORY_WAIT`` seconds (engine processes outside the group, a data-parallel actor's, may hold it a little
 longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C, SIGTERM and a Slurm job's notice (SIGUSR2, attempt.stop_signals) send SIGTERM to the try's group (the try records "stopped"
 and kills its group) and never wait in the handler: the main thread sits in the try's ``wait()``, which then
 returns, and ends the run in its own time (the group gone, the try's temporary folder removed). A try whose
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalkit.engine.machine import environment, forks, gpus, preflight
-from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
+from evalkit.config import ConfigError, EvalConfig, devices_needed, memory_settings, validate
 from evalkit.engine.backoff import classify, next_settings, resolved_tokens, root_cause, weights_failure
 from evalkit.engine.machine.process_group import end_group, signal_group
 from evalkit.store.fingerprint import answers_key
@@ -275,7 +275,7 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     outcome: Outcome | None = None
     try:
         terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
-        before = [] if cfg.engine == "served" and not cfg.endpoint.serve else environment.devices_now()
+        before = engine_devices(cfg, environment.devices_now())
         outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current, stops, before))
     finally:
         for s, handler in previous.items():
@@ -300,6 +300,22 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
         print(f"evalkit: succeeded on try {len(attempts)} with {attempts[-1]['settings']}; "
               f"pin these settings to skip the failed tries", file=sys.stderr)
     return Path(outcome.run_dir)
+
+
+def engine_devices(cfg: EvalConfig, visible: list[Any]) -> list[Any]:
+    """The devices of visible (this process's, in CUDA_VISIBLE_DEVICES order) the run's engines compute on, whose
+    memory the supervisor waits for after each try: a vLLM engine's ranks take the first tensor x pipeline of them,
+    and the data-parallel engines of a Ray started here the first of them in turn (devices_needed); the HF engine
+    one (all with device_map=auto, none on the CPU); a server evalkit did not start, none. Where Ray places
+    engines on a cluster, evalkit cannot tell which of this machine's devices they take: all of them."""
+    if cfg.engine == "served" and not cfg.endpoint.serve:
+        return []
+    if cfg.cluster.address is not None or cfg.distributed_executor_backend == "ray":
+        return list(visible)
+    if cfg.engine == "hf":
+        device_map = cfg.engine_kwargs.get("device_map")
+        return list(visible) if device_map == "auto" else [] if device_map == "cpu" else list(visible[:1])
+    return list(visible[:devices_needed(cfg)])
 
 
 def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Attempt], stops: list[str],
