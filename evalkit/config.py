@@ -148,7 +148,9 @@ class EvalConfig:
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
     log_samples: bool = True
     resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/store/requests.py)
-    chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
+    # requests per engine call; a crash loses at most one chunk (generations: at least 4 x the sequences the engine
+    # runs at once, evalkit/store/requests.py generation_chunk)
+    chunk_size: int = 256
     # top log-probabilities recorded at every scored position, beside the samples, for the divergence between two
     # runs (docs/divergence.md, "What a run records"); 0: record nothing. 20: vLLM reads them in the same pass as
     # the scores and generations (+11 % on the benchmark tasks without the engine's start), a position stays
