@@ -50,7 +50,9 @@ def main(argv: list[str]) -> None:
     now = generation_chunk(1, engine.describe())
     chunkings = [("a quarter of max_num_seqs (before)", max(1, seqs // 4)), ("max_num_seqs", seqs),
                  (f"{FILL} x max_num_seqs (evalkit)", now)]
+    started = time.perf_counter()
     engine.generate(requests[:options.batch_size])  # warm-up: the first call's one-off costs
+    print(f"chunking: warm-up {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     rows = []
     for name, chunk in chunkings:
         with tempfile.TemporaryDirectory() as folder:
@@ -61,6 +63,7 @@ def main(argv: list[str]) -> None:
             store.store.close()
         tokens = sum(a.output_tokens for a in answers)
         rows.append([name, chunk, -(-len(requests) // chunk), f"{seconds:.1f}", f"{tokens / seconds:.0f}"])
+        print(f"chunking: {name}: {seconds:.1f} s", file=sys.stderr, flush=True)
     engine.close()
     print(f"{options.requests} generations ({options.short} tokens, one in eight {options.long}), max_num_seqs={seqs}")
     print(tabulate(rows, headers=["chunks of", "requests", "generate calls", "seconds", "tokens/s"]))
