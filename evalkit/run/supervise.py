@@ -8,8 +8,8 @@ finished work. A try stopped by a signal from outside is not retried (:class:`Ru
 failure stops at once with its message. After every try the whole process group is killed and waited for
 until it is empty (evalkit/engine/machine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it, and
 then, on GPUs, waited for until NVML shows each of the engine's GPUs (:func:`engine_devices`, not every GPU of a
-shared node) with its memory free again as before the first try, at most ``GPU_MEMORY_WAIT`` seconds (engine processes outside the group, a data-parallel actor's, may hold it a little
-longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C, SIGTERM and a Slurm job's notice (SIGUSR2, attempt.stop_signals) send SIGTERM to the try's group (the try records "stopped"
+shared node) with its memory free again as before the first try, at most ``GPU_MEMORY_WAIT`` seconds (engine
+processes outside the group, a data-parallel actor's, may hold it a little longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C, SIGTERM and a Slurm job's notice (SIGUSR2, attempt.stop_signals) send SIGTERM to the try's group (the try records "stopped"
 and kills its group) and never wait in the handler: the main thread sits in the try's ``wait()``, which then
 returns, and ends the run in its own time (the group gone, the try's temporary folder removed). A try whose
 supervisor dies kills its own group when the pipe it watches closes (evalkit/run/attempt.py).

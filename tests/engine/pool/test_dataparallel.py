@@ -85,8 +85,9 @@ def test_an_engine_no_node_can_hold_fails_in_one_line_though_the_clusters_total_
                                "pipeline_parallel_size = 8; the nodes have 4, 4, 4, 4 GPUs): pass tensor_parallel_size "
                                "x pipeline_parallel_size of 4 or less, or join a node with 8 GPUs")
     four = compose_config(["data_parallel_size=2", "tensor_parallel_size=4"])
-    with pytest.raises(ConfigError, match=r"^data_parallel_size=2 engines of 4 GPUs each do not fit on the Ray nodes at "
-                                          r"once \(1 do; the nodes have 2, 6 GPUs\): lower data_parallel_size$"):
+    with pytest.raises(ConfigError, match=r"^data_parallel_size=2 engines of 4 GPUs each do not fit on the Ray "
+                                          r"nodes at once \(1 do; the nodes have 2, 6 GPUs\): lower "
+                                          r"data_parallel_size$"):
         check_nodes(four, actor_resources(four, {"GPU": 8.0}), [{"CPU": 8.0, "GPU": 2.0}, {"CPU": 8.0, "GPU": 6.0}])
     check_nodes(four, actor_resources(four, {"GPU": 8.0}), [{"CPU": 8.0, "GPU": 4.0}] * 2)
     npus = actor_resources(four, {"NPU": 8.0, "CPU": 8.0})

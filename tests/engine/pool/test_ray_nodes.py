@@ -106,7 +106,8 @@ class Holder:
 holder = ray.remote(num_gpus=6, num_cpus=0)(Holder).remote()  # another job's, on the 6-GPU node
 ray.get(holder.ready.remote(), timeout=120)
 replicas.PLACE_WAIT = 5.0
-pool = replicas.Replicas(compose_config(["cluster.address=auto", "data_parallel_size=4", "tensor_parallel_size=2"]), "m")
+pool = replicas.Replicas(compose_config(["cluster.address=auto", "data_parallel_size=4", "tensor_parallel_size=2"]),
+                         "m")
 try:
     pool.start()
 except RuntimeError as error:
