@@ -13,12 +13,14 @@ gpu_hf.py) and records its figures, or its error, in one JSON file; one part's f
 5. ``driver_cuda``: the driver's CUDA version (``gpus.driver_cuda``) against ``torch.version.cuda``.
 6. ``hf_batch``: the HF engine's bfloat16 log-likelihoods at batch 1 against batch 16, on a small random Llama.
 
-Without a GPU, parts 2, 3 and 6 are recorded as skipped and the rest run on the CPU. On a machine without
-hydra-core and omegaconf (evalkit's config needs them), ``--pack-deps DIR`` here copies them (pure Python, about
-2 MB) and ``--deps DIR`` there puts them on the path.
+Without a GPU, parts 2, 3, 5 and 6 are recorded as skipped and the rest run on the CPU. A part that cannot measure
+what it is for says so in its status ("not measured: ..."), never "ok": on a GPU machine without nvidia-ml-py's
+``pynvml`` (evalkit's dependency, not torch's), parts 2, 3 and 5, which read NVML. On a machine without
+hydra-core, omegaconf or nvidia-ml-py, ``--pack-deps DIR`` here copies them (pure Python, about 2 MB) and
+``--deps DIR`` there puts them on the path.
 
 Run from the repository root: ``python -m benchmarks.gpu_check --out gpu_check.json``. Exit status: 0 every
-part ran or was skipped, 1 one failed (its error is in the file).
+part ran, was skipped or could not measure (its status says which), 1 one failed (its error is in the file).
 """
 
 from __future__ import annotations
@@ -39,8 +41,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPS = {"hydra": "hydra_core", "omegaconf": "omegaconf", "antlr4": "antlr4_python3_runtime"}  # module: dist-info
+# module: dist-info (pynvml is one file, nvidia-ml-py's)
+DEPS = {"hydra": "hydra_core", "omegaconf": "omegaconf", "antlr4": "antlr4_python3_runtime", "pynvml": "nvidia_ml_py"}
 NO_CUDA = "skipped: no CUDA device"
+NOT_MEASURED = "not measured: "
+NO_NVML = (NOT_MEASURED + "NVML unavailable (GPUs found by {how}); nvidia-ml-py's pynvml is evalkit's dependency, "
+           "not torch's: pip install nvidia-ml-py, or bring it with --pack-deps/--deps")
+
+
+class NotMeasured(Exception):
+    """A part found nothing to measure (a reading it needs came back empty); the message says which."""
 HOLD = 0.9  # share of the free GPU memory the killed process holds
 BACK_WAIT = 60.0  # seconds to wait for the memory to come back
 
@@ -50,8 +60,13 @@ def pack_deps(folder: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     for module, dist in DEPS.items():
-        package = Path(importlib.util.find_spec(module).origin).parent
-        shutil.copytree(package, folder / module, ignore=skip, dirs_exist_ok=True)
+        origin = Path(importlib.util.find_spec(module).origin)
+        if origin.name == "__init__.py":
+            package = origin.parent
+            shutil.copytree(package, folder / module, ignore=skip, dirs_exist_ok=True)
+        else:  # a module of one file
+            package = origin
+            shutil.copy2(origin, folder / origin.name)
         for info in package.parent.glob(f"{dist}-*.dist-info"):
             shutil.copytree(info, folder / info.name, ignore=skip, dirs_exist_ok=True)
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
@@ -101,6 +116,8 @@ def release(deps: Path | None) -> dict[str, Any]:
     from evalkit.engine.machine.process_group import end_group
 
     before = gpus.visible_gpus()
+    if not before or before[0].free_bytes is None:
+        raise NotMeasured(f"NVML gives no free memory for the GPU ({gpus.how_found()})")
     holder = subprocess.Popen([sys.executable, "-m", "benchmarks.common.gpu_roles", "hold", str(HOLD)],
                               stdout=subprocess.PIPE, cwd=ROOT, env=child_env(deps), start_new_session=True)
     try:
@@ -134,6 +151,8 @@ def driver_cuda() -> dict[str, Any]:
     from evalkit.engine.machine import gpus
 
     driver = gpus.driver_cuda()
+    if driver is None:
+        raise NotMeasured("NVML gives no driver CUDA version")
     built = torch.version.cuda
     supports = None
     if driver and built:
@@ -146,13 +165,26 @@ def hf_batch(device: str, deps: Path | None) -> dict[str, Any]:
     return role("benchmarks.common.gpu_hf", device, deps=deps, timeout=300)
 
 
-def run_part(name: str, part: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
-    if part is None:
-        print(f"{name}: {NO_CUDA}", flush=True)
-        return {"status": NO_CUDA}
+def cannot_measure(found: list[Any], how: str, torch_cuda: str | None) -> dict[str, str | None]:
+    """Why each part that needs the GPU cannot measure here (NO_CUDA, NO_NVML), None for one that can."""
+    if not found or torch_cuda is None:
+        return {name: NO_CUDA for name in ("memory", "release", "driver_cuda")}
+    nvml = None if how == "nvml" else NO_NVML.format(how=how)
+    return {"memory": nvml, "release": nvml, "driver_cuda": nvml}
+
+
+def run_part(name: str, part: Callable[[], dict[str, Any]] | None, why_not: str | None = None) -> dict[str, Any]:
+    """The part's figures with status "ok", or "failed" with its error; without running it, why_not as its status
+    (a skip or a "not measured"); a part that raises NotMeasured is "not measured" too, never "ok"."""
+    if part is None or why_not:
+        status = why_not or NO_CUDA
+        print(f"{name}: {status}", flush=True)
+        return {"status": status}
     started = time.perf_counter()
     try:
         figures = {"status": "ok", **part()}
+    except NotMeasured as error:
+        figures = {"status": f"{NOT_MEASURED}{error}"}
     except Exception as error:  # recorded; the other parts still run
         figures = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
     figures["seconds"] = round(time.perf_counter() - started, 2)
@@ -172,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="the JSON file the figures go to")
     parser.add_argument("--deps", type=Path, help="a folder made by --pack-deps, put on the path")
-    parser.add_argument("--pack-deps", type=Path, metavar="DIR", help="copy hydra-core, omegaconf and antlr4 to DIR")
+    parser.add_argument("--pack-deps", type=Path, metavar="DIR",
+                        help="copy hydra-core, omegaconf, antlr4 and nvidia-ml-py to DIR")
     parser.add_argument("--hf-device", choices=("cuda", "cpu"), help="where part 6 runs (default: cuda, if any)")
     args = parser.parse_args(argv)
     if args.pack_deps:
@@ -191,13 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     cuda = bool(found) and torch.version.cuda is not None
     device = "cuda" if cuda else "cpu"
     hf_device = args.hf_device or (device if cuda else None)
+    why_not = cannot_measure(found, how, torch.version.cuda)
     started = time.perf_counter()
     parts = {
         "guard_fork": run_part("guard_fork", lambda: guard_fork(device, deps)),
-        "memory": run_part("memory", (lambda: memory(deps)) if cuda else None),
-        "release": run_part("release", (lambda: release(deps)) if cuda else None),
+        "memory": run_part("memory", lambda: memory(deps), why_not["memory"]),
+        "release": run_part("release", lambda: release(deps), why_not["release"]),
         "collect_env": run_part("collect_env", lambda: collect_env(deps)),
-        "driver_cuda": run_part("driver_cuda", driver_cuda),
+        "driver_cuda": run_part("driver_cuda", driver_cuda, why_not["driver_cuda"]),
         "hf_batch": run_part("hf_batch", (lambda: hf_batch(hf_device, deps)) if hf_device else None),
     }
     record = {"benchmark": "benchmarks.gpu_check", "date": datetime.datetime.now().astimezone().isoformat(),

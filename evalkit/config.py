@@ -57,6 +57,9 @@ class OomRetry:
     utilization_step: float = 0.1  # lower gpu_memory_utilization by this much per try...
     utilization_floor: float = 0.5  # ...down to this
     max_num_seqs: list[int] = field(default_factory=lambda: [64, 16, 4])  # then fewer sequences at once
+    # a profiling run out of memory (before the utilization applies) steps vLLM's max_num_batched_tokens down these
+    # first, then fewer sequences and eager
+    max_num_batched_tokens: list[int] = field(default_factory=lambda: [8192, 4096, 2048])
     eager: bool = True  # last, enforce_eager=true (no CUDA graphs)
     max_attempts: int = 10
 
@@ -174,7 +177,9 @@ class EvalConfig:
     output_dir: str = "result"  # runs land in <output_dir>/<model_name>/<run id>/
     log_samples: bool = True
     resume: bool = True  # reuse answers a killed or failed run already computed (evalkit/store/requests.py)
-    chunk_size: int = 256  # requests per engine call; a crash loses at most one chunk
+    # requests per engine call; a crash loses at most one chunk (generations: at least 4 x the sequences the engine
+    # runs at once, evalkit/store/requests.py generation_chunk)
+    chunk_size: int = 256
     # top log-probabilities recorded at every scored position, beside the samples, for the divergence between two
     # runs (docs/divergence.md, "What a run records"); 0: record nothing. 20: vLLM reads them in the same pass as
     # the scores and generations (+11 % on the benchmark tasks without the engine's start), a position stays
@@ -200,8 +205,10 @@ def devices_needed(cfg: EvalConfig) -> int:
 
 def memory_settings(cfg: EvalConfig) -> dict[str, Any]:
     """The settings the OOM back-off changes, as recorded for each try."""
+    tokens = cfg.engine_kwargs.get("max_num_batched_tokens")
     return {"gpu_memory_utilization": cfg.gpu_memory_utilization, "batch_size": cfg.batch_size,
-            "enforce_eager": bool(cfg.engine_kwargs.get("enforce_eager", False))}
+            "enforce_eager": bool(cfg.engine_kwargs.get("enforce_eager", False)),
+            **({"max_num_batched_tokens": tokens} if tokens is not None else {})}
 
 
 def register_configs() -> None:

@@ -442,3 +442,134 @@ def test_a_try_that_ignores_the_stop_is_killed_and_leaves_nothing(tmp_path, sign
     assert run.stderr.read().strip() == "evalkit: error: stopped: by SIGINT; finished answers are kept for a rerun"
     assert live_members(try_pid) == []
     assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "result").exists()
+
+
+# --- the kernel's out-of-memory killer: the machine's memory, not the GPUs' (its counter faked in a file) ---
+# The try counts one more kill in the kernel's counter (VMSTAT, /proc/vmstat's oom_kill) where KILLED_BY_OOM is
+# set, as the kernel does when its out-of-memory killer ends a process; then it dies by SIGKILL ("try") or reports
+# its engine dead ("engine", an EngineCore killed under it).
+OOM_TRY = r'''
+import json, os, re, signal, sys
+vmstat = os.environ["FAKE_VMSTAT"]
+if os.environ.get("KILLED_BY_OOM"):
+    count = int(re.search(r"oom_kill (\d+)", open(vmstat).read()).group(1))
+    open(vmstat, "w").write(f"pgfault 10\noom_kill {count + 1}\n")
+if os.environ["KILLED"] == "engine":
+    print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+          "{'EngineCore_DP0': -9}", flush=True)
+    open(sys.argv[-2], "w").write(json.dumps({"status": "error", "message": "RuntimeError: Engine core "
+                                              "initialization failed. See root cause above."}))
+else:
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.fixture
+def oom_try(tmp_path, monkeypatch):
+    """oom_try(killed, by_oom, on_gpus): the Outcome of one try of OOM_TRY."""
+    from evalkit.run import supervise as module
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 10\noom_kill 3\n")
+    monkeypatch.setattr(module, "VMSTAT", str(vmstat))
+    monkeypatch.setenv("FAKE_VMSTAT", str(vmstat))
+    (tmp_path / "try.py").write_text(OOM_TRY)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'try.py'} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+
+    def run(killed: str, by_oom: bool, on_gpus: bool) -> Outcome:
+        monkeypatch.setenv("KILLED", killed)
+        if by_oom:
+            monkeypatch.setenv("KILLED_BY_OOM", "1")
+        else:
+            monkeypatch.delenv("KILLED_BY_OOM", raising=False)
+        return module.Attempt(cfg(), [], on_line=lambda line: None, on_gpus=on_gpus).wait()
+
+    return run
+
+
+def test_the_kernels_oom_killer_on_a_gpu_run_fails_in_one_line_naming_the_machines_memory(oom_try):
+    """Lowering gpu_memory_utilization (four full restarts of a TP=4 engine) cannot give the machine memory."""
+    outcome = oom_try("try", by_oom=True, on_gpus=True)
+    assert outcome.status == "error" and outcome.message == (
+        "the kernel's out-of-memory killer ended the try (SIGKILL): the machine's memory ran out; that is the "
+        "machine's memory, not the GPUs', which no smaller GPU setting frees: stop what else holds it, or run where "
+        "more is free")
+    engine = oom_try("engine", by_oom=True, on_gpus=True)
+    assert engine.status == "error" and engine.message.startswith(
+        "the kernel's out-of-memory killer ended a process of the try: the machine's memory ran out (not the GPUs') "
+        "<- RuntimeError: Engine core initialization failed.")
+    _, attempts = run_with_retries(cfg(), lambda settings, history: outcome)
+    assert len(attempts) == 1
+
+
+def test_oom_kills_on_a_cpu_engine_back_off_and_a_sigkill_from_outside_is_not_retried(oom_try):
+    """On vLLM's CPU build the machine's memory is the engine's (gpu_memory_utilization sizes its KV cache there):
+    the back-off applies. A SIGKILL the kernel's counter does not show is someone's, not a lack of memory."""
+    cpu = oom_try("try", by_oom=True, on_gpus=False)
+    assert (cpu.status, cpu.memory_kind) == ("memory", "pressure")
+    assert cpu.message == "the kernel's out-of-memory killer ended the try (SIGKILL): the machine's memory ran out"
+    engine = oom_try("engine", by_oom=True, on_gpus=False)
+    assert (engine.status, engine.memory_kind) == ("memory", "pressure")
+    for on_gpus in (True, False):
+        outside = oom_try("try", by_oom=False, on_gpus=on_gpus)
+        assert outside.status == "error" and outside.message == (
+            "the try was killed by SIGKILL from outside (not by evalkit, nor by the kernel's out-of-memory killer)")
+    assert oom_try("engine", by_oom=False, on_gpus=True).status == "error"
+
+
+# --- on a shared node, the wait after a try is for the engine's own GPUs (GPUs faked at NVML) ---
+# Eight H100s; the run's engine takes the first four (tensor_parallel_size=4). While try 1 runs, another job grows
+# on GPU 7 and keeps it; try 1's own GPUs have their memory back at once.
+NEIGHBOUR_TRY = r'''
+import json, os, sys
+spec_file, outcome_file = sys.argv[-3:-1]
+spec, gpus_file = json.loads(open(spec_file).read()), os.environ["FAKE_NVML"][1:]
+if spec["attempts"]:
+    run_dir = os.path.join(spec["config"]["output_dir"], spec["config"]["model_name"], "run1")
+    os.makedirs(run_dir)
+    outcome = {"status": "ok", "run_dir": run_dir}
+else:
+    gpus = json.loads(open(gpus_file).read())
+    gpus[7]["free"] = 20 << 30
+    open(gpus_file, "w").write(json.dumps(gpus))
+    outcome = {"status": "error", "message": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+open(outcome_file, "w").write(json.dumps(outcome))
+'''
+
+
+def test_after_a_try_the_supervisor_waits_for_its_engines_gpus_not_a_neighbours(tmp_path, monkeypatch, capsys):
+    from evalkit.run import supervise as module
+    from tests.fake_gpus import on_fake_gpus
+
+    nodes = [{"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "total": 80 << 30, "free": 79 << 30}
+             for i in range(8)]
+    on_fake_gpus(monkeypatch, tmp_path / "machine", nodes)
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps(nodes))
+    monkeypatch.setenv("FAKE_NVML", f"@{nvml}")
+    monkeypatch.setattr(module.preflight, "check_devices", lambda *args: None)
+    monkeypatch.setattr(module.preflight, "check_model", lambda cfg, *args: cfg.gpu_memory_utilization)
+    monkeypatch.setattr(module.preflight, "resolve_model_path", lambda path: path)
+    monkeypatch.setattr(module, "GPU_MEMORY_WAIT", 2.0)
+    (tmp_path / "try.py").write_text(NEIGHBOUR_TRY)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'try.py'} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    supervise(cfg(output_dir=str(tmp_path / "result"), tensor_parallel_size=4))
+    shown = capsys.readouterr().err
+    assert "evalkit: succeeded on try 2" in shown and "GPU 7" not in shown and "GiB free" not in shown, shown
+
+    from evalkit.run.supervise import engine_devices
+
+    visible = module.environment.devices_now()
+    assert [g.uuid for g in engine_devices(cfg(tensor_parallel_size=4), visible)] == [f"GPU-{i}" for i in range(4)]
+    assert len(engine_devices(cfg(tensor_parallel_size=2, data_parallel_size=2), visible)) == 4  # a Ray started here
+    from evalkit.config import Cluster, Endpoint
+
+    assert len(engine_devices(cfg(data_parallel_size=2, cluster=Cluster(address="auto")), visible)) == 8  # Ray's choice
+    assert len(engine_devices(cfg(engine="hf"), visible)) == 1
+    assert engine_devices(cfg(engine="served", endpoint=Endpoint(url="http://127.0.0.1:1/v1")), visible) == []

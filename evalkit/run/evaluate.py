@@ -23,7 +23,7 @@ from evalkit.run.progress import Progress
 from evalkit.run.sources import task_sources
 from evalkit.store import replay
 from evalkit.store.fingerprint import fingerprint as model_fingerprint
-from evalkit.store.requests import RequestStore, ResumableEngine
+from evalkit.store.requests import RequestStore, ResumableEngine, generation_chunk
 from evalkit.engine.factory import start_engines
 from evalkit.engine.tokenizer import load_tokenizer
 from evalkit.engine.wrapper import Deferred
@@ -194,7 +194,8 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
         fingerprint = model_fingerprint(model_dir, description)
         if cfg.resume:
             answers = RequestStore(Path(cfg.output_dir) / cfg.model_name / ".requests" / f"{fingerprint}.jsonl")
-            engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg))
+            engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg),
+                                     generate_chunk=generation_chunk(cfg.chunk_size, description))
         def new_lm() -> EvalkitLM:
             return EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
                              add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,

@@ -7,9 +7,9 @@ When a try fails for lack of memory it is retried with smaller settings (:func:`
 finished work. A try stopped by a signal from outside is not retried (:class:`RunStopped`); any other
 failure stops at once with its message. After every try the whole process group is killed and waited for
 until it is empty (evalkit/engine/machine/process_group.py), so no ``VLLM::EngineCore`` or worker outlives it, and
-then, on GPUs, waited for until NVML shows each GPU's memory free again as before the first try, at most
-``GPU_MEMORY_WAIT`` seconds (engine processes outside the group, a data-parallel actor's, may hold it a little
-longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C, SIGTERM and a Slurm job's notice (SIGUSR2, attempt.stop_signals) send SIGTERM to the try's group (the try records "stopped"
+then, on GPUs, waited for until NVML shows each of the engine's GPUs (:func:`engine_devices`, not every GPU of a
+shared node) with its memory free again as before the first try, at most ``GPU_MEMORY_WAIT`` seconds (engine
+processes outside the group, a data-parallel actor's, may hold it a little longer), so the next try's start does not fit itself to memory that is about to come back. Ctrl-C, SIGTERM and a Slurm job's notice (SIGUSR2, attempt.stop_signals) send SIGTERM to the try's group (the try records "stopped"
 and kills its group) and never wait in the handler: the main thread sits in the try's ``wait()``, which then
 returns, and ends the run in its own time (the group gone, the try's temporary folder removed). A try whose
 supervisor dies kills its own group when the pipe it watches closes (evalkit/run/attempt.py).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,8 +40,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalkit.engine.machine import environment, forks, gpus, preflight
-from evalkit.config import ConfigError, EvalConfig, memory_settings, validate
-from evalkit.engine.backoff import classify, next_settings, root_cause, weights_failure
+from evalkit.config import ConfigError, EvalConfig, devices_needed, memory_settings, validate
+from evalkit.engine.backoff import classify, next_settings, resolved_tokens, root_cause, weights_failure
 from evalkit.engine.machine.process_group import end_group, signal_group
 from evalkit.store.fingerprint import answers_key
 from evalkit.engine.machine.tuning import Choice
@@ -65,11 +66,15 @@ class Outcome:
     status: str  # ok | config | memory | stopped | error
     message: str = ""
     run_dir: str | None = None
-    memory_kind: str | None = None  # pressure | kv_cache | graphs, for status "memory"
+    memory_kind: str | None = None  # a kind of backoff.classify but "weights", for status "memory"
     signal: str | None = None  # SIGTERM | SIGINT | SIGUSR2 (attempt.stop_signals), for status "stopped"
+    batched_tokens: int | None = None  # the max_num_batched_tokens the try's vLLM resolved, read off its log
 
 
 STOP_GRACE = 10.0  # seconds a signalled try has to end its group before SIGKILL
+# the kernel's counters; oom_kill counts the processes its out-of-memory killer ended on this machine (Linux 4.13)
+VMSTAT = "/proc/vmstat"
+HOST_OOM = "the kernel's out-of-memory killer ended {what}: the machine's memory ran out"
 GPU_MEMORY_WAIT = gpus.MEMORY_WAIT  # seconds, at most, the GPUs' memory has to come back after a try before the run goes on
 
 
@@ -86,7 +91,11 @@ def run_with_retries(cfg: EvalConfig, attempt: Callable[[EvalConfig, list], Outc
                          "seconds": round(time.perf_counter() - started, 1)})
         if outcome.status != "memory" or not cfg.oom_retry.enabled or len(attempts) >= cfg.oom_retry.max_attempts:
             return outcome, attempts
-        current = next_settings(current, outcome.memory_kind or "pressure", cfg.oom_retry)
+        following = next_settings(current, outcome.memory_kind or "pressure", cfg.oom_retry,
+                                  batched_tokens=outcome.batched_tokens)
+        if following is current and len(attempts) > 1 and attempts[-2]["settings"] == attempts[-1]["settings"]:
+            return outcome, attempts  # the same settings twice already (an unsteady profiling run): not a third time
+        current = following
     return outcome, attempts
 
 
@@ -101,7 +110,10 @@ class Attempt:
     """One try in ``python -m evalkit.run.attempt``, its own process group; each line of its output goes to
     on_line (from a reader thread) and its tail is kept."""
 
-    def __init__(self, cfg: EvalConfig, history: list, *, on_line: Callable[[str], None]) -> None:
+    def __init__(self, cfg: EvalConfig, history: list, *, on_line: Callable[[str], None],
+                 on_gpus: bool = False) -> None:
+        self.on_gpus = on_gpus  # the engine's memory is its GPUs' (else the machine's own: vLLM's CPU build)
+        self.oom_kills = oom_kills()
         self.work = Path(tempfile.mkdtemp(prefix="evalkit-attempt-"))
         spec = self.work / "spec.json"
         spec.write_text(json.dumps({"config": asdict(cfg), "attempts": history, "started_at": started_at()}))
@@ -182,9 +194,8 @@ class Attempt:
             outcome = Outcome(**json.loads(self.outcome_file.read_text()))
         else:
             outcome = Outcome(status="error", message=f"the try exited with code {code} and no outcome")
-            if code == -signal.SIGKILL and self.stop_asked is None:  # not by us: the kernel's out-of-memory killer
-                outcome = Outcome(status="memory", message="killed by SIGKILL (the system ran out of memory?)",
-                                  memory_kind="pressure")
+            if code == -signal.SIGKILL and self.stop_asked is None:  # not by us
+                return self._killed(self.host_oom())
         if outcome.status == "error":
             cause = root_cause(log)
             if cause and cause not in outcome.message:
@@ -193,8 +204,45 @@ class Attempt:
             if kind == "weights":
                 outcome = Outcome(status="error", message=weights_failure(outcome.message))
             elif kind:
-                outcome = Outcome(status="memory", message=outcome.message, memory_kind=kind)
+                outcome = Outcome(status="memory", message=outcome.message, memory_kind=kind,
+                                  batched_tokens=resolved_tokens(log))
+            elif self.host_oom():  # an engine process killed for the machine's memory: the try saw it die
+                what = HOST_OOM.format(what="a process of the try")
+                outcome = (Outcome(status="error", message=f"{what} (not the GPUs') <- {outcome.message}")
+                           if self.on_gpus else
+                           Outcome(status="memory", message=f"{what} <- {outcome.message}", memory_kind="pressure"))
         return outcome
+
+    def host_oom(self) -> bool | None:
+        """Whether the kernel's out-of-memory killer ended a process on this machine since the try started (None:
+        its counter cannot be read)."""
+        now = oom_kills()
+        return None if now is None or self.oom_kills is None else now > self.oom_kills
+
+    def _killed(self, host_oom: bool | None) -> Outcome:
+        """The outcome of a try killed by SIGKILL not sent by evalkit. The kernel's out-of-memory killer is memory
+        pressure only where the engine's memory is the machine's (vLLM's CPU build): on GPUs no smaller GPU
+        setting gives the machine memory, so the run fails in one line saying so. Another's SIGKILL is no lack
+        of memory at all."""
+        if host_oom is False:
+            return Outcome(status="error", message="the try was killed by SIGKILL from outside (not by evalkit, nor by "
+                                                   "the kernel's out-of-memory killer)")
+        what = (HOST_OOM.format(what="the try (SIGKILL)") if host_oom else "the try was killed by SIGKILL, not by "
+                "evalkit (the kernel's out-of-memory killer? the machine's memory ran out?)")
+        if not self.on_gpus:
+            return Outcome(status="memory", message=what, memory_kind="pressure")
+        return Outcome(status="error", message=f"{what}; that is the machine's memory, not the GPUs', which no "
+                                               "smaller GPU setting frees: stop what else holds it, or run where "
+                                               "more is free")
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of processes its out-of-memory killer ended on this machine (VMSTAT), or None."""
+    try:
+        found = re.search(r"^oom_kill (\d+)$", Path(VMSTAT).read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
 
 
 def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
@@ -227,7 +275,7 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     outcome: Outcome | None = None
     try:
         terminal = Terminal(sys.stderr, tty=sys.stderr.isatty())
-        before = [] if cfg.engine == "served" and not cfg.endpoint.serve else environment.devices_now()
+        before = engine_devices(cfg, environment.devices_now())
         outcome, attempts = run_with_retries(cfg, attempt_in_fresh_process(log, terminal, current, stops, before))
     finally:
         for s, handler in previous.items():
@@ -254,6 +302,22 @@ def supervise(cfg: EvalConfig, *, wait_for_lock: float = 0.0) -> Path:
     return Path(outcome.run_dir)
 
 
+def engine_devices(cfg: EvalConfig, visible: list[Any]) -> list[Any]:
+    """The devices of visible (this process's, in CUDA_VISIBLE_DEVICES order) the run's engines compute on, whose
+    memory the supervisor waits for after each try: a vLLM engine's ranks take the first tensor x pipeline of them,
+    and the data-parallel engines of a Ray started here the first of them in turn (devices_needed); the HF engine
+    one (all with device_map=auto, none on the CPU); a server evalkit did not start, none. Where Ray places
+    engines on a cluster, evalkit cannot tell which of this machine's devices they take: all of them."""
+    if cfg.engine == "served" and not cfg.endpoint.serve:
+        return []
+    if cfg.cluster.address is not None or cfg.distributed_executor_backend == "ray":
+        return list(visible)
+    if cfg.engine == "hf":
+        device_map = cfg.engine_kwargs.get("device_map")
+        return list(visible) if device_map == "auto" else [] if device_map == "cpu" else list(visible[:1])
+    return list(visible[:devices_needed(cfg)])
+
+
 def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Attempt], stops: list[str],
                              before: list[Any]) -> Callable[[EvalConfig, list], Outcome]:
     """The attempt function for run_with_retries: each try in a fresh process, its output to the log and
@@ -276,7 +340,7 @@ def attempt_in_fresh_process(log: RunLog, terminal: Terminal, current: list[Atte
         log.header(number, memory_settings(settings))
         if number > 1:
             print(f"evalkit: try {number} with {memory_settings(settings)}", file=sys.stderr)
-        current[:] = [Attempt(settings, history, on_line=on_line)]
+        current[:] = [Attempt(settings, history, on_line=on_line, on_gpus=bool(before))]
         if stops and current[0].stop_asked is None:  # the signal came while the try was being started
             current[0].interrupt()
         outcome = current[0].wait()

@@ -121,16 +121,33 @@ class RequestStore:
         self.origins.update((k, by) for k, _ in items)
 
 
+# generations per generate call, at least, in units of the sequences the engine runs at once: a call ends with its
+# slowest answer, while the engine runs fewer and fewer sequences; at 4, it runs full for three quarters of a call
+# at least (benchmarks/chunking.py measures it)
+FILL = 4
+
+
+def generation_chunk(chunk_size: int, description: dict[str, Any]) -> int:
+    """Requests per generate call: chunk_size, or FILL x the sequences the engine runs at once where that is more
+    (vLLM's max_num_seqs as it resolved it, times the data-parallel engines: 1,024 x 4 on an H100, where 256 left
+    three quarters of the engine idle). Scores are not chunked by it: a score request is one forward pass."""
+    seqs = (description.get("scheduling") or {}).get("max_num_seqs")
+    engines = (description.get("data_parallel") or {}).get("size") or 1
+    return max(chunk_size, FILL * int(seqs) * int(engines)) if seqs else chunk_size
+
+
 class ResumableEngine(Wrapped):
     """An Engine that answers from the store where it can and sends the rest in chunks, saving each. generate,
     score, trace and read_ids (a run's divergence record) go through the store; every other member, close() included, goes
     to the engine unchanged (Wrapped). scoring_counts() are the engine's: answers read from the store took no
     scoring path. close() frees the store, then closes the engine."""
 
-    def __init__(self, engine: Engine, store: RequestStore, chunk_size: int, settings: Any = None) -> None:
+    def __init__(self, engine: Engine, store: RequestStore, chunk_size: int, settings: Any = None,
+                 generate_chunk: int | None = None) -> None:
         super().__init__(engine)
         self.store = store
         self.chunk_size = chunk_size
+        self.generate_chunk = generate_chunk or chunk_size  # requests per generate call (generation_chunk)
         self.settings = settings  # this try's memory settings, recorded with each answer it computes
         self.counted: Counter = Counter()  # answers reused and computed: the requests a run asked
         self.traces: Counter = Counter()  # traces reused and computed, apart, for the divergence record
@@ -158,7 +175,7 @@ class ResumableEngine(Wrapped):
 
     def _run(self, requests: Sequence[Any], call: Callable[..., list], load: Callable[[dict], Any],
              progress: Progress | None, path: Callable[[Any], dict[str, Any] | None] = lambda r: None,
-             tally: Counter | None = None, dump: Callable[[Any], Any] = asdict) -> list:
+             tally: Counter | None = None, dump: Callable[[Any], Any] = asdict, chunk_size: int | None = None) -> list:
         """Each request answered from the store or by call in chunks, each chunk saved as dump(answer) (load
         reads it back); path(request) is keyed with it; reused and computed counted in tally (the answers' by
         default, so that they stay the requests a run asked)."""
@@ -174,8 +191,9 @@ class ResumableEngine(Wrapped):
             progress.advance(len(requests) - len(missing))
         self._reused_from.update(json.dumps(self.store.origins.get(k), sort_keys=True)
                                  for k in keys if k in self.store.answers)
-        for start in range(0, len(missing), self.chunk_size):
-            chunk = missing[start:start + self.chunk_size]
+        size = chunk_size or self.chunk_size
+        for start in range(0, len(missing), size):
+            chunk = missing[start:start + size]
             try:
                 answers = call([requests[i] for i in chunk], progress)
             except PartialAnswers as partial:  # keep what was answered, then fail: a rerun sends only the rest
@@ -208,7 +226,8 @@ class ResumableEngine(Wrapped):
         """A greedy request asked with top_k > 0 is keyed by k too (its answer carries the trace of its steps,
         an answer without one is not reused for it); a sampled one carries none, and keeps its key."""
         return self._run(requests, functools.partial(self.engine.generate, top_k=top_k), load_generation, progress,
-                         path=lambda r: {"top_k": top_k} if top_k and r.greedy else None)
+                         path=lambda r: {"top_k": top_k} if top_k and r.greedy else None,
+                         chunk_size=self.generate_chunk)
 
     def score(self, requests: Sequence[ScoreRequest], progress: Progress | None = None, *,
               fast: bool = True, top_k: int = 0) -> list[Scored]:

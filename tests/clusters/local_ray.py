@@ -39,7 +39,7 @@ class LocalRay:
     """A running cluster of `nodes` nodes, each with `cpus` CPUs; env joins it."""
 
     def __init__(self, nodes: int = 2, cpus: int = 1, object_store_bytes: int = 300 * 2**20,
-                 apart: bool = False) -> None:
+                 apart: bool = False, gpus: tuple[int, ...] = ()) -> None:
         from ray.util import get_node_ip_address
 
         self.port = free_port()
@@ -47,8 +47,10 @@ class LocalRay:
         # token authentication, as `ray start --head` turns it on: each node and each driver reads the token
         # (~/.ray/auth_token, which the head writes, or RAY_AUTH_TOKEN)
         self.env = {**os.environ, "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token"}
-        self.options = [f"--num-cpus={cpus}", "--num-gpus=0", f"--object-store-memory={object_store_bytes}",
-                        "--disable-usage-stats"]
+        self.options = [f"--num-cpus={cpus}", f"--object-store-memory={object_store_bytes}", "--disable-usage-stats"]
+        # GPUs each node declares to Ray (none by default): Ray counts and assigns them as it would real ones, and
+        # gives an actor CUDA_VISIBLE_DEVICES for them; nothing here uses a GPU
+        self.gpus = tuple(gpus) or (0,) * nodes
         self.count = nodes
         self.nodes: list[subprocess.Popen] = []
         self.logs = Path(tempfile.mkdtemp(prefix="evalkit-ray-"))  # each node's ray start output
@@ -80,7 +82,8 @@ class LocalRay:
             'hostname "$1" && mount -t tmpfs none "$2" && shift 2 && exec "$@"', "sh", f"node{index}",
             str(self.head_only)]
         with open(self.logs / f"node{index}.log", "ab") as log:  # unshare and sh exec: the pid is ray start's
-            return subprocess.Popen([*apart, RAY, "start", "--block", *self.options, *args], env=env,
+            return subprocess.Popen([*apart, RAY, "start", "--block", *self.options, f"--num-gpus={self.gpus[index]}",
+                                     *args], env=env,
                                     start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
 
     def head_only_copy(self, source: Path, name: str) -> Path:

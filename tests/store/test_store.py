@@ -296,3 +296,39 @@ def test_a_store_file_planted_by_another_user_is_refused_and_nothing_is_written(
         RequestStore(path)
     assert victim.read_text() == '{"key": "k", "answer": {}, "by": null}\ntorn'
     assert not (tmp_path / "elsewhere").exists() or not any((tmp_path / "elsewhere").iterdir())
+
+
+class Calls(FakeEngine):
+    """The fake engine, counting the requests of each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = {"generate": [], "score": []}
+
+    def generate(self, requests, progress=None, *, top_k=0):
+        self.sizes["generate"].append(len(requests))
+        return super().generate(requests, progress, top_k=top_k)
+
+    def score(self, requests, progress=None, *, fast=True, top_k=0):
+        self.sizes["score"].append(len(requests))
+        return super().score(requests, progress, fast=fast, top_k=top_k)
+
+
+def test_generations_go_to_the_engine_in_chunks_that_keep_it_full(tmp_path):
+    """A generate call ends with its slowest answer: chunks of chunk_size=4 to an engine that runs 8 sequences at
+    once (vLLM's max_num_seqs, as it resolved it: 1,024 on an H100 against evalkit's 256) would leave half of it
+    idle from the start; chunks of FILL x 8 keep it full but for each call's tail. Scores keep chunk_size."""
+    from evalkit.store.requests import FILL, generation_chunk
+
+    engine = Calls()
+    description = {**engine.describe(), "scheduling": {"max_num_seqs": 8}}
+    chunk = generation_chunk(4, description)
+    assert chunk == FILL * 8 == 32
+    assert generation_chunk(4, {**description, "data_parallel": {"size": 2}}) == 64  # every engine of the pool
+    assert generation_chunk(256, engine.describe()) == 256  # an engine that does not say: chunk_size
+    assert generation_chunk(512, description) == 512  # never fewer than asked
+    store = ResumableEngine(engine, RequestStore(tmp_path / "store.jsonl"), chunk_size=4, generate_chunk=chunk)
+    store.generate(requests(70))
+    store.score([ScoreRequest(ids=(1, 2, 3, 4), start=2) for _ in range(1)] +
+                [ScoreRequest(ids=(1, 2, 3, i), start=3) for i in range(5, 14)])
+    assert engine.sizes == {"generate": [32, 32, 6], "score": [4, 4, 2]}

@@ -226,6 +226,7 @@ def fit_utilization(asked: float, engine_gpus: Sequence[Gpu | Npu], weights: int
     one of them has free, less MEMORY_MARGIN, rounded down to 0.01, in one step (the memory back-off would lower it
     0.1 per full restart). ConfigError in one line where that cannot hold the weights, or not choose."""
     sized = [g for g in engine_gpus if g.total_bytes and g.free_bytes is not None]
+    check_weights(asked, sized, weights, unit=unit)
     short = [g for g in sized if asked * g.total_bytes > g.free_bytes]
     if not short:
         return asked
@@ -241,6 +242,21 @@ def fit_utilization(asked: float, engine_gpus: Sequence[Gpu | Npu], weights: int
         raise ConfigError(f"{where}, less than gpu_memory_utilization={asked:g} asks: pass "
                           f"gpu_memory_utilization={fits:g} or less, or free the {unit}")
     return fits
+
+
+def check_weights(asked: float, engine_gpus: Sequence[Gpu | Npu], weights: int | None, *, unit: str = "GPU") -> None:
+    """ConfigError in one line where the weights alone take asked x a GPU's total or more: vLLM loads them whatever
+    the share, then finds no memory left in it for the KV cache ("No available memory for the cache blocks"),
+    which the memory back-off would meet again at every smaller batch and in eager mode."""
+    over = [g for g in engine_gpus if weights and g.total_bytes and weights >= asked * g.total_bytes]
+    if not over:
+        return
+    small = min(over, key=lambda g: g.total_bytes)
+    total = small.total_bytes / GIB
+    higher = ", or a higher gpu_memory_utilization" if weights < small.total_bytes - MEMORY_MARGIN else ""
+    raise ConfigError(f"the weights need {weights / GIB:.1f} GiB per {unit}, and gpu_memory_utilization={asked:g} of "
+                      f"{unit} {small.index} ({small.name}, {total:.1f} GiB) gives the engine {asked * total:.1f} GiB "
+                      f"for them and the KV cache: raise tensor_parallel_size{higher}")
 
 
 def check_devices(cfg: EvalConfig) -> None:

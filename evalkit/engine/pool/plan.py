@@ -80,3 +80,29 @@ def actor_resources(cfg: EvalConfig, cluster: dict[str, float]) -> dict[str, Any
         raise ConfigError(f"data_parallel_size={cfg.data_parallel_size} needs {wanted:g} {unit} on the Ray cluster, "
                           f"which has {have:g}; lower data_parallel_size or join a larger cluster (cluster.address)")
     return resources
+
+
+UNITS = {"GPU": "GPUs", "NPU": "NPUs", "CPU": "cores"}
+
+
+def check_nodes(cfg: EvalConfig, resources: dict[str, Any], nodes: Sequence[dict[str, float]]) -> None:
+    """ConfigError in one line where no node of the cluster (each node's resources, as ray.nodes() gives them)
+    holds one engine's actor, or the nodes hold fewer engines at once than data_parallel_size. An actor's devices
+    are on one node: tensor_parallel_size=8 on two nodes of 4 GPUs fits the cluster's total and no node, and Ray
+    would wait for such a node for ever."""
+    need = {"GPU": resources.get("num_gpus", 0), "CPU": resources.get("num_cpus", 0), **resources.get("resources", {})}
+    need = {key: amount for key, amount in need.items() if amount}
+    held = [min(int(node.get(key, 0) // amount) for key, amount in need.items()) for node in nodes]
+    device = next((key for key in need if key != "CPU"), "CPU")
+    counts = ", ".join(f"{count:g}" for count in sorted(node.get(device, 0) for node in nodes))
+    unit = UNITS.get(device, device)
+    if max(held, default=0) == 0:
+        most = max((node.get(device, 0) for node in nodes), default=0)
+        raise ConfigError(f"no Ray node has the {need[device]:g} {unit} one engine needs (tensor_parallel_size x "
+                          f"pipeline_parallel_size = {devices_per_engine(cfg)}; the nodes have {counts} {unit}): pass "
+                          f"tensor_parallel_size x pipeline_parallel_size of {most:g} or less, or join a node with "
+                          f"{need[device]:g} {unit}")
+    if sum(held) < cfg.data_parallel_size:
+        raise ConfigError(f"data_parallel_size={cfg.data_parallel_size} engines of {need[device]:g} {unit} each do "
+                          f"not fit on the Ray nodes at once ({sum(held)} do; the nodes have {counts} {unit}): lower "
+                          "data_parallel_size")

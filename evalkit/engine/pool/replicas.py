@@ -20,7 +20,8 @@ from evalkit.engine.backoff import classify, weights_failure
 from evalkit.engine.machine import local_ray
 from evalkit.engine.machine.gpus import MEMORY_WAIT, engine_gpus, pool_gpus, short_line
 from evalkit.engine.pool.actor import EngineActor
-from evalkit.engine.pool.plan import PLACE_WAIT, REPLACEMENTS, actor_resources, one_line, replacement_settings
+from evalkit.engine.pool.plan import (PLACE_WAIT, REPLACEMENTS, actor_resources, check_nodes, one_line,
+                                      replacement_settings)
 
 log = logging.getLogger("evalkit")
 
@@ -52,8 +53,13 @@ class Replicas:
 
         self.cfg, self.model_dir = cfg, model_dir
         self.connected_here, self.ray_folder = connect(cfg)
-        self.resources = actor_resources(cfg, ray.cluster_resources())
         self.actors: list[Any] = []
+        try:
+            self.resources = actor_resources(cfg, ray.cluster_resources())
+            check_nodes(cfg, self.resources, [node["Resources"] for node in ray.nodes() if node["Alive"]])
+        except BaseException:
+            self.end()  # leave the cluster, or stop the Ray started here
+            raise
 
     def start(self) -> None:
         """Make the actors, place them, and start their engines, all at once; any failure stops them all."""
@@ -62,13 +68,13 @@ class Replicas:
         self.remote = ray.remote(EngineActor)
         self.settings = [self.cfg] * self.cfg.data_parallel_size
         self.actors = [self.remote.options(**self.resources).remote() for _ in self.settings]
-        self.places = ray.get([a.place.remote() for a in self.actors])
-        self.before = ray.get([a.gpu_memory.remote() for a in self.actors])  # each actor's GPUs, no engine yet
-        nodes = [p["node"] for p in self.places]
-        self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
         self.descriptions: list[dict[str, Any]] = [{} for _ in self.actors]
         self.replaced = 0
         try:
+            self.places = self._all_placed()
+            self.before = ray.get([a.gpu_memory.remote() for a in self.actors])  # each actor's GPUs, no engine yet
+            nodes = [p["node"] for p in self.places]
+            self.slots = [(nodes[:i].count(node), nodes.count(node)) for i, node in enumerate(nodes)]
             self._one_gpu_model()
             self._model_on_nodes(range(len(self.actors)))
             for i, ref in [(i, self._start(i)) for i in range(len(self.actors))]:
@@ -76,6 +82,18 @@ class Replicas:
         except BaseException:
             self.end()
             raise
+
+    def _all_placed(self) -> list[dict[str, Any]]:
+        """Where each new actor runs, once Ray has placed them all; the run fails in one line when that takes more
+        than PLACE_WAIT seconds (nodes that could hold them are busy: start() then stops the actors)."""
+        import ray
+
+        try:
+            return ray.get([a.place.remote() for a in self.actors], timeout=PLACE_WAIT)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"Ray did not place all {len(self.actors)} engines ({self.resources} each) within "
+                               f"{PLACE_WAIT:g} s: other work holds the nodes with room for them; run the same command "
+                               "again when they are free, or with a smaller data_parallel_size") from None
 
     def restart(self, i: int, error: Exception) -> None:
         """Actor i failed with error while answering: a fresh one in its place, its engine started."""

@@ -209,6 +209,22 @@ def test_too_little_free_memory_fails_in_one_line():
         fit_utilization(0.9, [gpu(0, 40)], 15 * GIB, choose=False)  # tune=false: evalkit chooses nothing
 
 
+def test_weights_larger_than_the_utilization_of_an_idle_gpu_fail_in_one_line():
+    """vLLM would load them and find nothing left in gpu_memory_utilization x total for the KV cache ("No
+    available memory for the cache blocks"), and the back-off would try 64, 16 and 4 sequences and eager mode."""
+    from evalkit.engine.machine.preflight import fit_utilization
+
+    with pytest.raises(ConfigError) as info:
+        fit_utilization(0.9, [gpu(0, 79.5)], 74 * GIB, choose=True)  # 72 GiB given of an idle 80 GiB GPU
+    assert str(info.value) == ("the weights need 74.0 GiB per GPU, and gpu_memory_utilization=0.9 of GPU 0 (NVIDIA "
+                               "H100 80GB HBM3, 80.0 GiB) gives the engine 72.0 GiB for them and the KV cache: raise "
+                               "tensor_parallel_size, or a higher gpu_memory_utilization")
+    with pytest.raises(ConfigError, match=r"gives the engine 72.0 GiB for them and the KV cache: raise "
+                                          r"tensor_parallel_size$"):
+        fit_utilization(0.9, [gpu(0, 79.5)], 80 * GIB, choose=True)  # more than the whole GPU
+    assert fit_utilization(0.9, [gpu(0, 79.5)], 70 * GIB, choose=True) == 0.9
+
+
 def test_weights_per_gpu_from_the_model_folder(tmp_path):
     from evalkit.engine.machine.preflight import weights_per_gpu
 

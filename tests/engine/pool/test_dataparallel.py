@@ -72,6 +72,29 @@ def test_actors_ask_ray_for_their_devices_and_too_many_fail_before_any_starts():
         actor_resources(compose_config(["data_parallel_size=3"]), {"CPU": 2.0})
 
 
+def test_an_engine_no_node_can_hold_fails_in_one_line_though_the_clusters_total_is_enough():
+    """An engine's GPUs are on one node: tensor_parallel_size=8 on nodes of 4 GPUs would wait for ever."""
+    from evalkit.engine.pool.plan import check_nodes
+
+    eight = compose_config(["data_parallel_size=2", "tensor_parallel_size=8"])
+    nodes = [{"CPU": 64.0, "GPU": 4.0}] * 4
+    resources = actor_resources(eight, {"GPU": 16.0, "CPU": 256.0})
+    with pytest.raises(ConfigError) as info:
+        check_nodes(eight, resources, nodes)
+    assert str(info.value) == ("no Ray node has the 8 GPUs one engine needs (tensor_parallel_size x "
+                               "pipeline_parallel_size = 8; the nodes have 4, 4, 4, 4 GPUs): pass tensor_parallel_size "
+                               "x pipeline_parallel_size of 4 or less, or join a node with 8 GPUs")
+    four = compose_config(["data_parallel_size=2", "tensor_parallel_size=4"])
+    with pytest.raises(ConfigError, match=r"^data_parallel_size=2 engines of 4 GPUs each do not fit on the Ray "
+                                          r"nodes at once \(1 do; the nodes have 2, 6 GPUs\): lower "
+                                          r"data_parallel_size$"):
+        check_nodes(four, actor_resources(four, {"GPU": 8.0}), [{"CPU": 8.0, "GPU": 2.0}, {"CPU": 8.0, "GPU": 6.0}])
+    check_nodes(four, actor_resources(four, {"GPU": 8.0}), [{"CPU": 8.0, "GPU": 4.0}] * 2)
+    npus = actor_resources(four, {"NPU": 8.0, "CPU": 8.0})
+    with pytest.raises(ConfigError, match="no Ray node has the 4 NPUs one engine needs"):
+        check_nodes(four, npus, [{"CPU": 8.0, "NPU": 2.0}] * 4)
+
+
 def test_parallel_settings_compose_and_reach_the_engine_arguments_unchanged():
     cfg = compose_config(["data_parallel_size=4", "pipeline_parallel_size=2", "tensor_parallel_size=2",
                           "distributed_executor_backend=mp", "cluster.address=auto", "cluster.num_gpus=8"])
