@@ -56,18 +56,24 @@ def test_a_user_name_with_an_at_and_a_password_with_spaces_are_scrubbed():
 
 
 def test_a_sweep_prints_and_records_no_password_of_a_user_name_with_an_at(tmp_path):
-    """A sweep whose endpoint.url (ftp://, refused by each point's config check) has a user name with an @ and a
-    password with a space: the points' errors (point.json, the report, stderr), Hydra's launch lines on stdout and
-    multirun.yaml hold no password."""
-    url = HARD_URL.replace("http://", "ftp://")
-    cmd = [sys.executable, "-m", "evalkit", "-m", f"output_dir={tmp_path}", "tasks=[evalkit_facts]", "limit=2",
-           "engine=served", f"endpoint.url='{url}'", "max_model_len=1000,2000"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    """A sweep whose endpoint.url has a user name with an @ and a password with a space: refused before its folder
+    when no point's config can run (ftp://), its line holds no password; run when the config holds (a closed
+    port), the points' errors (point.json, the report, stderr), Hydra's launch lines on stdout and multirun.yaml
+    hold none either."""
+    common = [sys.executable, "-m", "evalkit", "-m", f"output_dir={tmp_path}", "tasks=[evalkit_facts]", "limit=2",
+              "engine=served", "endpoint.retries=0", "max_model_len=1000,2000"]
+    refused = subprocess.run([*common, f"endpoint.url='{HARD_URL.replace('http://', 'ftp://')}'"],
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "endpoint.url='ftp://127.0.0.1:9/v1' must start with http:// or https://" in refused.stderr
+    assert HARD not in refused.stderr + refused.stdout and not (tmp_path / ".sweeps").exists()
+    done = subprocess.run([*common, f"endpoint.url='{HARD_URL}'"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     (folder,) = (tmp_path / ".sweeps").iterdir()
     points = sweep_points.read_points(folder)
-    assert [p.error for p in points] == ["endpoint.url='ftp://127.0.0.1:9/v1' must start with http:// or https://"] * 2
-    assert "#0 : " in done.stdout and "endpoint.url='ftp://127.0.0.1:9/v1'" in done.stdout
+    assert [p.error for p in points] == ["the server at http://127.0.0.1:9 refused connections (ConnectError: All "
+                                         "connection attempts failed)"] * 2
+    assert "#0 : " in done.stdout and "endpoint.url='http://127.0.0.1:9/v1'" in done.stdout
     assert files_holding(tmp_path, HARD) == [] and HARD not in done.stderr + done.stdout
 
 
@@ -123,9 +129,10 @@ def test_a_run_records_no_credential(tmp_path, monkeypatch):
 
 
 def test_a_sweep_records_no_credential(tmp_path):
-    """Through Hydra: the points' records, Hydra's multirun.yaml and the sweep report hold no user:password."""
+    """Through Hydra: the points' records, Hydra's multirun.yaml and the sweep report hold no user:password (the
+    points fail at the closed port)."""
     cmd = [sys.executable, "-m", "evalkit", "-m", f"output_dir={tmp_path}", "tasks=[evalkit_facts]", "limit=2",
-           f"endpoint.url={URL}", "max_model_len=100000,200000"]
+           "engine=served", "endpoint.retries=0", f"endpoint.url={URL}", "max_model_len=1000,2000"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     (folder,) = (tmp_path / ".sweeps").iterdir()
