@@ -14,8 +14,6 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 WORDS = re.compile(r"\bissues? #?\d+|\buntil issue\b|\b(before|after) this change\b|\bengineers?\b|/tmp/|"
                    r"\bSTYLE \d+\b|\bwe (fixed|changed)\b|\bsession that wrote\b|\btimed by hand\b|"
                    r"\bcommits? [0-9a-f]{7}\b", re.IGNORECASE)
-# pages whose remaining words are being rewritten by others: strict, so the mark must go once they are clean
-BEING_REWRITTEN: set[str] = {"speed.md"}  # its figures still name commits
 
 
 def test_the_word_list_finds_what_it_should():
@@ -25,9 +23,7 @@ def test_the_word_list_finds_what_it_should():
     assert found == [True, True, True, True, False, True, True]
 
 
-@pytest.mark.parametrize("page", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="being rewritten")) if p.name in BEING_REWRITTEN
-    else p for p in PAGES], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_a_page_speaks_to_users(page):
     hits = [f"{page.name}:{n}: {m.group(0)}" for n, line in enumerate(page.read_text().splitlines(), 1)
             for m in [WORDS.search(line)] if m]
