@@ -48,7 +48,8 @@ def located(noise_pair, bfloat16_run, embedded_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("located")
     model = perturbed_copy(Path(embedded_model_dir), tmp / "perturbed")
     runs = {"float32": noise_pair[0], "bfloat16": bfloat16_run,
-            "perturbed": cli_run(tmp / "pert", f"vllm_path={model}", *PAIR_SETTINGS, limit=LIMIT)[1]}
+            "perturbed": cli_run(tmp / "pert", "model=smollm2-135m-instruct", f"vllm_path={model}", *PAIR_SETTINGS,
+                                 limit=LIMIT)[1]}
     located = {"bfloat16": run_locate(runs["float32"], runs["bfloat16"]),
                "bfloat16 --noise": run_locate(runs["float32"], runs["bfloat16"], "--noise", *noise_pair),
                "perturbed": run_locate(runs["float32"], runs["perturbed"])}

@@ -272,24 +272,26 @@ def test_sweep_total_crosses_the_sweeps():
 
 
 def test_a_sweep_of_failing_points_goes_on_records_them_and_exits_1(tmp_path):
-    """Through Hydra's basic launcher for real; the points fail on their length before any engine starts."""
+    """Through Hydra's basic launcher for real; the points pass their checks and fail at a closed port (a sweep none
+    of whose points passes them is refused before its folder)."""
+    refused = "the server at http://127.0.0.1:9 refused connections (ConnectError: All connection attempts failed)"
     cmd = [sys.executable, "-m", "evalkit", "-m", f"output_dir={tmp_path}", "tasks=[evalkit_facts]", "limit=2",
-           "max_model_len=100000,200000"]
+           "engine=served", "endpoint.url=http://127.0.0.1:9/v1", "endpoint.retries=0", "max_model_len=1000,2000"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     (folder,) = (tmp_path / ".sweeps").iterdir()
     points = read_points(folder)
     assert [(p.num, p.status, p.overrides[-1]) for p in points] == [
-        (0, "failed", "max_model_len=100000"), (1, "failed", "max_model_len=200000")]
-    assert points[1].error.startswith("max_model_len=200000 exceeds what smollm2-135m-instruct supports (8192")
+        (0, "failed", "max_model_len=1000"), (1, "failed", "max_model_len=2000")]
+    assert points[1].error == refused
     err = done.stderr
-    assert "evalkit: error: point 0 failed: max_model_len=100000" in err  # and point 1 still ran:
+    assert f"evalkit: error: point 0 failed: {refused}" in err  # and point 1 still ran:
     assert "evalkit: sweep 1/2 points done (1 failed)" in err and "evalkit: sweep 2/2 points done (2 failed)" in err
     assert f"evalkit: sweep report in {folder}: report.csv, report.md, report.html" in err
     assert "Traceback" not in err and "Error executing job" not in err
     table = pd.read_csv(folder / "report.csv")
     assert list(table.status) == ["failed", "failed"] and list(table.overrides) == [
-        "max_model_len=100000", "max_model_len=200000"]
+        "max_model_len=1000", "max_model_len=2000"]
 
 
 def completed(out, run_id, cfg, description):

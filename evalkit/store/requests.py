@@ -33,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from evalkit.config import ConfigError
+from evalkit.config import ConfigError, EvalConfig
 from evalkit.contracts import (Engine, Generation, GenRequest, IdsRead, PartialAnswers, Progress, Scored,
                                ScoreRequest, TokenTrace)
 from evalkit.hashing import sha256
@@ -125,15 +125,19 @@ class RequestStore:
 # slowest answer, while the engine runs fewer and fewer sequences; at 4, it runs full for three quarters of a call
 # at least (benchmarks/chunking.py measures it)
 FILL = 4
+DEFAULT_CHUNK = EvalConfig.chunk_size  # a chunk_size left at its default: generations sized to the engine
 
 
 def generation_chunk(chunk_size: int, description: dict[str, Any]) -> int:
-    """Requests per generate call: chunk_size, or FILL x the sequences the engine runs at once where that is more
-    (vLLM's max_num_seqs as it resolved it, times the data-parallel engines: 1,024 x 4 on an H100, where 256 left
-    three quarters of the engine idle). Scores are not chunked by it: a score request is one forward pass."""
+    """Requests per generate call: a chunk_size the user chose, as chosen (it is how much a stop may lose); at
+    the default, FILL x the sequences the engine runs at once where that is more (vLLM's max_num_seqs as it
+    resolved it, times the data-parallel engines: 1,024 x 4 on an H100, where 256 left three quarters of the engine
+    idle). Scores are not chunked by it: a score request is one forward pass."""
     seqs = (description.get("scheduling") or {}).get("max_num_seqs")
     engines = (description.get("data_parallel") or {}).get("size") or 1
-    return max(chunk_size, FILL * int(seqs) * int(engines)) if seqs else chunk_size
+    if not seqs or chunk_size != DEFAULT_CHUNK:
+        return chunk_size
+    return max(chunk_size, FILL * int(seqs) * int(engines))
 
 
 class ResumableEngine(Wrapped):

@@ -317,16 +317,18 @@ class Calls(FakeEngine):
 def test_generations_go_to_the_engine_in_chunks_that_keep_it_full(tmp_path):
     """A generate call ends with its slowest answer: chunks of chunk_size=4 to an engine that runs 8 sequences at
     once (vLLM's max_num_seqs, as it resolved it: 1,024 on an H100 against evalkit's 256) would leave half of it
-    idle from the start; chunks of FILL x 8 keep it full but for each call's tail. Scores keep chunk_size."""
-    from evalkit.store.requests import FILL, generation_chunk
+    idle from the start; chunks of FILL x 8 keep it full but for each call's tail. Scores keep chunk_size. A
+    chunk_size the user chose is kept: it bounds what a stop loses."""
+    from evalkit.store.requests import DEFAULT_CHUNK, FILL, generation_chunk
 
     engine = Calls()
-    description = {**engine.describe(), "scheduling": {"max_num_seqs": 8}}
-    chunk = generation_chunk(4, description)
-    assert chunk == FILL * 8 == 32
-    assert generation_chunk(4, {**description, "data_parallel": {"size": 2}}) == 64  # every engine of the pool
-    assert generation_chunk(256, engine.describe()) == 256  # an engine that does not say: chunk_size
-    assert generation_chunk(512, description) == 512  # never fewer than asked
+    description = {**engine.describe(), "scheduling": {"max_num_seqs": 128}}
+    assert generation_chunk(DEFAULT_CHUNK, description) == FILL * 128 == 512
+    assert generation_chunk(DEFAULT_CHUNK, {**description, "data_parallel": {"size": 2}}) == 1024  # every engine
+    assert generation_chunk(DEFAULT_CHUNK, engine.describe()) == DEFAULT_CHUNK  # an engine that does not say
+    assert generation_chunk(DEFAULT_CHUNK, {**description, "scheduling": {"max_num_seqs": 8}}) == DEFAULT_CHUNK
+    assert generation_chunk(4, description) == 4  # chosen
+    chunk = FILL * 8
     store = ResumableEngine(engine, RequestStore(tmp_path / "store.jsonl"), chunk_size=4, generate_chunk=chunk)
     store.generate(requests(70))
     store.score([ScoreRequest(ids=(1, 2, 3, 4), start=2) for _ in range(1)] +
