@@ -246,3 +246,20 @@ def test_each_look_evaluates_only_its_new_documents_and_the_decided_prefix_once_
     assert [sorted(a["evalkit_arith"]) for a in asked[:looks]] == [
         sorted(planned.orders["evalkit_arith"][4 * k:4 * k + 4]) for k in range(looks)]
     assert asked[looks:] == [{t: sorted(o[:4 * looks]) for t, o in planned.orders.items()}]
+
+
+def test_a_crafted_reference_is_refused_in_one_line_as_compare_refuses_it(tmp_path, tasks):
+    """The reference is a folder from elsewhere: JSON nested past the parser's depth, or a results.json that links
+    out of its folder, is a ConfigError (exit 2), never a traceback or a read outside it."""
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "results.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        gate.plan(config(reference=str(deep)), tasks)
+    both = {"evalkit_arith": ("exact_match", "first-integer"), "evalkit_facts": ("acc", "none")}
+    write_reference(tmp_path / "elsewhere", both, 20)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "results.json").symlink_to(tmp_path / "elsewhere" / "results.json")
+    with pytest.raises(ConfigError, match=r"results.json leads out of .* \(through a link\)"):
+        gate.plan(config(reference=str(linked)), tasks)

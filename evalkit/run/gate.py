@@ -2,8 +2,9 @@
 
 Each task's documents are evaluated in a random order fixed by gate.seed (recorded), gate.chunk more of each task
 per look; lm-eval evaluates each look's documents (simple_evaluate's ``samples=``) on the one engine the run
-started, whose request store answers every document an earlier run of the command already computed. After each look every gated row (a task, filter and metric whose reference values all lie in [0, 1]:
-acc, acc_norm, exact_match, F1) is read as paired differences against the reference's per-document values, and
+started, whose request store answers every document an earlier run of the command already computed. After each
+look every gated row (a task, filter and metric whose reference values all lie in [0, 1]: acc, acc_norm,
+exact_match, F1) is read as paired differences against the reference's per-document values, and
 evalkit/run/sequence.py's confidence sequence over the task's N documents decides it at level alpha / rows
 (Bonferroni: a wrong `worse` or `equivalent` anywhere in the family, at any look, has chance at most alpha). Rows
 of unbounded metrics (perplexities, BLEU) are recorded but never stop the run. The run stops at the first look
@@ -13,7 +14,6 @@ end, where each row's interval is its exact difference over the N documents.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
@@ -25,7 +25,7 @@ import numpy as np
 from evalkit.config import ConfigError, EvalConfig
 from evalkit.run.results import sample_files
 from evalkit.run.sequence import look
-from evalkit.untrusted import OutsideFolder, TooLarge, printable, read_bounded
+from evalkit.untrusted import OutsideFolder, TooLarge, inside, json_data, printable, read_bounded
 
 
 @dataclass(frozen=True)
@@ -57,16 +57,16 @@ def _bad(reference: str, why: str) -> ConfigError:
 
 def _reference_samples(folder: Path, reference: str) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     try:
-        results = json.loads(read_bounded(folder / "results.json").decode("utf-8"))
+        results = json_data(read_bounded(inside(folder, "results.json")).decode("utf-8"))
         files = sample_files(folder, results)
-        samples = {task: [json.loads(line) for line in read_bounded(path).decode("utf-8").splitlines() if line.strip()]
+        samples = {task: [json_data(line) for line in read_bounded(path).decode("utf-8").splitlines() if line.strip()]
                    for task, path in files.items()}
     except FileNotFoundError as error:
         raise _bad(reference, f"{Path(error.filename or 'results.json').name} is missing; name a run folder "
                               "(result/<model>/<run id>) written with log_samples=true") from None
     except (OutsideFolder, TooLarge) as error:
         raise _bad(reference, str(error)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError) as error:
+    except (OSError, ValueError, AttributeError, TypeError) as error:  # ValueError: damaged or crafted JSON
         raise _bad(reference, f"its files cannot be read ({error})") from None
     if not samples:
         raise _bad(reference, "the run kept no samples; rerun the reference with log_samples=true")
