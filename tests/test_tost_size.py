@@ -93,7 +93,10 @@ def test_thresholds_are_every_table_ordered_by_score(n):
 
 
 @pytest.mark.parametrize("b, c, n", [(0, 0, 140), (0, 0, 149), (3, 1, 300), (12, 2, 300), (30, 60, 2000),
-                                     (0, 5, 40), (40, 0, 40)])
+                                     (0, 5, 40), (40, 0, 40),
+                                     # confined to the plausible nuisance (tost.CONFINED_FROM)
+                                     (30, 12, 20000), (0, 0, 100000), (3, 1, 100000), (20, 0, 100000),
+                                     (3000, 2500, 100000)])
 def test_the_interval_is_the_one_the_tests_invert(b, c, n):
     """Below -tolerance exactly when p(diff < -tolerance) < alpha; inside exactly when both halves of
     equivalence are; at every decision point, and between them where the p-value crosses alpha."""
@@ -107,6 +110,61 @@ def test_the_interval_is_the_one_the_tests_invert(b, c, n):
         if -1 < limit < 1:
             near = [tost.tango_p(b, c, n, limit + e, side) for e in (-2e-5, 2e-5)]
             assert min(near) < ALPHA <= max(near)
+
+
+def rejected_counts(n, delta, side, given):
+    """For each count d of discordant documents, the c the test rejects at ALPHA: c <= k[d] ("below") or
+    c >= k[d] ("above"); the p-value moves one way with c at a given d (the score does, and the confidence set of
+    the nuisance depends on d alone)."""
+    k = np.empty(n + 1, dtype=int)
+    for d in range(n + 1):
+        rejects = lambda c: tost.tango_p(d - c, c, n, delta, side, given and d > 0) < ALPHA  # noqa: E731
+        kept, rejected = (d + 1, -1) if side == "below" else (-1, d + 1)
+        while abs(kept - rejected) > 1:
+            middle = (kept + rejected) // 2
+            kept, rejected = (kept, middle) if rejects(middle) else (middle, rejected)
+        k[d] = rejected
+    return k
+
+
+@pytest.mark.parametrize("delta, side, given", [(-0.05, "above", False), (-0.05, "below", False),
+                                                (0.05, "above", True)])
+def test_the_search_confined_to_plausible_nuisance_values_keeps_its_level(monkeypatch, delta, side, given):
+    """Berger and Boos's p-value (tost.plausible), made to apply at 250 documents: its size over the whole null,
+    the boundary and the rates of change too small to reach it (every split of those documents is in the null;
+    the one that favours the tail most: none right in the candidate only, or all), computed apart from tost.py,
+    is at most alpha; given_change: given that some document changed."""
+    monkeypatch.setattr(tost, "CONFINED_FROM", 1)
+    n = 250
+    k = rejected_counts(n, delta, side, given)
+    d = np.arange(n + 1)
+
+    def chance(s, q):
+        weight = binom.pmf(d, n, s) * (d > 0 if given else 1)
+        inside = binom.cdf(k, d, q) if side == "below" else binom.sf(k - 1, d, q)
+        return float(weight @ inside) / (1.0 - binom.pmf(0, n, s) if given else 1.0)
+
+    low, high = tost.boundary(delta)
+    flips = np.arange(0.0, 60.0, 0.25) / n
+    pcs = np.unique(np.clip(np.concatenate([np.linspace(low, high, 2000), low + flips, high - flips]), low, high))
+    sizes = [chance(2 * pc - delta, pc / (2 * pc - delta)) for pc in pcs if 2 * pc - delta > 0]
+    if (side == "below") == (delta < 0):
+        sizes += [chance(s, 0.0 if side == "below" else 1.0) for s in np.linspace(1e-6, abs(delta), 200)]
+    assert ALPHA * 0.6 < max(sizes) <= ALPHA * (1 + 1e-7)
+
+
+@pytest.mark.parametrize("b, c", [(300, 250), (30, 12), (0, 0), (5, 0), (2000, 1000)])
+def test_confined_p_values_are_at_most_the_whole_boundarys_and_gamma(monkeypatch, b, c):
+    """At CONFINED_FROM documents, each p-value is at most the one searched over the whole boundary plus GAMMA
+    (the confined search takes the largest over part of it), so no verdict is weaker than it was by more."""
+    n = tost.CONFINED_FROM
+    tables = [(t, side, given) for t in (-0.02, 0.0, 0.02) for side in tost.SIDES for given in (False, True)]
+    confined = [tost.tango_p(b, c, n, t, side, given) for t, side, given in tables]
+    monkeypatch.setattr(tost, "CONFINED_FROM", n + 1)
+    tost.tango_p.cache_clear()
+    whole = [tost.tango_p(b, c, n, t, side, given) for t, side, given in tables]
+    tost.tango_p.cache_clear()
+    assert all(x <= y + tost.GAMMA * (1 + 1e-9) for x, y in zip(confined, whole)), (confined, whole)
 
 
 def test_bootstrap_limits_are_the_ones_bootstrap_p_inverts():

@@ -290,6 +290,7 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
             method = "tango"
             interval, mcnemar, p = _tango(np.asarray(reference, dtype=float), np.asarray(candidate, dtype=float),
                                           **settings)
+            floor = tost.GAMMA if len(reference) >= tost.CONFINED_FROM else 0.0  # tost.plausible's allowance
         elif by_mean and all_scalar(reference, candidate) and not (relative and scores[0] == 0):
             method, interval, p, floor, note = mean_reading(np.asarray(reference, dtype=float),
                                                             np.asarray(candidate, dtype=float), relative=relative,

@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import bdtr, bdtrc, gammaln, xlogy
+from scipy.special import bdtr, bdtrc, betaincinv, gammaln, xlogy
 
 GRID = 48  # nuisance values tried across the boundary, denser at both ends, before the largest few are refined
 END_FLIPS = np.geomspace(0.25, 64.0, 17)  # and at these expected counts of the rarer flip (or concordance) at each end
@@ -50,6 +50,8 @@ BLOCK = 64  # columns of a row between exact conditional tails (conditional_tail
 EPSILON = float(np.finfo(float).eps)  # a term's relative rounding: 4 EPSILON per unit of its log's largest part
 RELATIVE = 1e-8  # a row's error bound over its sum above which its conditional tails are all computed by bdtr
 XTOL = 1e-7  # how closely an interval's limits are located, and to 1e-4 of their size (shown to 4 digits)
+CONFINED_FROM = 20_000  # documents from which the nuisance is searched only where the data leave it plausible
+GAMMA = 1e-6  # and the chance that this confidence set misses the true rate of change, added to the p-value
 
 
 def tango_scores(delta: float, b: np.ndarray, c: np.ndarray, n: int) -> np.ndarray:
@@ -62,19 +64,33 @@ def tango_scores(delta: float, b: np.ndarray, c: np.ndarray, n: int) -> np.ndarr
     return (c - b - n * delta) / np.sqrt(np.maximum(variance, 1e-300))
 
 
-def thresholds(n: int, delta: float, score: float, side: str) -> np.ndarray:
+@lru_cache(maxsize=16)
+def thresholds(n: int, delta: float, score: float, side: str, counts: tuple[int, int] | None = None) -> np.ndarray:
     """For each number d = b + c of discordant documents (0..n), the largest c whose table's score is at most
     score ("below"; -1 when none), or the largest c whose score is below it ("above": the tail is c above it).
-    Equal scores computed in another order count as equal. Bisection over c, every d at once."""
-    d = np.arange(n + 1)
-    low, high = np.full(n + 1, -1), d + 1  # the score at c = low is in the tail, at c = high it is not
+    Equal scores computed in another order count as equal. Bisection over c, every d at once; counts: only d = 0
+    and those from counts[0] to counts[1] (the others -1, never read: every sum of tail_p lies within them)."""
+    d = np.arange(n + 1) if counts is None else np.unique(np.r_[0, np.arange(counts[0], counts[1] + 1)])
+    low, high = np.full(len(d), -1), d + 1  # the score at c = low is in the tail, at c = high it is not
     slack = 1e-9 * (1.0 + abs(score))
     while (active := high - low > 1).any():
         middle = np.clip((low + high) // 2, 0, d)
         value = tango_scores(delta, d - middle, middle, n)
         inside = value <= score + slack if side == "below" else value < score - slack
         low, high = np.where(active & inside, middle, low), np.where(active & ~inside, middle, high)
+    if counts is not None:
+        full = np.full(n + 1, -1)
+        full[d] = low
+        low = full
+    low.flags.writeable = False
     return low
+
+
+def counts_read(n: int, rates: tuple[float, float]) -> tuple[int, int]:
+    """The discordant counts d that tail_at reads for rates s within rates (its windows, as it sizes them)."""
+    s = np.clip(np.array([rates[0], rates[1], 0.5]), rates[0], rates[1])  # the widest window lies nearest 1/2
+    half = int(np.ceil(SPREAD * np.sqrt(n * s * (1 - s)).max())) + 10
+    return max(0, int(np.floor(n * rates[0])) - half - 2), min(n, int(np.ceil(n * rates[1])) + half + 2)
 
 
 @lru_cache(maxsize=4)
@@ -176,16 +192,22 @@ def tail_rows(limits: np.ndarray, n: int, delta: float, s: np.ndarray, q: np.nda
 
 
 def tail_probability(limits: np.ndarray, n: int, delta: float, pc: np.ndarray, side: str) -> np.ndarray:
-    """P(the tail) for each nuisance value pc (documents right in the candidate only; pc - delta in the
-    reference only): sum over d of P(b + c = d) P(c <= limits[d] | d) ("below") or P(c > limits[d] | d).
-    Rows are computed in parallel threads (numpy and scipy release the GIL), each row alike wherever it runs."""
+    """P(the tail) for each nuisance value pc on the boundary (documents right in the candidate only; pc - delta in
+    the reference only): sum over d of P(b + c = d) P(c <= limits[d] | d) ("below") or P(c > limits[d] | d)."""
     pc = np.atleast_1d(np.asarray(pc, dtype=float))
     s = np.clip(2 * pc - delta, 0.0, 1.0)  # a document is discordant with probability pb + pc
     q = np.clip(np.divide(pc, s, out=np.full_like(s, 0.5), where=s > 0), 0.0, 1.0)
+    return tail_at(limits, n, delta, s, q, side)
+
+
+def tail_at(limits: np.ndarray, n: int, delta: float, s: np.ndarray, q: np.ndarray, side: str) -> np.ndarray:
+    """P(the tail) where a document is discordant with probability s, and right in the candidate only with
+    probability q given that. Rows are computed in parallel threads (numpy and scipy release the GIL), each row
+    alike wherever it runs."""
     half = int(np.ceil(SPREAD * np.sqrt(n * s * (1 - s)).max())) + 10
     width = min(n + 1, 2 * half + 1)
     start = np.clip(np.round(n * s).astype(int) - half, 0, n + 1 - width)
-    parts = np.array_split(np.arange(len(pc)), min(THREADS, max(1, len(pc) * width // MIN_SHARE)))
+    parts = np.array_split(np.arange(len(s)), min(THREADS, max(1, len(s) * width // MIN_SHARE)))
     end = start + width - 1
     outside = (np.where(start > 0, bdtr(np.maximum(start - 1, 0), n, s), 0.0)
                + np.where(end < n, bdtrc(np.minimum(end, n), n, s), 0.0))
@@ -201,17 +223,42 @@ def boundary(delta: float) -> tuple[float, float]:
     return max(0.0, delta), (1.0 + delta) / 2
 
 
-def nuisance_grid(n: int, delta: float, points: int = GRID) -> np.ndarray:
-    """Nuisance values across the boundary, dense at both ends, and at most STEP_FLIPS expected flips apart.
+def nuisance_grid(n: int, delta: float, points: int = GRID, span: tuple[float, float] | None = None) -> np.ndarray:
+    """Nuisance values across the boundary (or its part span), dense at both ends of the boundary, and at most
+    STEP_FLIPS expected flips apart.
 
     The tail probability undulates with pc: measured over dense grids up to 20,000 documents, with a period of
     about 60 expected flips (of the rarer kind, or of concordant documents) near the ends and a little more
     across, its largest values within a few hundred flips of an end; near the ends it moves most per flip."""
-    low, high = boundary(delta)
+    first, last = boundary(delta)
+    low, high = span or (first, last)
     across = low + (high - low) * (1 - np.cos(np.pi * np.linspace(0.0, 1.0, points))) / 2
     steps = np.linspace(low, high, min(MAX_STEPS, int(np.ceil(n * (high - low) / STEP_FLIPS)) + 1))
-    ends = np.concatenate([low + END_FLIPS / n, high - END_FLIPS / n])
+    ends = np.concatenate([first + END_FLIPS / n, last - END_FLIPS / n])
     return np.unique(np.concatenate([across, steps, ends[(ends > low) & (ends < high)]]))
+
+
+def plausible(n: int, discordant: int, given_change: bool) -> tuple[float, float]:
+    """The exact (1 - GAMMA) confidence set (low, high) of the rate s = pb + pc of discordant documents from their
+    observed count: Clopper-Pearson's, or given_change, that of the binomial given that some document changed
+    (whose tails are the binomial's over 1 - P(none), and rise with s as the binomial's do).
+
+    tail_p maximises the tail over the null's nuisance values whose s lies in this set, and adds GAMMA: Berger &
+    Boos (1994, JASA 89:1012). The p-value is still valid at every n, since the set misses the true s with
+    probability at most GAMMA, and the search covers a few hundred flips where the whole boundary holds tens of
+    thousands (R's Exact package offers the same, as its gamma)."""
+    half = GAMMA / 2
+    if not given_change:
+        low = float(betaincinv(discordant, n - discordant + 1, half)) if discordant > 0 else 0.0
+        high = float(betaincinv(discordant + 1, n - discordant, 1 - half)) if discordant < n else 1.0
+        return low, high
+    changed = lambda s: -np.expm1(n * np.log1p(-s))  # noqa: E731 (P(D >= 1), without cancellation)
+    at_least = lambda s: bdtrc(discordant - 1, n, s) / changed(s) - half  # noqa: E731 (P(D >= d | D >= 1))
+    at_most = lambda s: 1.0 - bdtrc(discordant, n, s) / changed(s) - half  # noqa: E731 (P(D <= d | D >= 1))
+    ends = (1e-300, 1.0 - 1e-16)
+    low = brentq(at_least, *ends, xtol=1e-300, rtol=1e-12) if discordant > 1 else 0.0
+    high = brentq(at_most, *ends, xtol=1e-300, rtol=1e-12) if discordant < n else 1.0
+    return float(low), float(high)
 
 
 def peaks(values: np.ndarray, count: int) -> np.ndarray:
@@ -222,32 +269,68 @@ def peaks(values: np.ndarray, count: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=16)
-def sweep(n: int, delta: float, score: float, side: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sweep(n: int, delta: float, score: float, side: str, span: tuple[float, float] | None = None,
+          counts: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(thresholds, nuisance grid, tail probability on the grid) of an observed score: the costly part of tail_p,
     computed once for the p-value and the one given that some document changed."""
-    limits = thresholds(n, delta, score, side)
-    grid = nuisance_grid(n, delta)
+    limits = thresholds(n, delta, score, side, counts)
+    grid = nuisance_grid(n, delta, span=span)
     tail = tail_probability(limits, n, delta, grid, side)
-    for array in (limits, grid, tail):
+    for array in (grid, tail):
         array.flags.writeable = False
     return limits, grid, tail
 
 
-def tail_p(n: int, delta: float, score: float, side: str, given_change: bool = False) -> float:
+def tail_p(n: int, delta: float, score: float, side: str, given_change: bool = False,
+           discordant: int | None = None) -> float:
     """The exact unconditional p-value of an observed score: the largest tail probability over the nuisance.
     given_change: the tail's probability given that some document changed (b + c > 0), the largest over the
-    nuisance of P(tail, b + c > 0) / P(b + c > 0): valid given that event, as verdict.decide's screen needs."""
-    limits, grid, swept = sweep(n, delta, score, side)
+    nuisance of P(tail, b + c > 0) / P(b + c > 0): valid given that event, as verdict.decide's screen needs.
 
-    def probability(pc: np.ndarray, tail: np.ndarray | None = None) -> np.ndarray:
-        tail = tail_probability(limits, n, delta, pc, side) if tail is None else tail
+    Over the whole null, the largest lies on its boundary pc - pb = delta: for each rate s of discordant
+    documents, the tail's chance falls as pc moves away from it. discordant: the observed b + c; from
+    CONFINED_FROM documents, where the whole boundary costs seconds a test, the largest is taken over the null's
+    values whose s is plausible (:func:`plausible`), plus GAMMA. Those are the boundary's where s >= |delta|,
+    and where the set holds an s below |delta| whose documents cannot reach the boundary (the null holds every
+    split of them), the split that favours the tail most: none right in the candidate only ("below", delta < 0),
+    or all ("above", delta > 0)."""
+    span, edge, counts = None, None, None
+    if discordant is not None and n >= CONFINED_FROM:
+        s_low, s_high = plausible(n, discordant, given_change)
+        first, last = boundary(delta)
+        span = max(first, (s_low + delta) / 2), min(last, (s_high + delta) / 2)
+        if (side == "below") == (delta < 0) and delta != 0 and s_low < abs(delta):
+            edge = s_low, min(s_high, abs(delta))
+        if span[0] > span[1] and edge is None:  # no null value is plausible: only the set's miss is left
+            return GAMMA
+        counts = counts_read(n, (s_low, s_high))
+    limits = thresholds(n, delta, score, side, counts)
+
+    def given(s: np.ndarray, tail: np.ndarray) -> np.ndarray:
         if not given_change:
             return tail
-        unchanged = (1.0 - np.clip(2 * np.asarray(pc, dtype=float) - delta, 0.0, 1.0)) ** n  # P(b + c = 0)
+        unchanged = (1.0 - np.clip(s, 0.0, 1.0)) ** n  # P(b + c = 0)
         in_tail = limits[0] >= 0 if side == "below" else limits[0] < 0  # the table b = c = 0
         return (tail - unchanged * in_tail) / np.maximum(1.0 - unchanged, 1e-300)
 
-    values = probability(grid, swept)
+    best = 0.0
+    if edge is not None:  # the rates below the boundary, at their most favourable split
+        s = np.unique(np.concatenate([np.linspace(*edge, GRID), np.clip(edge[1] - END_FLIPS / n, *edge)]))
+        q = np.full_like(s, 0.0 if side == "below" else 1.0)
+        best = float(given(s, tail_at(limits, n, delta, s, q, side)).max())
+    if span is None or span[0] <= span[1]:
+        best = max(best, boundary_p(n, delta, score, side, span, counts,
+                                    lambda pc, tail: given(2 * pc - delta, tail)))
+    return float(min(1.0, best + (GAMMA if discordant is not None and n >= CONFINED_FROM else 0.0)))
+
+
+def boundary_p(n: int, delta: float, score: float, side: str, span: tuple[float, float] | None,
+               counts: tuple[int, int] | None, given: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> float:
+    """The largest tail probability over the boundary (or its part span): on the nuisance grid, then refined
+    between the neighbours of its highest peaks. given: the probability made of a tail's (given_change)."""
+    limits, grid, swept = sweep(n, delta, score, side, span, counts)
+    probability = lambda pc: given(pc, tail_probability(limits, n, delta, pc, side))  # noqa: E731
+    values = given(grid, swept)
     spans = [(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]) for i in peaks(values, REFINED)]
     best = float(values.max())
     for a, b in spans:  # between the neighbours of each highest peak, finer and finer
@@ -256,7 +339,7 @@ def tail_p(n: int, delta: float, score: float, side: str, given_change: bool = F
             found = probability(local)
             best, j = max(best, float(found.max())), int(found.argmax())
             a, b = local[max(j - 1, 0)], local[min(j + 1, ZOOM_POINTS - 1)]
-    return float(min(1.0, best))
+    return best
 
 
 @lru_cache(maxsize=1 << 16)
@@ -270,7 +353,7 @@ def tango_p(b: int, c: int, n: int, bound: float, side: str, given_change: bool 
     if not -1.0 < bound < 1.0:
         return 1.0 if (side == "below") == (bound <= -1.0) else 0.0
     return tail_p(n, bound, float(tango_scores(bound, np.array([b]), np.array([c]), n)[0]), side,
-                  given_change and b + c > 0)
+                  given_change and b + c > 0, discordant=b + c)
 
 
 def _limit(rejects: Callable[[float], bool], p: Callable[[float], float], alpha: float, points: Iterable[float],
