@@ -109,6 +109,19 @@ def test_identical_documents_need_enough_of_them(n, expected):
     assert (comparison.method, comparison.diff, one_row(comparison)) == ("tango", 0.0, expected)
 
 
+@pytest.mark.parametrize("n, b, c", [(39, 4, 0), (79, 5, 0), (78, 9, 2)])
+def test_the_interval_lies_below_the_tolerance_exactly_when_the_row_is_worse(n, b, c):
+    """Tables where the unconditional test of worse rejects (p < 0.05) and the one given that some document
+    changed, which the verdict uses, does not: the interval is the one the verdict's tests invert, so it reaches
+    -tolerance and the row is not worse (an interval inverting the unconditional test lay wholly below it)."""
+    assert tost.tango_p(b, c, n, -0.02, "below") < 0.05 <= tost.tango_p(b, c, n, -0.02, "below", True)
+    ref = np.array([1] * b + [0] * c + [1] * (n - b - c))
+    cand = np.array([0] * b + [1] * c + [1] * (n - b - c))
+    comparison = compare_paired(ref, cand, aggregate=np.mean, aggregate_name="mean", by_mean=True,
+                                higher_is_better=True, tolerance=0.02)
+    assert comparison.method == "tango" and comparison.ci_high >= -0.02 and one_row(comparison) != "worse"
+
+
 def rejection_probability(n, pb, pc, rejects):
     """P(rejects(b, c)) when each of n documents is right in the reference only with probability pb, in the
     candidate only with pc: every table of n documents, weighted by its multinomial probability. A table less
