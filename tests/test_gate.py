@@ -157,6 +157,17 @@ def test_the_embedded_run_stops_worse_against_a_better_reference_and_says_why(tm
     assert [look["documents"]["evalkit_arith"] for look in record["looks"]] == [15, 30, 40]
     assert all(row["low"] == pytest.approx(0, abs=1e-6) == row["high"] for row in record["looks"][-1]["rows"])
 
+    # in a sweep, as in one run: 1 when a point's gate says worse; 3 when a point failed and none is worse
+    swept = evalkit(out, "-m", "divergence_top_k=0", f"gate.reference={better}", "gate.chunk=10", "gate.seed=0,1")
+    assert swept.returncode == 1, swept.stderr[-3000:]
+    assert "evalkit: point 0 (gate.seed=0) gate: worse: " in swept.stderr
+    assert "evalkit: point 1 (gate.seed=1) gate: worse: " in swept.stderr
+    swept = evalkit(out, "-m", "divergence_top_k=0", f"gate.reference={reference}", "gate.chunk=15",
+                    "gate.require=equivalent", "max_model_len=4096,100000")
+    assert swept.returncode == 3, swept.stderr[-3000:]
+    assert "evalkit: point 1 (max_model_len=100000) failed: max_model_len=100000 exceeds" in swept.stderr
+    assert " gate: " not in swept.stderr
+
 
 def one(verdict):
     return Look(n=1, total=2, mean=0.0, low=-1.0, high=1.0, verdict=verdict)

@@ -4,8 +4,10 @@
   progress line (evalkit/sweep/points.py, ``sweep_line``), counted from the point records in the sweep folder;
 * when the sweep ends, whatever the launcher (``on_multirun_end`` runs in the driver): the sweep report
   (evalkit/sweep/report.py) written into the sweep folder, where it is, a line for each failed point (naming its
-  machine where that is not this one), and the exit status: 1 when any point failed. Hydra turns an exception
-  from a callback into a warning, so the status is set with SystemExit.
+  machine where that is not this one), a line for each point whose gate (gate.reference) failed, and the exit
+  status, as a single run's: 1 when a point's gate says worse (or not equivalent, asked to be); else, when any
+  point failed, 3 in a gated sweep (1 means only a gate's verdict there) and 1 in another. Hydra turns an
+  exception from a callback into a warning, so the status is set with SystemExit.
 
 Nothing happens in a single run.
 """
@@ -118,5 +120,26 @@ class SweepCallback(Callback):
         for p in failed:  # a point that failed on another machine names it: a node may lack what this one has
             where = f" on {p.host}" if p.host != here else ""
             print(f"evalkit: point {p.num} ({apart[p.num]}) {p.status}{where}: {p.error}", file=sys.stderr)
-        if failed:
+        gates = {p.num: gate_record(p.run_dir) for p in points if p.status in ("ok", "skipped") and p.run_dir}
+        for num, gate in gates.items():
+            if gate and gate.get("exit_code") == 1:
+                print(f"evalkit: point {num} ({apart[num]}) gate: {gate.get('verdict')}: {gate.get('reason')}",
+                      file=sys.stderr)
+        if any(gate and gate.get("exit_code") == 1 for gate in gates.values()):
             raise SystemExit(1)
+        if failed:  # with a gate, 1 is its verdict: a point that failed has none (as a gated run that fails)
+            gated = OmegaConf.select(config, "gate.reference") or any(gates.values())
+            raise SystemExit(3 if gated else 1)
+
+
+def gate_record(run_dir: str) -> dict | None:
+    """The gate's record in a point's run folder (results.json, evalkit.gate), None without one. The folder is
+    the one the point record names (a sweep folder may come from elsewhere): read bounded, no link followed out."""
+    from evalkit.untrusted import OutsideFolder, TooLarge, inside, json_data, read_bounded
+
+    try:
+        results = json_data(read_bounded(inside(Path(run_dir), "results.json")))
+        gate = results["evalkit"].get("gate") if isinstance(results, dict) else None
+    except (OSError, ValueError, TooLarge, OutsideFolder, KeyError, TypeError, AttributeError):
+        return None
+    return gate if isinstance(gate, dict) else None
