@@ -21,7 +21,7 @@ from evalkit.engine.machine.environment import hardware, library_versions
 from evalkit.engine.machine.gpus import engine_gpus_of
 from evalkit.engine.logprob_reads import NOTHING_SCORED, BadRead, unscored
 from evalkit.engine.vllm.second_read import ScoringError
-from evalkit.engine.vllm import chained, id_reads, next_token
+from evalkit.engine.vllm import chained, id_reads, ids_only, next_token
 from evalkit.engine.vllm.prompt_logprobs import score_prompts
 from evalkit.engine.vllm.trace_rows import scored_from_trace, trace_from_steps
 from evalkit.engine.vllm.trace_from_cache import plain_traces, token_traces
@@ -63,6 +63,7 @@ class VLLMEngine(TokenizerSide):
         self.environment = started.environment
         self.runner, self.block_size, self.logits_dtype = started.runner, started.block_size, started.logits_dtype
         self.token_id_scores = started.token_id_scores  # V2's fixed-id scores read beside the rows (launch.py)
+        self.trace_strings = not ids_only.install()  # whether vLLM makes a string of each traced id (ids_only.py)
 
     # --- inference ---
     def generate(self, requests: Sequence[GenRequest], progress: Progress | None = None, *,
@@ -75,9 +76,11 @@ class VLLMEngine(TokenizerSide):
         if not requests:
             return []
         traced = [bool(top_k) and r.greedy for r in requests]
+        trace = {"logprobs": top_k, "flat_logprobs": True}
+        if not self.trace_strings:
+            trace["extra_args"] = {ids_only.IDS_ONLY: True}
         params = [SamplingParams(**dict(r.sampling), max_tokens=r.max_tokens, stop=list(r.stop) or None,
-                                 **({"logprobs": top_k, "flat_logprobs": True} if t else {}))
-                  for r, t in zip(requests, traced)]
+                                 **(trace if t else {})) for r, t in zip(requests, traced)]
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=progress.engine_bar() if progress else False)
         if any(traced):

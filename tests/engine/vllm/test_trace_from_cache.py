@@ -149,3 +149,23 @@ def test_greedy_generations_carry_the_trace_of_their_steps(engine):
         assert len(generation.trace.logprobs) == len(generation.token_ids) == generation.output_tokens
         check(as_scored, generation.trace, K, dtype="float32")
         same_trace(generation.trace, plain_traces(engine.llm, [as_scored], K)[0])
+
+
+def test_traced_generations_read_ids_and_numbers_with_no_string_made_of_them(engine):
+    """ids_only: a traced greedy generation's top-K ids come back as ids and log-probabilities, with no string
+    made of each (vLLM's front end decodes K + 1 ids a step otherwise); the same ids, numbers, output and stop
+    as a request whose strings are made; a request without the mark keeps its strings."""
+    from vllm import SamplingParams
+
+    from evalkit.engine.vllm import ids_only
+
+    assert ids_only.install() and not engine.trace_strings  # the engine asks for ids alone
+    prompt = {"prompt_token_ids": list(engine.encode("Question: 12 + 7 = 19\nQuestion: 3 + 4 =", True))}
+    asked = [SamplingParams(temperature=0.0, max_tokens=24, stop=["\n"], logprobs=K, flat_logprobs=True,
+                            extra_args=extra) for extra in ({ids_only.IDS_ONLY: True}, None)]
+    bare, named = (o.outputs[0] for o in engine.llm.generate([prompt, prompt], asked, use_tqdm=False))
+    assert bare.token_ids == named.token_ids and bare.text == named.text and bare.stop_reason == named.stop_reason
+    assert bare.logprobs.token_ids == named.logprobs.token_ids and bare.logprobs.ranks == named.logprobs.ranks
+    assert bare.logprobs.logprobs == pytest.approx(named.logprobs.logprobs, abs=NOISE)
+    assert set(bare.logprobs.decoded_tokens) == {None}
+    assert None not in named.logprobs.decoded_tokens and len(named.logprobs.decoded_tokens) > K
