@@ -48,11 +48,24 @@ default for values outside [-1, 1]; values about 2.5, so a change of -0.05), thr
   document lost with probability 0.02 (a true change of -2 %): `worse` and `equivalent`; and lost with
   probability 0.10: `equivalent`.
 
+and the perplexity family's rows on zero-inflated and skewed changes of the documents' log-likelihoods (a word
+perplexity row, relative, lower is better: documents of 50-400 words at a perplexity about 15, each document's
+log-likelihood per word changed by the amount given), through compare_paired:
+
+* ``word_perplexity, zero-inflated``: 5 % of documents fall by log(1.1) / 0.05 per word (a true 10 % rise),
+  every document moving by Normal(0, 0.002) too: `equivalent`; and at the bound, 2 % of documents fall by
+  log(1.02) / 0.02 per word, the rest unchanged: `worse`;
+* ``word_perplexity, skewed, rare gain``: 98 % of documents a little less likely and 2 % far more (0.4 per
+  word), a true rise of exactly 2 % (the bound): `worse`; ``rare loss``: 98 % of documents a little less likely
+  (0.012 per word) and 2 % far less (0.4), the same rise: `equivalent` at the bound;
+* ``word_perplexity, heavy-tailed``: -log(1.02) + 0.01 (Lomax(2.5) - 2 / 3) per word, rare large gains: `worse`
+  at the bound; and its mirror, rare large falls: `equivalent` at the bound.
+
 ``--bleu-leaves`` measures instead the size of BLEU groups whose smallest leaf has 30 documents (leaves of 30
 and 60, 30 and 30, four of 30).
 
 Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 1000] [--seed 0] [--sizes 2,3,5,...]
-[--only NAMES] [--bleu-leaves] [--shapes]
+[--only NAMES] [--bleu-leaves] [--shapes [--shape PREFIX]]
 """
 
 from __future__ import annotations
@@ -313,6 +326,45 @@ def percent_on_binary(rng, n, loss):
     return row(ref, np.where(rng.random(n) < loss, 0.0, ref), relative=True)
 
 
+def perplexity_shape(rng, n, per_word_change):
+    """A word-perplexity row (relative, lower is better) of n documents, each document's log-likelihood per word
+    changed by per_word_change (an array of n)."""
+    words = rng.integers(50, 400, n).astype(float)
+    per_word = np.log(1 / 15.0) * (1 + 0.1 * rng.normal(size=n))
+    ref = [(float(w * p), float(w)) for w, p in zip(words, per_word)]
+    cand = [(float(w * (p + c)), float(w)) for w, p, c in zip(words, per_word, per_word_change)]
+    return row(ref, cand, by_mean=False, name="weighted_perplexity", hib=False, relative=True, analytic=True)
+
+
+def perplexity_zero_inflated(rng, n, rise, share=0.05, noise=0.002):
+    """A share of documents fall by log(1 + rise) / share per word, every document moving by Normal(0, noise)."""
+    fall = np.where(rng.random(n) < share, -math.log1p(rise) / share, 0.0)
+    return perplexity_shape(rng, n, fall + (rng.normal(0.0, noise, n) if noise else 0.0))
+
+
+def perplexity_sparse_bound(rng, n, rise):
+    return perplexity_zero_inflated(rng, n, rise, share=0.02, noise=0.0)
+
+
+def perplexity_rare(rng, n, rise, gain=0.4):
+    """2 % of documents move by gain per word (a gain: more likely), the rest by x, x such that the rise is rise."""
+    rest = (math.log1p(rise) + 0.02 * gain) / 0.98
+    return perplexity_shape(rng, n, np.where(rng.random(n) < 0.02, gain, -rest))
+
+
+def perplexity_rare_loss(rng, n, rise):
+    return perplexity_rare(rng, n, rise, gain=-0.4)
+
+
+def perplexity_heavy(rng, n, rise, sign=1.0, shape=2.5):
+    """-log(1 + rise) + sign 0.01 (Lomax(shape) - its mean) per word: rare large gains (sign 1) or falls (-1)."""
+    return perplexity_shape(rng, n, -math.log1p(rise) + sign * 0.01 * (rng.pareto(shape, n) - 1.0 / (shape - 1.0)))
+
+
+def perplexity_heavy_loss(rng, n, rise):
+    return perplexity_heavy(rng, n, rise, sign=-1.0)
+
+
 SHAPES = [  # name, make, claim, its label, value
     ("sign-flip, zero-inflated", zero_inflated, equivalent, "`equivalent` at -10 %", 0.25),
     ("sign-flip, zero-inflated", zero_inflated, worse, "`worse` at the bound", 0.05),
@@ -325,14 +377,24 @@ SHAPES = [  # name, make, claim, its label, value
     ("betting, % tolerance on 0/1", percent_on_binary, equivalent, "`equivalent` at the bound", TOL),
     ("betting, % tolerance on 0/1", percent_on_binary, equivalent, "`equivalent` at -10 %", 0.10),
     ("betting, % tolerance on 0/1", percent_on_binary, worse, "power: `worse` at -10 %", 0.10),
+    ("sign-flip word_perplexity, zero-inflated", perplexity_zero_inflated, equivalent, "`equivalent` at +10 %", 0.10),
+    ("sign-flip word_perplexity, zero-inflated", perplexity_sparse_bound, worse, "`worse` at the bound", TOL),
+    ("sign-flip word_perplexity, skewed, rare gain", perplexity_rare, worse, "`worse` at the bound", TOL),
+    ("sign-flip word_perplexity, skewed, rare loss", perplexity_rare_loss, equivalent, "`equivalent` at the bound",
+     TOL),
+    ("sign-flip word_perplexity, heavy-tailed", perplexity_heavy, worse, "`worse` at the bound", TOL),
+    ("sign-flip word_perplexity, heavy-tailed", perplexity_heavy_loss, equivalent, "`equivalent` at the bound", TOL),
+    ("sign-flip word_perplexity, zero-inflated", perplexity_zero_inflated, worse, "power: `worse` at +10 %", 0.10),
 ]
 
 
-def shapes(trials: int, sizes: list[int], rng) -> None:
-    """--shapes: the level on the shapes LLM changes take (the module's docstring)."""
+def shapes(trials: int, sizes: list[int], rng, prefix: str = "") -> None:
+    """--shapes: the level on the shapes LLM changes take (the module's docstring); prefix: only those named so."""
     print("| shape | claim | " + " | ".join(f"n={n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
     for name, make, claim, label, value in SHAPES:
+        if not name.startswith(prefix):
+            continue
         cells = [f"{rate(make, claim, value, n, trials, rng):.3f}" for n in sizes]
         print(f"| {name} | {label} | " + " | ".join(cells) + " |", flush=True)
 
@@ -352,12 +414,13 @@ def main() -> None:
     parser.add_argument("--only", default="", help="method names to run, separated by ';' (default: all)")
     parser.add_argument("--bleu-leaves", action="store_true", help="only the BLEU groups of 30-document leaves")
     parser.add_argument("--shapes", action="store_true", help="only the shapes LLM changes take, relative rows")
+    parser.add_argument("--shape", default="", help="with --shapes: only the shapes whose name starts so")
     args = parser.parse_args()
     if args.bleu_leaves:
         return bleu_leaves(args.trials, np.random.default_rng(args.seed))
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.shapes:
-        return shapes(args.trials, sizes, np.random.default_rng(args.seed))
+        return shapes(args.trials, sizes, np.random.default_rng(args.seed), args.shape)
     rng = np.random.default_rng(args.seed)
     se = math.sqrt(ALPHA * (1 - ALPHA) / args.trials)
     print(f"{args.trials} trials per cell (standard error about {se:.3f} at a rate of {ALPHA}); tolerance {TOL}, "

@@ -148,3 +148,57 @@ def test_a_direction_shown_only_at_alpha_leaves_0_in_the_interval(tmp_path):
     (table,) = verdict.decide([pd.DataFrame([{**shown.__dict__, "higher_is_better": True, "tolerance": 0.02}])],
                               ALPHA)
     assert table.verdict[0] == "equivalent"
+
+
+def perplexity_row(rng, n, per_word_change):
+    """A word-perplexity row (relative, lower is better) of n documents of 50-400 words, perplexity about 15, each
+    document's log-likelihood per word changed by per_word_change (an array of n)."""
+    from lm_eval.api.registry import get_aggregation
+
+    words = rng.integers(50, 400, n).astype(float)
+    per_word = math.log(1 / 15.0) * (1 + 0.1 * rng.normal(size=n))
+    ref = [(float(w * p), float(w)) for w, p in zip(words, per_word)]
+    cand = [(float(w * (p + c)), float(w)) for w, p, c in zip(words, per_word, per_word_change)]
+    shown = compare_paired(ref, cand, aggregate=get_aggregation("weighted_perplexity"),
+                           aggregate_name="weighted_perplexity", by_mean=False, higher_is_better=False,
+                           tolerance=0.02, relative=True, analytic=True, iterations=1_000)
+    assert shown.method == "sign-flip weighted_perplexity"
+    return shown
+
+
+@pytest.mark.parametrize("n", [10, 30, 200])
+def test_a_perplexity_rise_carried_by_a_few_documents_is_not_called_equivalent(n):
+    """5 % of documents' log-likelihood per word falls by log(1.1) / 0.05 (a true 10 % rise in word perplexity),
+    every document moving by Normal(0, 0.002) too: the sign-flip test called such rows `equivalent` 0.61-0.65 of
+    the time at 5-10 documents and 0.22 at 30, mostly where no fall was drawn. Below 200 documents the row is
+    untested, and from there the test holds."""
+    rng = np.random.default_rng(n)
+
+    def make():
+        fall = np.where(rng.random(n) < 0.05, -math.log(1.1) / 0.05, 0.0)
+        return perplexity_row(rng, n, fall + rng.normal(0.0, 0.002, n))
+
+    assert rate(make, "p_equivalent") <= LIMIT
+
+
+@pytest.mark.parametrize("n", [10, 30, 100, 200])
+def test_a_perplexity_at_the_bound_with_a_rare_large_gain_is_not_called_worse(n):
+    """98 % of documents a little less likely per word and 2 % far more (0.4 per word), a true rise of exactly
+    2 % in word perplexity (the bound): the sign-flip test called such rows `worse` 0.84 / 0.61 / 0.12 of the
+    time at 10 / 30 / 100 documents, where no gain was drawn."""
+    rng = np.random.default_rng(n)
+    gain = 0.4
+    fall = (math.log(1.02) + 0.02 * gain) / 0.98
+
+    def make():
+        return perplexity_row(rng, n, np.where(rng.random(n) < 0.02, gain, -fall))
+
+    assert rate(make, "p_worse") <= LIMIT
+
+
+def test_a_perplexity_row_below_200_documents_says_why_it_is_untested():
+    """A word perplexity 50 % higher on 150 documents was `worse`; below 200 documents the row is untested, its
+    interval unbounded and its note saying why."""
+    shown = perplexity_row(np.random.default_rng(0), 150, np.full(150, -math.log(1.5)))
+    assert shown.p_worse == 1.0 and shown.p_floor == 1.0 and shown.ci_low == -math.inf
+    assert shown.note.startswith("150 documents whose log-likelihood changes are unbounded: no test of a mean")

@@ -17,8 +17,10 @@ interval and one-sided p-values it gives (compare_paired, Comparison). Pure func
 * lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte), a task's or a
   group's, are not resampled: their change is a ratio of per-document sums (ratio.paired_sums), which the sign-flip
   test of means.py reads on the documents' log-likelihood changes, each weighted by its words or bytes (and, in a
-  group, its leaf's share), at every size (a t test by the delta method was above the level at every size,
-  0.058-0.077, benchmarks/small_samples.py). A row with no such ratio is untested (perplexity_reading).
+  group, its leaf's share), from means.MIN_UNBOUNDED documents on (a t test by the delta method was above the
+  level at every size, 0.058-0.077, and the sign-flip test is below that number of documents on zero-inflated or
+  skewed log-likelihood changes: benchmarks/small_samples.py). A row below that, or with no such ratio, is untested
+  (perplexity_reading).
 * Resamples are sized to the family (bootstrap.resamples_for); corpus-level aggregations that re-aggregate every
   resample draw at most aggregate_iterations (BLEU, whose resamples are sums of per-document counts,
   evalkit/compare/statistics/corpus.py, is not bounded). Each row says the smallest p-value its method can give (p_floor),
@@ -228,6 +230,7 @@ def ratio_reading(form: ratio.Form, *, draws: int, seed: int, tolerance: float, 
     return interval, p, test.floor
 
 
+PERPLEXITY_VALUES = "whose log-likelihood changes are unbounded"  # too_few_unbounded's words for a perplexity row
 NO_RATIO = ("the documents' words or bytes differ between the runs, or a unit is not positive: no ratio of "
             "per-document sums to test, so this row is not tested (inconclusive, whatever it shows)")
 
@@ -236,8 +239,10 @@ def perplexity_reading(strata: list[ratio.Stratum], weights: Sequence[float], na
                        *, relative: bool, draws: int, seed: int, **settings: Any
                        ) -> tuple[Interval, dict[str, float], float, str] | None:
     """(interval, p-values, p_floor, note) of a perplexity-family row (a task: one stratum; a group: its leaves,
-    weighted): ratio_reading, or untested where it is no ratio of sums; None where the values do not reproduce
-    lm-eval's scores (the row is then read as any corpus row)."""
+    weighted): ratio_reading from means.MIN_UNBOUNDED documents on (all leaves together), untested below (the
+    sign-flip test of zero-inflated or skewed log-likelihood changes, a few documents moving a lot, is liberal
+    there, as for a mean of unbounded values: benchmarks/small_samples.py --shapes) and where it is no ratio of
+    sums; None where the values do not reproduce lm-eval's scores (the row is then read as any corpus row)."""
     try:
         if not np.allclose(ratio.scores(strata, weights, name), scores, rtol=1e-9, atol=0.0):
             return None
@@ -247,6 +252,9 @@ def perplexity_reading(strata: list[ratio.Stratum], weights: Sequence[float], na
     diff = relative_change(*scores) if relative else scores[1] - scores[0]
     if form is None:
         return *untested(diff, **settings), 1.0, NO_RATIO
+    documents = sum(s.n for s in strata)
+    if documents < means.MIN_UNBOUNDED:  # zero-inflated, skewed log-likelihood changes: benchmarks/small_samples.py
+        return *untested(diff, **settings), 1.0, means.too_few_unbounded(documents, PERPLEXITY_VALUES)
     return *ratio_reading(form, draws=draws, seed=seed, diff=diff, **settings), ""
 
 
