@@ -202,3 +202,66 @@ def test_a_perplexity_row_below_200_documents_says_why_it_is_untested():
     shown = perplexity_row(np.random.default_rng(0), 150, np.full(150, -math.log(1.5)))
     assert shown.p_worse == 1.0 and shown.p_floor == 1.0 and shown.ci_low == -math.inf
     assert shown.note.startswith("150 documents whose log-likelihood changes are unbounded: no test of a mean")
+
+
+def judge_row(ref, cand, *, bounds=(1.0, 10.0), relative=True):
+    from lm_eval.api.registry import get_aggregation
+
+    shown = compare_paired(list(ref), list(cand), aggregate=get_aggregation("mean"), aggregate_name="mean",
+                           by_mean=True, higher_is_better=True, tolerance=0.02, relative=relative, iterations=1_000,
+                           bounds=bounds)
+    assert shown.method == "betting"
+    return shown
+
+
+@pytest.mark.parametrize("n", [10, 30, 100])
+def test_a_declared_range_holds_the_level_at_the_bound_with_a_rare_large_gain(n):
+    """A judge's score in [1, 10] (--range-for t/score=1:10), about 5: 98 % of documents a little lower and 2 %
+    up by 4.5, a true change of exactly -2 % (the bound). Undeclared, such a row is untested below 200 documents
+    (the sign-flip test called it `worse` most of the time there); declared, betting reads it at every size and
+    holds the level."""
+    rng = np.random.default_rng(n)
+    fall = (0.02 * 5.0 + 0.02 * 4.5) / 0.98
+
+    def make():
+        ref = np.full(n, 5.0)
+        return judge_row(ref, ref + np.where(rng.random(n) < 0.02, 4.5, -fall))
+
+    assert rate(make, "p_worse") <= LIMIT
+
+
+@pytest.mark.parametrize("n", [10, 30, 100])
+def test_a_declared_range_is_not_fooled_by_a_few_large_drops(n):
+    """A judge's score about 8 in [1, 10]; 5 % of documents drop to 1 (a true change of about -4.4 %, beyond a
+    2 % tolerance): `equivalent` at most alpha of the time, though most rows of 10-30 documents draw no drop."""
+    rng = np.random.default_rng(n)
+
+    def make():
+        ref = rng.uniform(7.5, 8.5, n)
+        return judge_row(ref, np.where(rng.random(n) < 0.05, 1.0, ref + rng.uniform(-0.05, 0.05, n)))
+
+    assert rate(make, "p_equivalent") <= LIMIT
+
+
+def test_a_declared_range_gives_a_claim_below_200_documents():
+    """30 documents of a judge's score falling from about 8 to about 6 (-25 %): undeclared, untested
+    (`inconclusive` below 200 documents); declared 1..10, shown worse by betting, absolute or relative."""
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(7.5, 8.5, 30)
+    cand = ref - 2.0
+    assert row(ref, cand).p_floor == 1.0 and row(ref, cand).p_worse == 1.0
+    assert judge_row(ref, cand).p_worse < ALPHA and judge_row(ref, cand).ci_high < -0.02
+    assert judge_row(ref, cand, relative=False).p_worse < ALPHA
+
+
+@pytest.mark.parametrize("bounds", [(-10.0, 10.0), (-10.0, 0.0)])
+def test_a_declared_range_around_or_below_0_keeps_a_relative_rows_direction(bounds):
+    """Scores about -5 (relative: a fall is away from 0) in a range [-10, 10] or [-10, 0]: a 20 % fall on 200
+    documents is worse, a 20 % rise better, and no change is not worse. Where the range straddles 0 the sign of
+    the reference's mean is not taken from the data: both signs are tested, the larger p-value kept."""
+    rng = np.random.default_rng(1)
+    ref = rng.uniform(-6.0, -4.0, 200)
+    fall, rise, same = (judge_row(ref, ref * k, bounds=bounds) for k in (1.2, 0.8, 1.0))
+    assert fall.p_worse < 0.01 and fall.diff == pytest.approx(-0.2)
+    assert rise.p_better < 0.01 and rise.diff == pytest.approx(0.2)
+    assert same.p_worse == 1.0 and same.p_better == 1.0
