@@ -61,6 +61,11 @@ log-likelihood per word changed by the amount given), through compare_paired:
 * ``word_perplexity, heavy-tailed``: -log(1.02) + 0.01 (Lomax(2.5) - 2 / 3) per word, rare large gains: `worse`
   at the bound; and its mirror, rare large falls: `equivalent` at the bound.
 
+and a judge's score declared to lie in [1, 10] (``--range-for t/score=1:10``: betting at every size),
+relative: ``betting, declared range 1-10, rare gain``, scores of 5, 98 % of documents a little lower and 2 %
+4.5 higher, a true change of exactly -2 % (the bound): `worse`; ``zero-inflated``, scores about 8, 5 % of
+documents dropping to 1 (a true change of about -4.4 %): `equivalent`; and 20 % of them (about -17.5 %): power.
+
 ``--bleu-leaves`` measures instead the size of BLEU groups whose smallest leaf has 30 documents (leaves of 30
 and 60, 30 and 30, four of 30).
 
@@ -82,13 +87,13 @@ TOL, ALPHA = 0.02, 0.05
 
 
 def row(ref, cand, *, by_mean=True, aggregate=None, name="mean", hib=True, relative=False, analytic=False,
-        tolerance=TOL):
+        tolerance=TOL, bounds=None):
     from lm_eval.api.registry import get_aggregation
 
     aggregate = aggregate or get_aggregation(name)
     return stats.compare_paired(list(ref), list(cand), aggregate=aggregate, aggregate_name=name, by_mean=by_mean,
                                 higher_is_better=hib, tolerance=tolerance, relative=relative, iterations=2_000,
-                                analytic=analytic)
+                                analytic=analytic, bounds=bounds)
 
 
 def worse(c) -> bool:
@@ -365,6 +370,22 @@ def perplexity_heavy_loss(rng, n, rise):
     return perplexity_heavy(rng, n, rise, sign=-1.0)
 
 
+def judge_rare_gain(rng, n, change):
+    """A judge's score in [1, 10], declared so (--range-for), at 5: 98 % of documents lower by x and 2 % higher by
+    4.5, x such that the relative change is change: relative."""
+    fall = (-change * 5.0 + 0.02 * 4.5) / 0.98
+    ref = np.full(n, 5.0)
+    return row(ref, ref + np.where(rng.random(n) < 0.02, 4.5, -fall), relative=True, bounds=(1.0, 10.0))
+
+
+def judge_drops(rng, n, share):
+    """A judge's score about 8 in [1, 10], declared so: a share of documents drop to 1, the rest move by
+    Uniform(-0.05, 0.05): relative."""
+    ref = rng.uniform(7.5, 8.5, n)
+    cand = np.where(rng.random(n) < share, 1.0, ref + rng.uniform(-0.05, 0.05, n))
+    return row(ref, cand, relative=True, bounds=(1.0, 10.0))
+
+
 SHAPES = [  # name, make, claim, its label, value
     ("sign-flip, zero-inflated", zero_inflated, equivalent, "`equivalent` at -10 %", 0.25),
     ("sign-flip, zero-inflated", zero_inflated, worse, "`worse` at the bound", 0.05),
@@ -385,6 +406,9 @@ SHAPES = [  # name, make, claim, its label, value
     ("sign-flip word_perplexity, heavy-tailed", perplexity_heavy, worse, "`worse` at the bound", TOL),
     ("sign-flip word_perplexity, heavy-tailed", perplexity_heavy_loss, equivalent, "`equivalent` at the bound", TOL),
     ("sign-flip word_perplexity, zero-inflated", perplexity_zero_inflated, worse, "power: `worse` at +10 %", 0.10),
+    ("betting, declared range 1-10, rare gain", judge_rare_gain, worse, "`worse` at the bound", -TOL),
+    ("betting, declared range 1-10, zero-inflated", judge_drops, equivalent, "`equivalent` at -4.4 %", 0.05),
+    ("betting, declared range 1-10, zero-inflated", judge_drops, worse, "power: `worse` at -17.5 %", 0.2),
 ]
 
 
