@@ -418,7 +418,10 @@ def test_a_declared_range_tests_a_judge_score_on_few_documents(tmp_path, capsys)
     valid at every size: worse, exit 1."""
     ref = judge_scores(40)
     ref_dir, cand_dir = value_pair(tmp_path, ref, ref - 2.0, metric="score")
-    assert row_of(ref_dir, cand_dir).verdict == "inconclusive" and cli.main([str(ref_dir), str(cand_dir)]) == 0
+    undeclared = row_of(ref_dir, cand_dir)
+    assert undeclared.verdict == "inconclusive" and cli.main([str(ref_dir), str(cand_dir)]) == 0
+    assert undeclared.note.endswith("where its values are known to lie in a range, --range-for TASK/METRIC=LO:HI has "
+                                    "it tested by betting at every size")
     assert cli.main([str(ref_dir), str(cand_dir), "--range-for", "t/score=1:10"]) == 1
     row = row_of(ref_dir, cand_dir, tolerance=Tolerances(ranges={("t", "score"): (1.0, 10.0)}))
     assert row.method == "betting" and row.verdict == "worse" and row.p_floor == 0.0 and row.ci_high < -0.02

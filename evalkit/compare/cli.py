@@ -95,7 +95,7 @@ def tolerances_from(args: Any) -> Tolerances:
                                f"{task}/{metric}=2%")
         overrides[(task, metric)] = tolerance
     ranges = {}
-    for text in args.range_for:
+    for text in getattr(args, "range_for", []):  # callers that build their own arguments may leave it out
         try:
             key, bounds = verdict.parse_range(text)
         except ValueError as error:

@@ -204,7 +204,9 @@ def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool
     elif n < means.MIN_UNBOUNDED:
         interval, p_values = untested(diff, tolerance=tolerance, confidence=confidence,
                                       higher_is_better=higher_is_better)
-        return "sign-flip", interval, p_values, 1.0, means.too_few_unbounded(n)
+        return "sign-flip", interval, p_values, 1.0, (means.too_few_unbounded(n) + "; where its values are known to "
+                                                       "lie in a range, --range-for TASK/METRIC=LO:HI has it tested "
+                                                       "by betting at every size")
     elif relative:
         test = means.ratio_flip(delta, sign * reference, draws=draws, seed=seed)
         below, above = (lambda t: test.p(t, "below")), (lambda t: test.p(t, "above"))
