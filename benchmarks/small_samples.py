@@ -48,11 +48,29 @@ default for values outside [-1, 1]; values about 2.5, so a change of -0.05), thr
   document lost with probability 0.02 (a true change of -2 %): `worse` and `equivalent`; and lost with
   probability 0.10: `equivalent`.
 
+and the perplexity family's rows on zero-inflated and skewed changes of the documents' log-likelihoods (a word
+perplexity row, relative, lower is better: documents of 50-400 words at a perplexity about 15, each document's
+log-likelihood per word changed by the amount given), through compare_paired:
+
+* ``word_perplexity, zero-inflated``: 5 % of documents fall by log(1.1) / 0.05 per word (a true 10 % rise),
+  every document moving by Normal(0, 0.002) too: `equivalent`; and at the bound, 2 % of documents fall by
+  log(1.02) / 0.02 per word, the rest unchanged: `worse`;
+* ``word_perplexity, skewed, rare gain``: 98 % of documents a little less likely and 2 % far more (0.4 per
+  word), a true rise of exactly 2 % (the bound): `worse`; ``rare loss``: 98 % of documents a little less likely
+  (0.012 per word) and 2 % far less (0.4), the same rise: `equivalent` at the bound;
+* ``word_perplexity, heavy-tailed``: -log(1.02) + 0.01 (Lomax(2.5) - 2 / 3) per word, rare large gains: `worse`
+  at the bound; and its mirror, rare large falls: `equivalent` at the bound.
+
+and a judge's score declared to lie in [1, 10] (``--range-for t/score=1:10``: betting at every size),
+relative: ``betting, declared range 1-10, rare gain``, scores of 5, 98 % of documents a little lower and 2 %
+4.5 higher, a true change of exactly -2 % (the bound): `worse`; ``zero-inflated``, scores about 8, 5 % of
+documents dropping to 1 (a true change of about -4.4 %): `equivalent`; and 20 % of them (about -17.5 %): power.
+
 ``--bleu-leaves`` measures instead the size of BLEU groups whose smallest leaf has 30 documents (leaves of 30
 and 60, 30 and 30, four of 30).
 
 Printed, not asserted. Run: python -m benchmarks.small_samples [--trials 1000] [--seed 0] [--sizes 2,3,5,...]
-[--only NAMES] [--bleu-leaves] [--shapes]
+[--only NAMES] [--bleu-leaves] [--shapes [--shape PREFIX]]
 """
 
 from __future__ import annotations
@@ -69,13 +87,13 @@ TOL, ALPHA = 0.02, 0.05
 
 
 def row(ref, cand, *, by_mean=True, aggregate=None, name="mean", hib=True, relative=False, analytic=False,
-        tolerance=TOL):
+        tolerance=TOL, bounds=None):
     from lm_eval.api.registry import get_aggregation
 
     aggregate = aggregate or get_aggregation(name)
     return stats.compare_paired(list(ref), list(cand), aggregate=aggregate, aggregate_name=name, by_mean=by_mean,
                                 higher_is_better=hib, tolerance=tolerance, relative=relative, iterations=2_000,
-                                analytic=analytic)
+                                analytic=analytic, bounds=bounds)
 
 
 def worse(c) -> bool:
@@ -313,6 +331,61 @@ def percent_on_binary(rng, n, loss):
     return row(ref, np.where(rng.random(n) < loss, 0.0, ref), relative=True)
 
 
+def perplexity_shape(rng, n, per_word_change):
+    """A word-perplexity row (relative, lower is better) of n documents, each document's log-likelihood per word
+    changed by per_word_change (an array of n)."""
+    words = rng.integers(50, 400, n).astype(float)
+    per_word = np.log(1 / 15.0) * (1 + 0.1 * rng.normal(size=n))
+    ref = [(float(w * p), float(w)) for w, p in zip(words, per_word)]
+    cand = [(float(w * (p + c)), float(w)) for w, p, c in zip(words, per_word, per_word_change)]
+    return row(ref, cand, by_mean=False, name="weighted_perplexity", hib=False, relative=True, analytic=True)
+
+
+def perplexity_zero_inflated(rng, n, rise, share=0.05, noise=0.002):
+    """A share of documents fall by log(1 + rise) / share per word, every document moving by Normal(0, noise)."""
+    fall = np.where(rng.random(n) < share, -math.log1p(rise) / share, 0.0)
+    return perplexity_shape(rng, n, fall + (rng.normal(0.0, noise, n) if noise else 0.0))
+
+
+def perplexity_sparse_bound(rng, n, rise):
+    return perplexity_zero_inflated(rng, n, rise, share=0.02, noise=0.0)
+
+
+def perplexity_rare(rng, n, rise, gain=0.4):
+    """2 % of documents move by gain per word (a gain: more likely), the rest by x, x such that the rise is rise."""
+    rest = (math.log1p(rise) + 0.02 * gain) / 0.98
+    return perplexity_shape(rng, n, np.where(rng.random(n) < 0.02, gain, -rest))
+
+
+def perplexity_rare_loss(rng, n, rise):
+    return perplexity_rare(rng, n, rise, gain=-0.4)
+
+
+def perplexity_heavy(rng, n, rise, sign=1.0, shape=2.5):
+    """-log(1 + rise) + sign 0.01 (Lomax(shape) - its mean) per word: rare large gains (sign 1) or falls (-1)."""
+    return perplexity_shape(rng, n, -math.log1p(rise) + sign * 0.01 * (rng.pareto(shape, n) - 1.0 / (shape - 1.0)))
+
+
+def perplexity_heavy_loss(rng, n, rise):
+    return perplexity_heavy(rng, n, rise, sign=-1.0)
+
+
+def judge_rare_gain(rng, n, change):
+    """A judge's score in [1, 10], declared so (--range-for), at 5: 98 % of documents lower by x and 2 % higher by
+    4.5, x such that the relative change is change: relative."""
+    fall = (-change * 5.0 + 0.02 * 4.5) / 0.98
+    ref = np.full(n, 5.0)
+    return row(ref, ref + np.where(rng.random(n) < 0.02, 4.5, -fall), relative=True, bounds=(1.0, 10.0))
+
+
+def judge_drops(rng, n, share):
+    """A judge's score about 8 in [1, 10], declared so: a share of documents drop to 1, the rest move by
+    Uniform(-0.05, 0.05): relative."""
+    ref = rng.uniform(7.5, 8.5, n)
+    cand = np.where(rng.random(n) < share, 1.0, ref + rng.uniform(-0.05, 0.05, n))
+    return row(ref, cand, relative=True, bounds=(1.0, 10.0))
+
+
 SHAPES = [  # name, make, claim, its label, value
     ("sign-flip, zero-inflated", zero_inflated, equivalent, "`equivalent` at -10 %", 0.25),
     ("sign-flip, zero-inflated", zero_inflated, worse, "`worse` at the bound", 0.05),
@@ -325,14 +398,27 @@ SHAPES = [  # name, make, claim, its label, value
     ("betting, % tolerance on 0/1", percent_on_binary, equivalent, "`equivalent` at the bound", TOL),
     ("betting, % tolerance on 0/1", percent_on_binary, equivalent, "`equivalent` at -10 %", 0.10),
     ("betting, % tolerance on 0/1", percent_on_binary, worse, "power: `worse` at -10 %", 0.10),
+    ("sign-flip word_perplexity, zero-inflated", perplexity_zero_inflated, equivalent, "`equivalent` at +10 %", 0.10),
+    ("sign-flip word_perplexity, zero-inflated", perplexity_sparse_bound, worse, "`worse` at the bound", TOL),
+    ("sign-flip word_perplexity, skewed, rare gain", perplexity_rare, worse, "`worse` at the bound", TOL),
+    ("sign-flip word_perplexity, skewed, rare loss", perplexity_rare_loss, equivalent, "`equivalent` at the bound",
+     TOL),
+    ("sign-flip word_perplexity, heavy-tailed", perplexity_heavy, worse, "`worse` at the bound", TOL),
+    ("sign-flip word_perplexity, heavy-tailed", perplexity_heavy_loss, equivalent, "`equivalent` at the bound", TOL),
+    ("sign-flip word_perplexity, zero-inflated", perplexity_zero_inflated, worse, "power: `worse` at +10 %", 0.10),
+    ("betting, declared range 1-10, rare gain", judge_rare_gain, worse, "`worse` at the bound", -TOL),
+    ("betting, declared range 1-10, zero-inflated", judge_drops, equivalent, "`equivalent` at -4.4 %", 0.05),
+    ("betting, declared range 1-10, zero-inflated", judge_drops, worse, "power: `worse` at -17.5 %", 0.2),
 ]
 
 
-def shapes(trials: int, sizes: list[int], rng) -> None:
-    """--shapes: the level on the shapes LLM changes take (the module's docstring)."""
+def shapes(trials: int, sizes: list[int], rng, prefix: str = "") -> None:
+    """--shapes: the level on the shapes LLM changes take (the module's docstring); prefix: only those named so."""
     print("| shape | claim | " + " | ".join(f"n={n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
     for name, make, claim, label, value in SHAPES:
+        if not name.startswith(prefix):
+            continue
         cells = [f"{rate(make, claim, value, n, trials, rng):.3f}" for n in sizes]
         print(f"| {name} | {label} | " + " | ".join(cells) + " |", flush=True)
 
@@ -352,12 +438,13 @@ def main() -> None:
     parser.add_argument("--only", default="", help="method names to run, separated by ';' (default: all)")
     parser.add_argument("--bleu-leaves", action="store_true", help="only the BLEU groups of 30-document leaves")
     parser.add_argument("--shapes", action="store_true", help="only the shapes LLM changes take, relative rows")
+    parser.add_argument("--shape", default="", help="with --shapes: only the shapes whose name starts so")
     args = parser.parse_args()
     if args.bleu_leaves:
         return bleu_leaves(args.trials, np.random.default_rng(args.seed))
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.shapes:
-        return shapes(args.trials, sizes, np.random.default_rng(args.seed))
+        return shapes(args.trials, sizes, np.random.default_rng(args.seed), args.shape)
     rng = np.random.default_rng(args.seed)
     se = math.sqrt(ALPHA * (1 - ALPHA) / args.trials)
     print(f"{args.trials} trials per cell (standard error about {se:.3f} at a rate of {ALPHA}); tolerance {TOL}, "

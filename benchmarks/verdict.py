@@ -15,11 +15,12 @@ subtask (pb = 0.05 + 2 * tolerance, pc = 0.05).
 The cases of issue 28 (each: the false-fail rate at no change, the power at a change of twice the tolerance):
 
 * ``wikitext60``: MMLU's 57 subtasks (as above, nothing changing) and wikitext's three perplexity rows (62
-  documents of 50-400 words, each document's log-likelihood per word spread 10 % around log(1/15), the candidate
-  off the reference by --spread per document): 60 rows. Power: word perplexity 4 % higher. Before, the perplexity
-  rows were bootstrapped with 1,000 resamples: their p-value at least 1/1001, times 60 by Holm, never below 0.05
-  (power 0 by construction); now the sign-flip test of per-document log-likelihood changes
-  (evalkit/compare/statistics/ratio.py).
+  documents, or --documents, of 50-400 words, each document's log-likelihood per word spread 10 % around
+  log(1/15), the candidate off the reference by --spread per document; perplexity rows are tested from 200
+  documents, so at 62 they never fail, and --documents 200 measures the test): 60 rows. Power: word perplexity
+  4 % higher. Before, the perplexity rows were bootstrapped with 1,000 resamples: their p-value at least 1/1001,
+  times 60 by Holm, never below 0.05 (power 0 by construction); now the sign-flip test of per-document
+  log-likelihood changes (evalkit/compare/statistics/ratio.py).
 * ``sweep17``: a 17-point sweep of wikitext against one reference point (51 rows). Per point: Holm over each
   point's own 3 rows, as the sweep report did; one family: Holm over all 51, as ``python -m evalkit.compare REF
   P1 ... P17`` and now the sweep report do. Power: one point's word perplexity 4 % higher.
@@ -31,7 +32,7 @@ The cases of issue 28 (each: the false-fail rate at no change, the power at a ch
   lm-eval's bleu re-run on every resample (timed on a few resamples, then multiplied out).
 
 Printed, not asserted. Run: python -m benchmarks.verdict [--case mmlu|wikitext60|sweep17|bleu16|all]
-[--trials 10000] [--tolerance 0.02] [--seed 0]
+[--trials 10000] [--tolerance 0.02] [--seed 0] [--documents 62]
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from benchmarks.common.verdict_families import bleu16, sweep17, wikitext60
+from benchmarks.common.verdict_families import WIKITEXT_DOCUMENTS, bleu16, sweep17, wikitext60
 from benchmarks.common.verdict_trials import DOCUMENTS, FLIP, SUBTASKS, p_worse, trial_rows
 from evalkit.compare.statistics.proportions import tango_interval
 from evalkit.compare.statistics.verdict import holm
@@ -87,6 +88,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=None, help="default: 10,000 (mmlu), 2,000, 100 (bleu16)")
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--documents", type=int, default=WIKITEXT_DOCUMENTS,
+                        help="wikitext's documents (62, lm-eval's; perplexity rows are tested from 200)")
     parser.add_argument("--spread", type=float, default=0.01, help="per-document log-likelihood spread between runs")
     parser.add_argument("--segments", type=int, default=60, help="bleu16: segments per leaf in the simulation")
     parser.add_argument("--seed", type=int, default=0)

@@ -159,8 +159,10 @@ def test_perplexity_is_compared_through_its_own_aggregation(task_runs):
                                 ("byte_perplexity", "weighted_perplexity"), ("bits_per_byte", "bits_per_byte")]:
         assert rows.loc[metric, "reference"] == pytest.approx(lm_eval[f"{metric},none"])
         assert rows.loc[metric, "method"] == f"sign-flip {aggregation}"  # lm-eval's aggregation, not resampled
-    # same scores in both runs: a zero-width interval, which is no evidence of equivalence
-    assert set(rows.verdict) == {"inconclusive"} and all("zero-width" in note for note in rows.note)
+    # fewer than 200 documents: untested, as their log-likelihood changes are unbounded, and no evidence anyway
+    n = len(ref.samples["evalkit_cmp_rolling"])
+    assert n < 200 and set(rows.verdict) == {"inconclusive"}
+    assert all(note.startswith(f"{n} documents whose log-likelihood changes are unbounded") for note in rows.note)
 
     for sample in cand.samples["evalkit_cmp_rolling"].values():  # a candidate 1.5 times less likely per text
         for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
@@ -173,8 +175,9 @@ def test_perplexity_is_compared_through_its_own_aggregation(task_runs):
     assert rows.relative.all() and (rows.tolerance == 0.02).all()
     assert rows.loc["word_perplexity", "diff"] == pytest.approx(
         -(rows.loc["word_perplexity", "candidate"] / rows.loc["word_perplexity", "reference"] - 1))
-    assert (rows["diff"] < 0).all() and (rows.ci_high < -0.02).all()  # lower is better: higher is worse
-    assert set(rows.verdict) == {"worse"}
+    assert (rows["diff"] < 0).all()  # lower is better: higher is worse
+    # ... but on so few documents a rise is not shown worse: zero-inflated or skewed changes could hide anything
+    assert set(rows.verdict) == {"inconclusive"} and (rows.ci_high == math.inf).all() and (rows.p_floor == 1).all()
 
 
 def test_a_group_pools_its_subtasks_documents_by_size(task_runs):

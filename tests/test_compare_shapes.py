@@ -148,3 +148,120 @@ def test_a_direction_shown_only_at_alpha_leaves_0_in_the_interval(tmp_path):
     (table,) = verdict.decide([pd.DataFrame([{**shown.__dict__, "higher_is_better": True, "tolerance": 0.02}])],
                               ALPHA)
     assert table.verdict[0] == "equivalent"
+
+
+def perplexity_row(rng, n, per_word_change):
+    """A word-perplexity row (relative, lower is better) of n documents of 50-400 words, perplexity about 15, each
+    document's log-likelihood per word changed by per_word_change (an array of n)."""
+    from lm_eval.api.registry import get_aggregation
+
+    words = rng.integers(50, 400, n).astype(float)
+    per_word = math.log(1 / 15.0) * (1 + 0.1 * rng.normal(size=n))
+    ref = [(float(w * p), float(w)) for w, p in zip(words, per_word)]
+    cand = [(float(w * (p + c)), float(w)) for w, p, c in zip(words, per_word, per_word_change)]
+    shown = compare_paired(ref, cand, aggregate=get_aggregation("weighted_perplexity"),
+                           aggregate_name="weighted_perplexity", by_mean=False, higher_is_better=False,
+                           tolerance=0.02, relative=True, analytic=True, iterations=1_000)
+    assert shown.method == "sign-flip weighted_perplexity"
+    return shown
+
+
+@pytest.mark.parametrize("n", [10, 30, 200])
+def test_a_perplexity_rise_carried_by_a_few_documents_is_not_called_equivalent(n):
+    """5 % of documents' log-likelihood per word falls by log(1.1) / 0.05 (a true 10 % rise in word perplexity),
+    every document moving by Normal(0, 0.002) too: the sign-flip test called such rows `equivalent` 0.61-0.65 of
+    the time at 5-10 documents and 0.22 at 30, mostly where no fall was drawn. Below 200 documents the row is
+    untested, and from there the test holds."""
+    rng = np.random.default_rng(n)
+
+    def make():
+        fall = np.where(rng.random(n) < 0.05, -math.log(1.1) / 0.05, 0.0)
+        return perplexity_row(rng, n, fall + rng.normal(0.0, 0.002, n))
+
+    assert rate(make, "p_equivalent") <= LIMIT
+
+
+@pytest.mark.parametrize("n", [10, 30, 100, 200])
+def test_a_perplexity_at_the_bound_with_a_rare_large_gain_is_not_called_worse(n):
+    """98 % of documents a little less likely per word and 2 % far more (0.4 per word), a true rise of exactly
+    2 % in word perplexity (the bound): the sign-flip test called such rows `worse` 0.84 / 0.61 / 0.12 of the
+    time at 10 / 30 / 100 documents, where no gain was drawn."""
+    rng = np.random.default_rng(n)
+    gain = 0.4
+    fall = (math.log(1.02) + 0.02 * gain) / 0.98
+
+    def make():
+        return perplexity_row(rng, n, np.where(rng.random(n) < 0.02, gain, -fall))
+
+    assert rate(make, "p_worse") <= LIMIT
+
+
+def test_a_perplexity_row_below_200_documents_says_why_it_is_untested():
+    """A word perplexity 50 % higher on 150 documents was `worse`; below 200 documents the row is untested, its
+    interval unbounded and its note saying why."""
+    shown = perplexity_row(np.random.default_rng(0), 150, np.full(150, -math.log(1.5)))
+    assert shown.p_worse == 1.0 and shown.p_floor == 1.0 and shown.ci_low == -math.inf
+    assert shown.note.startswith("150 documents whose log-likelihood changes are unbounded: no test of a mean")
+
+
+def judge_row(ref, cand, *, bounds=(1.0, 10.0), relative=True):
+    from lm_eval.api.registry import get_aggregation
+
+    shown = compare_paired(list(ref), list(cand), aggregate=get_aggregation("mean"), aggregate_name="mean",
+                           by_mean=True, higher_is_better=True, tolerance=0.02, relative=relative, iterations=1_000,
+                           bounds=bounds)
+    assert shown.method == "betting"
+    return shown
+
+
+@pytest.mark.parametrize("n", [10, 30, 100])
+def test_a_declared_range_holds_the_level_at_the_bound_with_a_rare_large_gain(n):
+    """A judge's score in [1, 10] (--range-for t/score=1:10), about 5: 98 % of documents a little lower and 2 %
+    up by 4.5, a true change of exactly -2 % (the bound). Undeclared, such a row is untested below 200 documents
+    (the sign-flip test called it `worse` most of the time there); declared, betting reads it at every size and
+    holds the level."""
+    rng = np.random.default_rng(n)
+    fall = (0.02 * 5.0 + 0.02 * 4.5) / 0.98
+
+    def make():
+        ref = np.full(n, 5.0)
+        return judge_row(ref, ref + np.where(rng.random(n) < 0.02, 4.5, -fall))
+
+    assert rate(make, "p_worse") <= LIMIT
+
+
+@pytest.mark.parametrize("n", [10, 30, 100])
+def test_a_declared_range_is_not_fooled_by_a_few_large_drops(n):
+    """A judge's score about 8 in [1, 10]; 5 % of documents drop to 1 (a true change of about -4.4 %, beyond a
+    2 % tolerance): `equivalent` at most alpha of the time, though most rows of 10-30 documents draw no drop."""
+    rng = np.random.default_rng(n)
+
+    def make():
+        ref = rng.uniform(7.5, 8.5, n)
+        return judge_row(ref, np.where(rng.random(n) < 0.05, 1.0, ref + rng.uniform(-0.05, 0.05, n)))
+
+    assert rate(make, "p_equivalent") <= LIMIT
+
+
+def test_a_declared_range_gives_a_claim_below_200_documents():
+    """30 documents of a judge's score falling from about 8 to about 6 (-25 %): undeclared, untested
+    (`inconclusive` below 200 documents); declared 1..10, shown worse by betting, absolute or relative."""
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(7.5, 8.5, 30)
+    cand = ref - 2.0
+    assert row(ref, cand).p_floor == 1.0 and row(ref, cand).p_worse == 1.0
+    assert judge_row(ref, cand).p_worse < ALPHA and judge_row(ref, cand).ci_high < -0.02
+    assert judge_row(ref, cand, relative=False).p_worse < ALPHA
+
+
+@pytest.mark.parametrize("bounds", [(-10.0, 10.0), (-10.0, 0.0)])
+def test_a_declared_range_around_or_below_0_keeps_a_relative_rows_direction(bounds):
+    """Scores about -5 (relative: a fall is away from 0) in a range [-10, 10] or [-10, 0]: a 20 % fall on 200
+    documents is worse, a 20 % rise better, and no change is not worse. Where the range straddles 0 the sign of
+    the reference's mean is not taken from the data: both signs are tested, the larger p-value kept."""
+    rng = np.random.default_rng(1)
+    ref = rng.uniform(-6.0, -4.0, 200)
+    fall, rise, same = (judge_row(ref, ref * k, bounds=bounds) for k in (1.2, 0.8, 1.0))
+    assert fall.p_worse < 0.01 and fall.diff == pytest.approx(-0.2)
+    assert rise.p_better < 0.01 and rise.diff == pytest.approx(0.2)
+    assert same.p_worse == 1.0 and same.p_better == 1.0

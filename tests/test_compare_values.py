@@ -14,6 +14,7 @@ import pytest
 from evalkit.compare import cli
 from evalkit.compare.statistics import paired
 from evalkit.compare import runs as on_disk
+from evalkit.compare.statistics.verdict import Tolerances
 
 MISSING = object()  # a sample without the metric
 
@@ -310,14 +311,14 @@ def perplexity_leaf(rng, n, base):
             [(float(w * (p - r)), float(w)) for w, p, r in zip(words, per_word, rise)])
 
 
-@pytest.mark.parametrize("n", [3, 10])
+@pytest.mark.parametrize("n", [100])
 @pytest.mark.parametrize("shape", ["group", "absolute"])
 def test_perplexity_rows_a_t_test_read_hold_their_level(n, shape):
     """A group of two word-perplexity leaves of n documents (perplexities about 15 and 40, averaged equally,
     relative) and an absolute word-perplexity row of 2 n documents (tolerance 0.3: 2 % of 15), each exactly at
     its bound with skewed per-document changes: `worse` at most alpha of the time (400 seeded rows, within 2.5
-    standard errors), by the sign-flip test weighted by words (and leaves). The delta method's t test called
-    them worse 0.115-0.16 of the time at these sizes."""
+    standard errors), by the sign-flip test weighted by words (and leaves), read from 200 documents on. The
+    delta method's t test called them worse 0.115-0.16 of the time at 3-10 documents a leaf."""
     from lm_eval.api.registry import get_aggregation
 
     from evalkit.compare.statistics import metric_rows, stats
@@ -404,3 +405,74 @@ def test_a_tolerance_for_every_task_and_metric_is_honoured(tmp_path, n):
     table, _ = paired.compare_runs(*map(on_disk.load_run, (ref_dir, cand_dir)), tolerance=cli.tolerances_from(
         type("Args", (), {"tolerance": 0.02, "relative_tolerance": 0.02, "tolerance_for": ["*/*=0.5"]})))
     assert list(table.tolerance) == [0.5] and table.verdict[0] in ("lower", "inconclusive")
+
+
+def judge_scores(n, seed=0):
+    """A judge's score per document, 1 to 10 (mean-aggregated, higher is better), about 8."""
+    return np.round(np.random.default_rng(seed).uniform(7.0, 9.0, n), 1)
+
+
+def test_a_declared_range_tests_a_judge_score_on_few_documents(tmp_path, capsys):
+    """40 documents of a judge's score falling by 2 (about -25 %): undeclared, a mean of values outside [0, 1] on
+    fewer than 200 documents is untested (exit 0, inconclusive); --range-for t/score=1:10 has it read by betting,
+    valid at every size: worse, exit 1."""
+    ref = judge_scores(40)
+    ref_dir, cand_dir = value_pair(tmp_path, ref, ref - 2.0, metric="score")
+    undeclared = row_of(ref_dir, cand_dir)
+    assert undeclared.verdict == "inconclusive" and cli.main([str(ref_dir), str(cand_dir)]) == 0
+    assert undeclared.note.endswith("where its values are known to lie in a range, --range-for TASK/METRIC=LO:HI has "
+                                    "it tested by betting at every size")
+    assert cli.main([str(ref_dir), str(cand_dir), "--range-for", "t/score=1:10"]) == 1
+    row = row_of(ref_dir, cand_dir, tolerance=Tolerances(ranges={("t", "score"): (1.0, 10.0)}))
+    assert row.method == "betting" and row.verdict == "worse" and row.p_floor == 0.0 and row.ci_high < -0.02
+
+
+@pytest.mark.parametrize("side, value, doc", [("ref", 11.0, 3), ("cand", 0.5, 7)])
+def test_a_value_outside_its_declared_range_is_unusable_input_naming_the_document(tmp_path, capsys, side, value,
+                                                                                   doc):
+    """A range declared 1..10 and a value outside it: the betting test's guarantee rests on the range, so the
+    value is refused in one line naming the task, metric, run and document (exit 2), not tested."""
+    ref, cand = judge_scores(40), judge_scores(40) - 0.1
+    (ref if side == "ref" else cand)[doc] = value
+    ref_dir, cand_dir = value_pair(tmp_path, ref, cand, metric="score")
+    assert cli.main([str(ref_dir), str(cand_dir), "--range-for", "*/score=1:10"]) == 2
+    err = capsys.readouterr().err
+    run = "reference" if side == "ref" else "candidate"
+    assert err.count("\n") == 1 and err.startswith(
+        f"evalkit.compare: error: t/score (none): the {run}'s value on document {doc} ({value!r}) lies outside the "
+        "range [1, 10] declared by --range-for")
+
+
+@pytest.mark.parametrize("option, why", [
+    ("t/score=10:1", "needs a task, a metric and finite bounds LO < HI"),
+    ("t/score=1", "expected TASK/METRIC=LO:HI"),
+    ("t/score=a:b", "expected TASK/METRIC=LO:HI"),
+    ("t/scroe=1:10", "--range-for t/scroe: no such task/metric compared"),
+    ("t/ppl=-1e9:0", "t/ppl is aggregated by perplexity, not averaged over documents"),
+])
+def test_a_declared_range_that_cannot_hold_is_a_bad_option(tmp_path, capsys, option, why):
+    ref = judge_scores(40)
+    runs = [value_run(tmp_path / "m" / name, {"t": {"score": (list(ref), "mean", True),
+                                                    "ppl": (list(-ref), "perplexity", False)}})
+            for name in ("ref", "cand")]
+    assert cli.main([*map(str, runs), "--range-for", option]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why in err
+
+
+def test_a_groups_declared_range_holds_for_its_tasks_documents(tmp_path, capsys):
+    """A range declared for a group (g/score=1:10) holds for the documents of every task in it: a task's value
+    outside it is refused, naming the task and document."""
+    ref = judge_scores(40)
+    cand = ref.copy()
+    cand[5] = 12.0
+    folders = [value_run(tmp_path / "m" / name, {"a": {"score": (list(values), "mean", True)},
+                                                 "b": {"score": (list(ref), "mean", True)}})
+               for name, values in (("ref", ref), ("cand", cand))]
+    for folder in folders:
+        results = json.loads((folder / "results.json").read_text())
+        scores = [results["results"][t]["score,none"] for t in ("a", "b")]
+        results["groups"], results["group_subtasks"] = {"g": {"score,none": float(np.mean(scores))}}, {"g": ["a", "b"]}
+        (folder / "results.json").write_text(json.dumps(results))
+    assert cli.main([*map(str, folders), "--range-for", "g/score=1:10"]) == 2
+    assert "a/score (none): the candidate's value on document 5 (12.0) lies outside" in capsys.readouterr().err

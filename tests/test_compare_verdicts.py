@@ -207,7 +207,7 @@ def add_rolling_task(folder, task, log_likelihoods, words, *, metrics=("word_per
     (folder / "results.json").write_text(json.dumps(results))
 
 
-def wikitext_pair(tmp_path, acc_tasks, *, perplexity=(12.0, 150.0), documents=62, seed=0):
+def wikitext_pair(tmp_path, acc_tasks, *, perplexity=(12.0, 150.0), documents=200, seed=0):
     """acc_tasks unchanged 0/1 tasks of 100 documents and wikitext whose word perplexity goes from
     perplexity[0] to perplexity[1] (documents of 50 to 400 words, each a little off the mean)."""
     rng = np.random.default_rng(seed)

@@ -274,12 +274,13 @@ def word_perplexity_documents(rng, n, ratio):
     return list(zip(base * words, words)), list(zip(cand * words, words))
 
 
-@pytest.mark.parametrize("n", [3, 10, 30, 300])
+@pytest.mark.parametrize("n", [3, 30, 200, 300])
 def test_the_perplexity_test_keeps_its_level_at_the_tolerance(n):
     """A candidate whose word perplexity is exactly 2 % higher (the tolerance): `worse` is H1: more than 2 %
     higher, so at most alpha of such candidates may be shown worse (400 simulations: within 2.5 standard errors
     of 0.05; the delta method's t test was above it at every size, 0.058-0.077), and one 8 % higher is shown
-    worse almost always from 30 documents on (at 3, never: 1/8 is its smallest p-value)."""
+    worse almost always from 200 documents on; below 200 the row is untested (p_floor 1: never worse), as the
+    sign-flip test there is liberal on zero-inflated and skewed changes."""
     from lm_eval.api.registry import get_aggregation
 
     rng = np.random.default_rng(n)
@@ -289,13 +290,13 @@ def test_the_perplexity_test_keeps_its_level_at_the_tolerance(n):
         ref, cand = word_perplexity_documents(rng, n, ratio)
         row = compare_paired(ref, cand, aggregate=weighted, aggregate_name="weighted_perplexity", by_mean=False,
                              higher_is_better=False, tolerance=0.02, relative=True, analytic=True)
-        assert row.method == "sign-flip weighted_perplexity" and row.p_floor == (2.0 ** -n if n <= 16 else 1 / 10_001)
+        assert row.method == "sign-flip weighted_perplexity" and row.p_floor == (1.0 if n < 200 else 1 / 10_001)
         return row.p_worse < 0.05
 
     size = np.mean([worse(1.02) for _ in range(400)])
     assert size <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / 400)
     power = np.mean([worse(1.08) for _ in range(50)])
-    assert power == 0.0 if n < 5 else power >= 0.9 if n >= 30 else True
+    assert power == 0.0 if n < 200 else power >= 0.9
 
 
 def test_bleu_resamples_summed_from_counts_equal_lm_evals_bleu():

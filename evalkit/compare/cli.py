@@ -4,8 +4,8 @@ Exit 0, 1 when a candidate is worse (or changed) family-wise at --alpha (verdict
 divergence is beyond noise (divergence/verdict.py), 2 on unusable input.
 
 Usage: ``python -m evalkit.compare <reference run> <candidate run> [more candidates] [--tolerance 0.02]
-[--tolerance-for TASK/METRIC=VALUE] [--alpha 0.05] [--noise RUN] [--output DIR] [--locate]`` (``--locate``: why
-each changed document changed, evalkit/compare/locate/passes.py).
+[--tolerance-for TASK/METRIC=VALUE] [--range-for TASK/METRIC=LO:HI] [--alpha 0.05] [--noise RUN] [--output DIR]
+[--locate]`` (``--locate``: why each changed document changed, evalkit/compare/locate/passes.py).
 """
 
 from __future__ import annotations
@@ -58,10 +58,11 @@ exit codes:
      with --noise, a candidate's divergence is beyond noise at --divergence-alpha
   2  unusable input: a run missing, unreadable, truncated or damaged (a samples file missing, a document twice
      in one), runs not like-for-like (other tasks, versions, documents, prompts or targets), a per-document value
-     null, NaN, infinite, text where a number belongs, or so large its sum overflows, a metric one run scored on
-     a document and the other did not, no row compared, a bad option (a tolerance not above 0, an absolute one
-     not below 1, --alpha outside (0, 0.5)), an engine --locate cannot start, or a divergence verdict --noise
-     cannot give (a noise run without a record, too few documents); 2 wins over 1
+     null, NaN, infinite, text where a number belongs, or so large its sum overflows, or outside its --range-for,
+     a metric one run scored on a document and the other did not, no row compared, a bad option (a tolerance not
+     above 0, an absolute one not below 1, --alpha outside (0, 0.5), a range on a metric not averaged), an
+     engine --locate cannot start, or a divergence verdict --noise cannot give (a noise run without a record,
+     too few documents); 2 wins over 1
   a score results.json records that cannot be compared (no per-document values, a group score no mean of its
      tasks) is a row, inconclusive, whose note says why
   a report that cannot be written (a read-only folder) is said on stderr; the exit code stays the verdict's
@@ -93,7 +94,14 @@ def tolerances_from(args: Any) -> Tolerances:
                                f"(0, 1), e.g. {task}/{metric}=0.02; a relative tolerance ends in %, e.g. "
                                f"{task}/{metric}=2%")
         overrides[(task, metric)] = tolerance
-    return Tolerances(absolute=args.tolerance, relative=args.relative_tolerance, overrides=overrides)
+    ranges = {}
+    for text in getattr(args, "range_for", []):  # callers that build their own arguments may leave it out
+        try:
+            key, bounds = verdict.parse_range(text)
+        except ValueError as error:
+            raise CompareError(str(error)) from None
+        ranges[key] = bounds
+    return Tolerances(absolute=args.tolerance, relative=args.relative_tolerance, overrides=overrides, ranges=ranges)
 
 
 def write_report(reference: Run, candidate: Run, files: dict[str, str], output: str | None) -> None:
@@ -126,6 +134,11 @@ def add_arguments(parser: Any) -> None:
                         help="the tolerance of one task (or group) and metric, either may be *: absolute, in (0, 1) "
                              "as --tolerance (mmlu/acc=0.01), or relative with %% (wikitext/word_perplexity=5%%); "
                              "repeatable")
+    parser.add_argument("--range-for", action="append", default=[], metavar="TASK/METRIC=LO:HI",
+                        help="the range a metric's per-document values lie in, known beforehand (a judge's score "
+                             "1:10, a per-document BLEU 0:100; either name may be *): its mean is then tested by "
+                             "betting, valid at every number of documents, instead of the sign-flip test (from 200 "
+                             "documents); a value outside it is an error (exit 2); repeatable")
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="family-wise false-alarm rate: the chance that a candidate with no change beyond the "
                              "tolerance anywhere fails (exit 1), Holm over every row compared (default 0.05)")

@@ -6,6 +6,7 @@ tokens up to each divergence. matplotlib with Agg: no display."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from evalkit import page
@@ -34,7 +35,9 @@ def differences_plot(table: pd.DataFrame, tolerance: float) -> page.Plot | None:
     diff, low, high = table["diff"] / unit, table["ci_low"] / unit, table["ci_high"] / unit
     ax.axvspan(-1, 1, color="tab:green", alpha=0.15, label="within the tolerance")
     ax.axvline(0, color="black", linewidth=0.8)
-    ax.errorbar(diff, list(y), xerr=[diff - low, high - diff], fmt="o", capsize=4)
+    # a zero-width interval (every document's change the same ratio) may miss diff by a rounding: no bar, not an error
+    bars = [np.maximum(np.asarray(side, dtype=float), 0.0) for side in (diff - low, high - diff)]
+    ax.errorbar(diff.astype(float), list(y), xerr=bars, fmt="o", capsize=4)
     ax.set_yticks(list(y), labels)
     ax.invert_yaxis()  # the table's order, top to bottom
     ax.set_xlabel("(candidate - reference) / the row's tolerance; green: within it")

@@ -26,7 +26,8 @@ intervals they invert. Pure functions, no I/O.
   checks the p-values against scipy.stats.permutation_test). With units u_i > 0 (sign_flip's units: a
   perplexity's words) the test is of sum(d) / sum(u), on x_i = d_i - t u_i, and a = max(u) times the range of
   d / u.
-* Values in [0, 1] (per-document F1, ROUGE, ...), whose differences lie in [-1, 1]: testing by betting
+* Values in [0, 1] (per-document F1, ROUGE, ...), whose differences lie in [-1, 1], or in a range [lo, hi] the
+  user declares (--range-for; stats.bounded_tests): testing by betting
   (Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by betting", JRSS B 86:1-27, the
   predictable plug-in bets of section 5.1): p = 1 / the largest wealth of a bettor who wins when the mean lies
   beyond the bound, valid at every n by Ville's inequality, with no assumption on the shape. It accounts for

@@ -73,16 +73,61 @@ def _score(aggregate: Callable[[list], float] | None, values: list[Any]) -> floa
 def compare_values(results: dict[str, Any], task: str, metric: str, ref: list[Any], cand: list[Any], *,
                    higher_is_better: bool | None, tolerances: Tolerances, settings: dict[str, Any],
                    row_name: str | None = None) -> dict[str, Any]:
-    """One row's statistics (stats.compare_paired) with the aggregation the task gives the metric and the
-    tolerance of the row (row_name: the group a row of pooled documents stands for)."""
+    """One row's statistics (stats.compare_paired) with the aggregation the task gives the metric, the tolerance
+    of the row (row_name: the group a row of pooled documents stands for) and the range declared for its values
+    (declared_range; the values were checked against it, range_error)."""
     name, agg = aggregation(results, task, metric)
-    tolerance = tolerances.of(row_name or task, metric, _score(agg, ref))
+    tolerance, mean = tolerances.of(row_name or task, metric, _score(agg, ref)), is_mean(results, task, metric)
+    bounds = declared_range(results, tolerances, row_name or task, metric) if mean else None
     row = asdict(stats.compare_paired(ref, cand, aggregate=agg, aggregate_name=name,
-                                      by_mean=is_mean(results, task, metric), higher_is_better=higher_is_better,
+                                      by_mean=mean, higher_is_better=higher_is_better,
                                       tolerance=tolerance.value, relative=tolerance.relative,
                                       aggregate_iterations=AGGREGATE_ITERATIONS,
-                                      analytic=analytic(results, task, metric), **settings))
+                                      analytic=analytic(results, task, metric), bounds=bounds, **settings))
     return {**row, "higher_is_better": higher_is_better, "tolerance": tolerance.value, "relative": tolerance.relative}
+
+
+def enclosing(results: dict[str, Any], name: str) -> list[str]:
+    """The groups a task (or a group) lies in, through nested groups (mmlu_abstract_algebra -> mmlu_stem, mmlu)."""
+    subtasks = results.get("group_subtasks") or {}
+    parents = [group for group, members in subtasks.items() if name in (members or [])]
+    return [*parents, *(g for parent in parents for g in enclosing(results, parent))]
+
+
+def declared_range(results: dict[str, Any], tolerances: Tolerances, name: str, metric: str
+                   ) -> tuple[float, float] | None:
+    """The range [lo, hi] declared (--range-for) for metric's values on the documents of task or group name: its
+    own, a group's it lies in, or every task's (*), all of them at once (Tolerances.range_of); None where none is."""
+    return tolerances.range_of([name, *enclosing(results, name)], metric)
+
+
+def range_error(results: dict[str, Any], task: str, filt: str, metric: str, ids: list[int],
+                values: tuple[list, list], tolerances: Tolerances) -> str:
+    """The one line that makes a declared range unusable for a task's metric ("" where none is, or it holds): a
+    range named for a metric not averaged over documents (lm-eval's mean: a range says nothing of a corpus score or
+    a perplexity), ranges that do not overlap, or a document whose value lies outside it, named with its run."""
+    names = [task, *enclosing(results, task)]
+    bounds = tolerances.range_of(names, metric)
+    if bounds is None:
+        return ""
+    if not is_mean(results, task, metric):
+        named = [f"{n}/{metric}" for n in [*names, "*"] if (n, metric) in tolerances.ranges]
+        how = aggregation(results, task, metric)[0]
+        return (f"--range-for {', '.join(named)}: {task}/{metric} is aggregated by {how}, not averaged over "
+                "documents; a declared range applies to a metric lm-eval averages (mean)"
+                if named else "")  # a range for every metric (*) leaves the others alone
+    lo, hi = bounds
+    if not lo < hi:
+        return f"--range-for: the ranges declared for {task}/{metric} (its own, its groups', *) do not overlap"
+    for side, run in zip(values, ("reference", "candidate")):
+        outside = [(i, v) for i, v in zip(ids, side) if not lo <= float(v) <= hi]
+        if outside:
+            more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
+            return (f"{task}/{metric} ({filt}): the {run}'s value on document {outside[0][0]} "
+                    f"({outside[0][1]!r}){more} lies outside the range [{lo:g}, {hi:g}] declared by --range-for; "
+                    "declare the range the metric's values can take, or none (the sign-flip test, from "
+                    f"{MIN_UNBOUNDED} documents)")
+    return ""
 
 
 def leaf_tasks(group_subtasks: dict[str, list[str]], group: str) -> list[str]:

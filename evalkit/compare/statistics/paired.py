@@ -289,6 +289,9 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
             kept, left_out = scored_pairs(task, filt, pairs, metric, metric_rows.expected_value(results, task, metric))
             ref, cand = scored[(filt, metric)] = metric_values(kept, metric)
             ids[metric] = [r["doc_id"] for r, _ in kept]
+            if tolerances.ranges and (why := metric_rows.range_error(results, task, filt, metric, ids[metric],
+                                                                     (ref, cand), tolerances)):
+                raise CompareError(why)
             row = compare_values(results, task, metric, ref, cand, tolerances=tolerances, settings=settings,
                                  higher_is_better=metric_rows.direction(results, task, metric))
             rows.append({"task": task, "filter": filt, "metric": metric, "n": len(kept), **row,
@@ -300,6 +303,8 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     unused = tolerances.unused({(r["task"], r["metric"]) for r in rows})
     if unused:
         raise CompareError(f"--tolerance-for {', '.join(unused)}: no such task/metric compared")
+    if unused := tolerances.unused({(r["task"], r["metric"]) for r in rows}, tolerances.ranges):
+        raise CompareError(f"--range-for {', '.join(unused)}: no such task/metric compared")
     if not any(row["method"] for row in rows):
         raise CompareError(f"{candidate.name}: no metric could be compared with {reference.name} ("
                            + ("; ".join(f"{r['task']}/{r['metric']}: {r['note']}" for r in rows[:3]) or "no metric scored")

@@ -1,5 +1,6 @@
 """lm-eval's perplexity-family aggregations, a task's or a group's (a weighted mean of leaves), as ratios of
-per-document sums: the form means.sign_flip tests at every number of documents (paired_sums). Pure functions.
+per-document sums: the form means.sign_flip tests (paired_sums), from means.MIN_UNBOUNDED documents on, as a
+log-likelihood change is unbounded and LLM changes are zero-inflated (stats.perplexity_reading). Pure functions.
 
 lm-eval's ``perplexity`` (exp(-mean(ll))), ``weighted_perplexity`` (word_perplexity and byte_perplexity:
 exp(-sum(ll) / sum(words or bytes))) and ``bits_per_byte`` (-sum(ll) / sum(bytes) / ln 2) are each a function of

@@ -17,8 +17,10 @@ interval and one-sided p-values it gives (compare_paired, Comparison). Pure func
 * lm-eval's perplexity-family aggregations (perplexity, word/byte perplexity, bits_per_byte), a task's or a
   group's, are not resampled: their change is a ratio of per-document sums (ratio.paired_sums), which the sign-flip
   test of means.py reads on the documents' log-likelihood changes, each weighted by its words or bytes (and, in a
-  group, its leaf's share), at every size (a t test by the delta method was above the level at every size,
-  0.058-0.077, benchmarks/small_samples.py). A row with no such ratio is untested (perplexity_reading).
+  group, its leaf's share), from means.MIN_UNBOUNDED documents on (a t test by the delta method was above the
+  level at every size, 0.058-0.077, and the sign-flip test is below that number of documents on zero-inflated or
+  skewed log-likelihood changes: benchmarks/small_samples.py). A row below that, or with no such ratio, is untested
+  (perplexity_reading).
 * Resamples are sized to the family (bootstrap.resamples_for); corpus-level aggregations that re-aggregate every
   resample draw at most aggregate_iterations (BLEU, whose resamples are sums of per-document counts,
   evalkit/compare/statistics/corpus.py, is not bounded). Each row says the smallest p-value its method can give (p_floor),
@@ -150,13 +152,40 @@ def is_bounded(*runs: np.ndarray) -> bool:
     return all(bool(((values >= 0.0) & (values <= 1.0)).all()) for values in runs)
 
 
+def bounded_tests(reference: np.ndarray, candidate: np.ndarray, bounds: tuple[float, float], *, relative: bool,
+                  alpha: float, far: float) -> tuple[Callable, Callable, tuple[float, float]]:
+    """(below, above, ends): the betting tests of a mean of values known to lie in bounds [lo, hi] (means.betting_p,
+    valid at every n), and how far their interval may reach. Absolute: on c_i - r_i in [lo - hi, hi - lo] against
+    t. Relative, a change of t over |mean(r)|: on c_i - k r_i (k = 1 + s t, s the sign of the reference's mean)
+    against 0, each term in [lo - max(k lo, k hi), hi - min(k lo, k hi)]. Where the range fixes that sign (lo >= 0:
+    +1, hi <= 0: -1) it is known; where it straddles 0 the test is done for both signs and its p-value is the
+    larger (a change beyond -t |mean(r)| is one beyond -t s mean(r) for both s, and one inside for either), so
+    the sign is never read off the data."""
+    lo, hi = bounds
+    signs = (1.0,) if lo >= 0 else (-1.0,) if hi <= 0 else (1.0, -1.0)
+
+    def p(t: float, side: str) -> float:
+        if not relative:
+            return means.betting_p(candidate - reference, t, side, alpha=alpha, low=lo - hi, high=hi - lo)
+        tests = []
+        for s in signs:
+            k = 1.0 + s * t
+            tests.append(means.betting_p(candidate - k * reference, 0.0, side, alpha=alpha,
+                                         low=lo - max(k * lo, k * hi), high=hi - min(k * lo, k * hi)))
+        return max(tests)
+
+    ends = (lo - hi, hi - lo) if not relative else (-1.0 if lo >= 0 else -far, far)
+    return (lambda t: p(t, "below")), (lambda t: p(t, "above")), ends
+
+
 def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool, draws: int, seed: int,
-                 tolerance: float, confidence: float, higher_is_better: bool | None
-                 ) -> tuple[str, Interval, dict[str, float], float, str]:
+                 tolerance: float, confidence: float, higher_is_better: bool | None,
+                 bounds: tuple[float, float] | None = None) -> tuple[str, Interval, dict[str, float], float, str]:
     """(method, interval, p-values, p_floor, note) of a mean of per-document values, by tests whose level does not
     rest on the shape of the changes where the values are bounded (means.py): betting where every value lies in
-    [0, 1], on c_i - r_i - t (absolute) or on c_i - (1 + t) r_i (relative: the change over the reference's mean
-    as a ratio of sums, every term in [-(1 + t), 1], so a % tolerance on a 0/1 metric is tested too); else the
+    [0, 1], or in the range bounds the user declared (bounded_tests), on c_i - r_i - t (absolute) or on
+    c_i - (1 + t) r_i (relative: the change over the reference's mean as a ratio of sums, every term in
+    [-(1 + t), 1] on [0, 1], so a % tolerance on a 0/1 metric is tested too); else the
     sign-flip test, from means.MIN_UNBOUNDED documents on (untested below, saying why), of c_i - r_i against t
     (absolute) or of c_i - r_i - t s r_i (relative, s the sign of the reference's sum: means.ratio_flip), the
     reference's values never taken as a known constant."""
@@ -164,25 +193,20 @@ def mean_reading(reference: np.ndarray, candidate: np.ndarray, *, relative: bool
     sign = 1.0 if float(reference.sum()) >= 0 else -1.0
     diff = float(delta.sum() / (sign * reference.sum())) if relative else float(delta.mean())
     points, level = (-tolerance, 0.0, tolerance), 2 * confidence - 1
-    if is_bounded(reference, candidate):
-        if relative:
-            def p(t: float, side: str) -> float:
-                k = 1.0 + t  # c - k r lies in [min(0, -k), max(1, 1 - k)]
-                return means.betting_p(candidate - k * reference, 0.0, side, alpha=alpha, low=min(0.0, -k),
-                                       high=max(1.0, 1.0 - k))
-            ends = (-1.0, max(1.0, 4.0 * (abs(diff) + tolerance)))
-        else:
-            def p(t: float, side: str) -> float:
-                return means.betting_p(delta, t, side, alpha=alpha)
-            ends = (-1.0, 1.0)
-        below, above = (lambda t: p(t, "below")), (lambda t: p(t, "above"))
+    if bounds is None and is_bounded(reference, candidate):
+        bounds = (0.0, 1.0)
+    if bounds is not None:
+        below, above, ends = bounded_tests(reference, candidate, bounds, relative=relative, alpha=alpha,
+                                           far=max(1.0, 4.0 * (abs(diff) + tolerance)))
         low = means.inverted(above, alpha, points, lower=True, ends=ends)
         high = means.inverted(below, alpha, points, lower=False, ends=ends)
         method, floor, note = "betting", 0.0, ""
     elif n < means.MIN_UNBOUNDED:
         interval, p_values = untested(diff, tolerance=tolerance, confidence=confidence,
                                       higher_is_better=higher_is_better)
-        return "sign-flip", interval, p_values, 1.0, means.too_few_unbounded(n)
+        return "sign-flip", interval, p_values, 1.0, (means.too_few_unbounded(n) + "; where its values are known to "
+                                                       "lie in a range, --range-for TASK/METRIC=LO:HI has it tested "
+                                                       "by betting at every size")
     elif relative:
         test = means.ratio_flip(delta, sign * reference, draws=draws, seed=seed)
         below, above = (lambda t: test.p(t, "below")), (lambda t: test.p(t, "above"))
@@ -228,6 +252,7 @@ def ratio_reading(form: ratio.Form, *, draws: int, seed: int, tolerance: float, 
     return interval, p, test.floor
 
 
+PERPLEXITY_VALUES = "whose log-likelihood changes are unbounded"  # too_few_unbounded's words for a perplexity row
 NO_RATIO = ("the documents' words or bytes differ between the runs, or a unit is not positive: no ratio of "
             "per-document sums to test, so this row is not tested (inconclusive, whatever it shows)")
 
@@ -236,8 +261,10 @@ def perplexity_reading(strata: list[ratio.Stratum], weights: Sequence[float], na
                        *, relative: bool, draws: int, seed: int, **settings: Any
                        ) -> tuple[Interval, dict[str, float], float, str] | None:
     """(interval, p-values, p_floor, note) of a perplexity-family row (a task: one stratum; a group: its leaves,
-    weighted): ratio_reading, or untested where it is no ratio of sums; None where the values do not reproduce
-    lm-eval's scores (the row is then read as any corpus row)."""
+    weighted): ratio_reading from means.MIN_UNBOUNDED documents on (all leaves together), untested below (the
+    sign-flip test of zero-inflated or skewed log-likelihood changes, a few documents moving a lot, is liberal
+    there, as for a mean of unbounded values: benchmarks/small_samples.py --shapes) and where it is no ratio of
+    sums; None where the values do not reproduce lm-eval's scores (the row is then read as any corpus row)."""
     try:
         if not np.allclose(ratio.scores(strata, weights, name), scores, rtol=1e-9, atol=0.0):
             return None
@@ -247,6 +274,9 @@ def perplexity_reading(strata: list[ratio.Stratum], weights: Sequence[float], na
     diff = relative_change(*scores) if relative else scores[1] - scores[0]
     if form is None:
         return *untested(diff, **settings), 1.0, NO_RATIO
+    documents = sum(s.n for s in strata)
+    if documents < means.MIN_UNBOUNDED:  # zero-inflated, skewed log-likelihood changes: benchmarks/small_samples.py
+        return *untested(diff, **settings), 1.0, means.too_few_unbounded(documents, PERPLEXITY_VALUES)
     return *ratio_reading(form, draws=draws, seed=seed, diff=diff, **settings), ""
 
 
@@ -264,7 +294,7 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
                    aggregate_name: str, by_mean: bool, higher_is_better: bool | None, tolerance: float,
                    relative: bool = False, confidence: float = 0.95, iterations: int = 10_000,
                    aggregate_iterations: int = 1_000, seed: int = 0, family: int = 1,
-                   analytic: bool = False) -> Comparison:
+                   analytic: bool = False, bounds: tuple[float, float] | None = None) -> Comparison:
     """The interval and the one-sided p-values for one metric's paired per-document values.
 
     by_mean (the metric's aggregation is the mean) with 0/1 values: Tango's interval, McNemar's test and the
@@ -274,7 +304,8 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
     except analytic (aggregate is lm-eval's perplexity-family aggregation aggregate_name): the sign-flip test of
     the documents' log-likelihood changes (perplexity_reading). confidence is 1 - alpha: the
     interval is the (1 - 2 alpha) one that the two one-sided tests at alpha read. family: the rows the
-    verdicts are Holm-adjusted over, which sizes the resamples (resamples_for).
+    verdicts are Holm-adjusted over, which sizes the resamples (resamples_for). bounds: the range [lo, hi] the
+    user declared the values to lie in (--range-for; checked against them before), read by betting as [0, 1] is.
     """
     nan, notes = math.nan, [] if higher_is_better is not None else [
         "direction unknown (higher_is_better null): diff is candidate - reference, unoriented"]
@@ -294,7 +325,8 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
         elif by_mean and all_scalar(reference, candidate) and not (relative and scores[0] == 0):
             method, interval, p, floor, note = mean_reading(np.asarray(reference, dtype=float),
                                                             np.asarray(candidate, dtype=float), relative=relative,
-                                                            draws=max(iterations, needed), seed=seed, **settings)
+                                                            draws=max(iterations, needed), seed=seed,
+                                                            bounds=bounds, **settings)
             notes += [note] if note else []
         elif analytic and (read := _perplexity(reference, candidate, aggregate_name, scores, relative=relative,
                                                draws=max(iterations, needed), seed=seed, **settings)) is not None:

@@ -54,16 +54,29 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class Tolerances:
-    """The tolerance of each row: absolute for 0-1 metrics, relative for unbounded ones, overridden per task/metric."""
+    """The tolerance of each row: absolute for 0-1 metrics, relative for unbounded ones, overridden per task/metric;
+    and the ranges users declare a metric's per-document values to lie in (--range-for), which let a mean of them
+    be tested by betting, valid at every number of documents, instead of the sign-flip test."""
 
     absolute: float = 0.02
     relative: float = 0.02
     overrides: dict[tuple[str, str], Tolerance] = field(default_factory=dict)  # (task or *, metric or *)
+    ranges: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # (task or *, metric or *)
 
-    def unused(self, rows: set[tuple[str, str]]) -> list[str]:
-        """Overrides that match no (task, metric) compared: a misspelt name."""
-        return [f"{t}/{m}" for t, m in self.overrides
+    def unused(self, rows: set[tuple[str, str]], declared: dict | None = None) -> list[str]:
+        """Overrides (or declared: ranges) that match no (task, metric) compared: a misspelt name."""
+        return [f"{t}/{m}" for t, m in (self.overrides if declared is None else declared)
                 if not any(t in ("*", task) and m in ("*", metric) for task, metric in rows)]
+
+    def range_of(self, names: list[str], metric: str) -> tuple[float, float] | None:
+        """The range declared for metric's values on a row's documents: names are the row's task (or group) and
+        the groups it lies in, each of whose ranges holds for its documents, so the range is the intersection of
+        every one declared for any of them or for every task (*); None where none is."""
+        found = [self.ranges[key] for key in {(n, m) for n in [*names, "*"] for m in (metric, "*")}
+                 if key in self.ranges]
+        if not found:
+            return None
+        return max(lo for lo, _ in found), min(hi for _, hi in found)
 
     def of(self, task: str, metric: str, reference_score: float) -> Tolerance:
         for key in ((task, metric), (task, "*"), ("*", metric), ("*", "*")):
@@ -88,6 +101,20 @@ def parse_override(text: str) -> tuple[tuple[str, str], Tolerance]:
     if not task or not metric or not number > 0:
         raise ValueError(f"--tolerance-for {text!r}: needs a task, a metric and a tolerance above 0")
     return (task, metric), Tolerance(number, relative)
+
+
+def parse_range(text: str) -> tuple[tuple[str, str], tuple[float, float]]:
+    """TASK/METRIC=LO:HI (either name may be *): the metric's per-document values lie in [LO, HI], LO < HI."""
+    try:
+        names, value = text.rsplit("=", 1)
+        task, metric = names.split("/", 1)
+        lo, hi = (float(v) for v in value.split(":"))
+    except ValueError:
+        raise ValueError(f"--range-for {text!r}: expected TASK/METRIC=LO:HI, e.g. mt_bench/score=1:10 or "
+                         "*/bleu_max=0:100") from None
+    if not task or not metric or not -math.inf < lo < hi < math.inf:
+        raise ValueError(f"--range-for {text!r}: needs a task, a metric and finite bounds LO < HI")
+    return (task, metric), (lo, hi)
 
 
 def holm(p_values: np.ndarray) -> np.ndarray:
