@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -234,7 +235,7 @@ def test_the_sweep_page_leads_with_its_verdict_and_links_each_point_to_its_compa
               record(2, "failed", error="max_model_len=100000 exceeds what fake supports (4096)", wall=0.4)]
     for point in points:
         write_point(folder / str(point.num), point)
-    write_report(folder)
+    write_report(folder, runs_under=Path("/"))  # the runs lie in another temporary folder
     table = pd.read_csv(folder / "report.csv")
     root = Tree((folder / "report.html").read_text()).root
     worse = table[(table.point == 1) & table.verdict.isin(verdict.FAILING)]
@@ -301,7 +302,7 @@ def test_a_model_output_loads_nothing_and_links_nowhere(runs, tmp_path):
     folder = tmp_path / "sweep"
     for point in (record(0, "ok", runs["ref"], wall=3.0), record(1, "ok", leaky, wall=3.0)):
         write_point(folder / str(point.num), point)
-    write_report(folder)
+    write_report(folder, runs_under=Path("/"))  # the runs lie in another temporary folder
     for name in ("report.html", "compare-1-vs-0.html"):
         inert(Tree((folder / name).read_text()).root)
     for markdown in ("![x](https://e.io/p.png?leak=1)", "[sign in](https://e.io/)", "<https://e.io/>", "[a](//e.io)",

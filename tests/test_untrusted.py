@@ -339,7 +339,8 @@ def test_a_fifo_in_a_received_folder_is_refused_without_waiting(tmp_path, what):
                 devices=None, host="h", started="2026-01-01T10:00:00+00:00"))
         (folder / "1" / "point.json").unlink()
         os.mkfifo(folder / "1" / "point.json")
-        code, err = without_hanging(f"from evalkit.sweep.cli import main; raise SystemExit(main([{str(folder)!r}]))")
+        code, err = without_hanging(f"from evalkit.sweep.cli import main; raise SystemExit(main([{str(folder)!r}, "
+                                    f"'--runs-under', {str(tmp_path)!r}]))")
     assert code == 2 and len(err) == 1 and "not a regular file" in err[0], err
 
 
@@ -366,10 +367,35 @@ def test_a_results_json_that_links_out_of_its_folder_is_refused(tmp_path, capsys
         sweep_points.write_point(folder / str(num), sweep_points.PointRecord(
             num=num, overrides=[f"seed={num}"], status="ok", run_dir=str(run), error=None, wall_seconds=1.0,
             devices=None, host="h", started="2026-01-01T10:00:00+00:00"))
-    assert report_main([str(folder)]) == 2
+    assert report_main([str(folder), "--runs-under", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "point 1's" in err[0] and "through a link" in err[0], err
     assert not list(folder.glob("report.*"))
+
+
+def test_the_sweep_report_reads_no_run_outside_the_sweeps_output_folder(tmp_path, capsys):
+    """A received sweep folder's point records name run folders by path: one naming a run elsewhere on this
+    machine is not read (its row says where the report reads runs, and how to widen it), so the report shows
+    nothing of it; --runs-under a folder that holds it reads it."""
+    from evalkit.sweep.cli import main as report_main
+
+    (tmp_path / "mine").mkdir()
+    ref, cand, _ = divergence_pair(tmp_path / "mine")  # this machine's own runs
+    folder = tmp_path / "received" / ".sweeps" / "20260101-100000"
+    for num, run in ((0, ref), (1, cand)):
+        sweep_points.write_point(folder / str(num), sweep_points.PointRecord(
+            num=num, overrides=[f"seed={num}"], status="ok", run_dir=str(run), error=None, wall_seconds=1.0,
+            devices=None, host="h", started="2026-01-01T10:00:00+00:00"))
+    assert report_main([str(folder)]) == 0
+    capsys.readouterr()
+    table = (folder / "report.csv").read_text()
+    assert f"lies outside {(tmp_path / 'received').resolve()}, where this report reads runs" in table
+    assert "evalkit report --runs-under DIR" in table and not list(folder.glob("compare-*"))
+    assert report_main([str(folder), "--runs-under", str(tmp_path / "mine")]) == 0
+    capsys.readouterr()
+    assert "lies outside" not in (folder / "report.csv").read_text() and (folder / "compare-1-vs-0.md").is_file()
+    assert report_main([str(folder), "--runs-under", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.strip() == f"evalkit.report: error: --runs-under {tmp_path / 'nothing'}: not a folder"
 
 
 @pytest.mark.parametrize("where", ["results.json", "samples"])

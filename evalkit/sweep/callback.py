@@ -108,7 +108,8 @@ class SweepCallback(Callback):
         if config.hydra.launcher.get("_target_") != BASIC_LAUNCHER:  # the basic launcher's last point printed it
             print(line, file=sys.stderr)
         try:
-            written = write_report(sweep_dir)
+            output_dir = OmegaConf.select(config, "output_dir", default=None)  # this sweep's own runs
+            written = write_report(sweep_dir, runs_under=Path(output_dir).resolve() if output_dir else None)
             names = ", ".join(p.name for p in written if p.name.startswith("report."))
             print(f"evalkit: sweep report in {sweep_dir}: {names} (evalkit report {sweep_dir} "
                   "--reference N compares with another point)", file=sys.stderr)

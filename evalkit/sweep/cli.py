@@ -30,12 +30,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.report") 
     parser.add_argument("--reference", type=int, default=None,
                         help="the point every other point is compared with (default: the first completed point)")
     parser.add_argument("--tolerance", type=float, default=0.02, help="largest acceptable change, metric units")
+    parser.add_argument("--runs-under", type=Path, default=None, metavar="DIR",
+                        help="read the points' run folders under DIR only (default: the output folder that holds "
+                             "the sweep's .sweeps, or the sweep folder itself): a sweep folder from elsewhere "
+                             "names its runs by path, and no other run of this machine's is shown")
     args = parser.parse_args(argv)
     try:
         if not 0 < args.tolerance < 1:  # as compare's: a change of a 0-1 metric
             raise SweepError(f"--tolerance {args.tolerance:g}: the largest acceptable change of a 0-1 metric lies in "
                              "(0, 1), e.g. 0.02")
-        written = write_report(Path(args.sweep_dir), reference=args.reference, tolerance=args.tolerance)
+        if args.runs_under is not None and not args.runs_under.is_dir():
+            raise SweepError(f"--runs-under {args.runs_under}: not a folder")
+        written = write_report(Path(args.sweep_dir), reference=args.reference, tolerance=args.tolerance,
+                               runs_under=args.runs_under)
     except SweepError as error:
         print(f"{prog.removeprefix('python -m ')}: error: {printable(error)}", file=sys.stderr)
         return 2

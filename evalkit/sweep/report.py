@@ -238,6 +238,23 @@ def html_page(text: str, table: pd.DataFrame, images: dict[str, bytes], links: l
                                  divergence=divergence.html(found or {}, distinct_overrides(points), reference))
 
 
+def runs_root(sweep_dir: Path) -> Path:
+    """Where a sweep folder's points' run folders may lie, unless told otherwise: the output folder that holds its
+    ``.sweeps`` (``<output_dir>/.sweeps/<time>``, the default layout), else the sweep folder itself. A point record
+    names its run folder by path, and a sweep folder may come from elsewhere: read anywhere, its record could show
+    in the report any run of this machine's."""
+    sweep_dir = Path(sweep_dir).resolve()
+    return sweep_dir.parent.parent if sweep_dir.parent.name == ".sweeps" else sweep_dir
+
+
+def outside_root(points: list[PointRecord], root: Path) -> dict[int, str]:
+    """point -> why its run folder is not read: it lies outside root (links resolved)."""
+    root = Path(root).resolve()
+    return {p.num: f"its run folder {p.run_dir} lies outside {root}, where this report reads runs (evalkit report "
+                   "--runs-under DIR reads them under DIR)"
+            for p in points if p.status in COMPLETED and p.run_dir and not Path(p.run_dir).resolve().is_relative_to(root)}
+
+
 def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
     """point -> its run's results.json, for the completed points whose run folder is still there."""
     runs = {}
@@ -253,8 +270,10 @@ def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:
     return runs
 
 
-def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: float = 0.02) -> list[Path]:
-    """Build the sweep's report from its point records and write its files into sweep_dir; return them."""
+def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: float = 0.02,
+                 runs_under: Path | None = None) -> list[Path]:
+    """Build the sweep's report from its point records and write its files into sweep_dir; return them. Only run
+    folders under runs_under (default :func:`runs_root`) are read; a point whose run lies elsewhere says so."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise SweepError(f"{sweep_dir} is not a folder; pass a sweep folder (<output_dir>/.sweeps/<time>)")
@@ -262,8 +281,10 @@ def write_report(sweep_dir: Path, *, reference: int | None = None, tolerance: fl
     if not points:
         what = "no point has started" if (sweep_dir / "multirun.yaml").is_file() else "not a sweep folder"
         raise SweepError(f"{sweep_dir}: {what} (no <job num>/point.json under it)")
-    runs = load_results(points)
-    points = [replace(p, error=f"its run folder {p.run_dir} has no results.json (moved or deleted?)")
+    outside = outside_root(points, runs_under or runs_root(sweep_dir))
+    runs = load_results([p for p in points if p.num not in outside])
+    points = [replace(p, error=outside[p.num]) if p.num in outside and not p.error else
+              replace(p, error=f"its run folder {p.run_dir} has no results.json (moved or deleted?)")
               if p.status in COMPLETED and p.num not in runs and not p.error else p for p in points]
     ref = choose_reference(points, runs, reference)
     verdicts, compare_files, found = compare_points([p for p in points if p.num in runs], ref, tolerance=tolerance)
