@@ -25,13 +25,13 @@ from evalkit.store import replay
 from evalkit.store.fingerprint import fingerprint as model_fingerprint
 from evalkit.store.requests import RequestStore, ResumableEngine, generation_chunk
 from evalkit.engine.factory import start_engines
-from evalkit.engine.tokenizer import load_tokenizer
+from evalkit.engine.tokenizer import TokenizerOnly, load_tokenizer
 from evalkit.engine.wrapper import Deferred
 from evalkit.versions import check as check_versions
 from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.untrusted import scrubbed
-from evalkit.harness import lm_eval_compat
+from evalkit.harness import lengths, lm_eval_compat
 from evalkit.harness.lm import EvalkitLM
 from evalkit.harness.tasks import load_tasks, scoring_tasks
 
@@ -72,7 +72,35 @@ def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[
     manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs),
                                 confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
     watch.lap("load_tasks")
+    check_lengths(cfg, model_dir, manager, tasks)
+    watch.lap("check_lengths")
     return model_dir, manager, tasks
+
+
+def harness_lm(cfg: EvalConfig, engine: Engine, **extra: Any) -> EvalkitLM:
+    """lm-eval's LM over engine with the run's settings (extra: what only the run's own needs)."""
+    return EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens, add_bos_token=cfg.add_bos_token,
+                     temperature=cfg.temperature, sampling_kwargs=dict(cfg.sampling_kwargs),
+                     min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow, strip_thinking=cfg.strip_thinking,
+                     thinking_end=cfg.thinking_end, **extra)
+
+
+def check_lengths(cfg: EvalConfig, model_dir: str, manager: Any, tasks: list[Any]) -> None:
+    """Every request of the run against max_model_len, in one line before the engine starts
+    (evalkit/harness/lengths.py), with the model's tokenizer loaded without it. A served engine's tokenizer is its
+    server's: its prompts are checked where the run plans them."""
+    if cfg.engine == "served":
+        return
+    tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,
+                               add_bos_token=cfg.add_bos_token, with_vllm=False)
+    side = TokenizerOnly(tokenizer, max_model_len=cfg.max_model_len, trust_remote_code=cfg.trust_remote_code,
+                         template_from="tokenizer" if cfg.engine == "hf" else "vllm")
+    lm = harness_lm(cfg, side)
+    requests = lengths.build_requests(
+        lm, tasks, manager, limit=_limit(cfg.limit), num_fewshot=cfg.num_fewshot, fewshot_seed=cfg.task_seeds.fewshot,
+        system_instruction=cfg.system_instruction, apply_chat_template=cfg.apply_chat_template,
+        fewshot_as_multiturn=cfg.fewshot_as_multiturn)
+    lengths.check(lengths.longest(lm, requests), max_model_len=cfg.max_model_len, overflow=cfg.overflow)
 
 
 def seed_as_lm_eval(seeds: TaskSeeds) -> None:
@@ -197,13 +225,9 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
             engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg),
                                      generate_chunk=generation_chunk(cfg.chunk_size, description))
         def new_lm() -> EvalkitLM:
-            return EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
-                             add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
-                             sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens,
-                             overflow=cfg.overflow, strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
-                             order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
-                             progress=Progress, divergence_top_k=top_k,
-                             reference=against.ids if against is not None and top_k else None)
+            return harness_lm(cfg, engine, order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
+                              progress=Progress, divergence_top_k=top_k,
+                              reference=against.ids if against is not None and top_k else None)
 
         def look(samples: dict[str, list[int]] | None) -> tuple[EvalkitLM, dict[str, Any]]:
             """lm-eval on those documents of the tasks samples names (every document of every task: None)."""
