@@ -30,7 +30,8 @@ def built(tokenizer, *, overflow="fail", num_fewshot=None, max_tokens=256):
     lm = EvalkitLM(TokenizerOnly(tokenizer, max_model_len=4096, trust_remote_code=False, template_from="vllm"),
                    model_name="smollm2", max_tokens=max_tokens, overflow=overflow, min_gen_tokens=4)
     manager, tasks = load_tasks(TASKS, task_data={}, extra_dirs=[PARITY_TASKS])
-    requests = lengths.build_requests(lm, tasks, manager, limit=None, num_fewshot=num_fewshot, fewshot_seed=1234,
+    requests = lengths.build_requests(lm, manager.load(tasks)["tasks"], limit=None, samples=None,
+                                      num_fewshot=num_fewshot, fewshot_seed=1234,
                                       system_instruction=None, apply_chat_template=False, fewshot_as_multiturn=False)
     return lm, requests
 

@@ -33,17 +33,18 @@ class Longest:
     needs: int  # the least max_model_len at which the budget plans it
 
 
-def build_requests(lm: EvalkitLM, tasks: list[Any], manager: Any, *, limit: int | float | None,
-                   num_fewshot: int | None, fewshot_seed: int, system_instruction: str | None,
-                   apply_chat_template: bool, fewshot_as_multiturn: bool) -> dict[str, list[Any]]:
-    """Each leaf task's lm-eval instances, built as simple_evaluate and lm-eval's evaluate build them (lm-eval
-    0.4.13, evaluator.py: the num_fewshot override, except where a task's config says 0; the few-shot seed;
-    get_sample_size for limit). Its progress bars are not shown: the run shows them when it builds the same
+def build_requests(lm: EvalkitLM, leaves: dict[str, Any], *, limit: int | float | None,
+                   samples: dict[str, list[int]] | None, num_fewshot: int | None, fewshot_seed: int,
+                   system_instruction: str | None, apply_chat_template: bool,
+                   fewshot_as_multiturn: bool) -> dict[str, list[Any]]:
+    """Each leaf task's lm-eval instances (leaves: the TaskManager's load of the run's tasks, groups expanded), built
+    as simple_evaluate and lm-eval's evaluate build them (lm-eval 0.4.13, evaluator.py: the num_fewshot override,
+    except where a task's config says 0; the few-shot seed; get_sample_size for limit; samples). Its progress bars are not shown: the run shows them when it builds the same
     requests."""
     from lm_eval.evaluator_utils import get_sample_size
 
     built = {}
-    for name, task in manager.load(list(tasks))["tasks"].items():
+    for name, task in leaves.items():
         if num_fewshot is not None and task.get_config("num_fewshot") != 0:
             task.set_config(key="num_fewshot", value=num_fewshot)
         elif num_fewshot is None and task.get_config("num_fewshot") is None:
@@ -51,8 +52,8 @@ def build_requests(lm: EvalkitLM, tasks: list[Any], manager: Any, *, limit: int 
         task.set_fewshot_seed(seed=fewshot_seed)
         with contextlib.redirect_stderr(io.StringIO()):  # lm-eval's tqdm bar, one per task
             task.build_all_requests(
-                limit=get_sample_size(task, limit), samples=None, rank=0, world_size=1, cache_requests=False,
-                rewrite_requests_cache=False, system_instruction=system_instruction,
+                limit=get_sample_size(task, limit), samples=(samples or {}).get(name), rank=0, world_size=1,
+                cache_requests=False, rewrite_requests_cache=False, system_instruction=system_instruction,
                 apply_chat_template=apply_chat_template, fewshot_as_multiturn=fewshot_as_multiturn,
                 chat_template=lm.apply_chat_template if apply_chat_template else None,
                 tokenizer_name=lm.tokenizer_name if apply_chat_template else "")
