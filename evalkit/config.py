@@ -189,8 +189,8 @@ class EvalConfig:
     chunk_size: int = 256
     # top log-probabilities recorded at every scored position, beside the samples, for the divergence between two
     # runs (docs/divergence.md, "What a run records"); 0: record nothing. 20: vLLM reads them in the same pass as
-    # the scores and generations (+11 % on the benchmark tasks without the engine's start), a position stays
-    # under 130 bytes compressed, and the bound captures 0.71-0.80 of the exact mean KLD (k=100: 0.93-0.95)
+    # the scores and generations (+11 % on the benchmark tasks without the engine's start), the record stays small
+    # (docs/divergence.md, "The record's size"), and the bound captures 0.71-0.80 of the exact mean KLD
     divergence_top_k: int = 20
     # a reference run folder: each scored position whose context the reference recorded also reads the
     # reference's top ids that this run's own top-k left out (Engine.read_ids), so compare's bound against that
