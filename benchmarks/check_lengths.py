@@ -4,7 +4,7 @@ A generated multiple-choice task of 14,042 documents (MMLU's test split) x 4 cho
 requests of about 500 tokens each (five worked examples, as MMLU's 5-shot prompts), checked as a run checks it
 (evalkit/run/evaluate.py check_lengths) with the embedded model's tokenizer; printed: the seconds of each step, beside
 loading the task. The run itself builds and encodes the same requests again once its engine started.
-Run: .venv/bin/python -m benchmarks.check_lengths [DOCUMENTS] (about a minute on 2 CPU cores at the default size).
+Run: .venv/bin/python -m benchmarks.check_lengths [DOCUMENTS] (about two minutes on 2 CPU cores at the default size).
 """
 
 from __future__ import annotations

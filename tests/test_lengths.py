@@ -26,9 +26,14 @@ def tokenizer():
                           add_bos_token=None, with_vllm=False)
 
 
+def harness(tokenizer, *, overflow="fail", max_tokens=256):
+    """lm-eval's LM over the tokenizer alone, with nothing encoded yet."""
+    return EvalkitLM(TokenizerOnly(tokenizer, max_model_len=4096, trust_remote_code=False, template_from="vllm"),
+                     model_name="smollm2", max_tokens=max_tokens, overflow=overflow, min_gen_tokens=4)
+
+
 def built(tokenizer, *, overflow="fail", num_fewshot=None, max_tokens=256):
-    lm = EvalkitLM(TokenizerOnly(tokenizer, max_model_len=4096, trust_remote_code=False, template_from="vllm"),
-                   model_name="smollm2", max_tokens=max_tokens, overflow=overflow, min_gen_tokens=4)
+    lm = harness(tokenizer, overflow=overflow, max_tokens=max_tokens)
     manager, tasks = load_tasks(TASKS, task_data={}, extra_dirs=[PARITY_TASKS])
     requests = lengths.build_requests(lm, manager.load(tasks)["tasks"], limit=None, samples=None,
                                       num_fewshot=num_fewshot, fewshot_seed=1234,
@@ -37,7 +42,9 @@ def built(tokenizer, *, overflow="fail", num_fewshot=None, max_tokens=256):
 
 
 def refused(lm, requests, max_model_len) -> list[str]:
-    """The tasks the run's own planning (EvalkitLM's loglikelihood and generate_until paths) refuses."""
+    """The tasks the run's own planning (EvalkitLM's loglikelihood and generate_until paths) refuses, each text
+    encoded one at a time as the run encodes it (a fresh LM: nothing encoded ahead)."""
+    lm = harness(lm.engine.tokenizer, overflow=lm.overflow, max_tokens=lm.generations.max_tokens)
     tasks = []
     for task, instances in requests.items():
         try:
@@ -83,3 +90,4 @@ def test_building_the_requests_first_leaves_the_runs_prompts_as_they_were(tokeni
     _, second = built(tokenizer, num_fewshot=2)
     assert {t: [i.args for i in v] for t, v in first.items()} == {t: [i.args for i in v] for t, v in second.items()}
     assert first["parity_fewshot"][0].args[0].count("Question:") == 3  # two shots and the question
+
