@@ -44,7 +44,7 @@ def main() -> None:
     from evalkit.engine.tokenizer import TokenizerOnly, load_tokenizer
     from evalkit.harness import lengths
     from evalkit.harness.tasks import load_tasks
-    from evalkit.run.evaluate import harness_lm
+    from evalkit.run.before_engine import harness_lm
 
     documents = int(sys.argv[1]) if len(sys.argv) > 1 else 14042
     with tempfile.TemporaryDirectory() as tmp:

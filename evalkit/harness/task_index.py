@@ -247,7 +247,7 @@ def task_manager_for(names: list[str], extra_dirs: Sequence[str] = (), metadata:
     if why is None:
         return small
     log.debug("the small task index for %s does not fit (%s); using the full index", list(names), why)
-    return task_manager(list(extra_dirs), metadata)
+    return task_manager(list(extra_dirs), metadata=metadata)
 
 
 def known_names(manager: Any) -> list[str]:

@@ -18,20 +18,20 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from evalkit.engine.machine import preflight
-from evalkit.run import gate, reference, results
+from evalkit.run import before_engine, gate, reference, results
 from evalkit.run.progress import Progress
 from evalkit.run.sources import task_sources
 from evalkit.store import replay
 from evalkit.store.fingerprint import fingerprint as model_fingerprint
 from evalkit.store.requests import RequestStore, ResumableEngine, generation_chunk
 from evalkit.engine.factory import start_engines
-from evalkit.engine.tokenizer import TokenizerOnly, load_tokenizer
+from evalkit.engine.tokenizer import load_tokenizer
 from evalkit.engine.wrapper import Deferred
 from evalkit.versions import check as check_versions
-from evalkit.config import ConfigError, EvalConfig, TaskSeeds, closest, memory_settings, validate
+from evalkit.config import ConfigError, EvalConfig, TaskSeeds, memory_settings, validate
 from evalkit.contracts import Engine
 from evalkit.untrusted import scrubbed
-from evalkit.harness import lengths, lm_eval_compat
+from evalkit.harness import lm_eval_compat
 from evalkit.harness.lm import EvalkitLM
 from evalkit.harness.tasks import load_tasks, scoring_tasks
 
@@ -41,10 +41,6 @@ EngineFactory = Callable[[EvalConfig, str], Engine]
 
 class EngineStartError(RuntimeError):
     """vLLM could not start with these settings (memory, an unsupported model, a driver)."""
-
-
-def _limit(limit: float | None) -> int | float | None:
-    return int(limit) if limit is not None and limit >= 1 else limit
 
 
 class Stopwatch:
@@ -71,70 +67,16 @@ def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[
     seed_as_lm_eval(cfg.task_seeds)  # simple_evaluate seeds before it builds tasks: process_docs may shuffle
     manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs),
                                 confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
-                                metadata=task_metadata(cfg, model_dir))
+                                metadata=before_engine.task_metadata(cfg, model_dir))
     watch.lap("load_tasks")
-    leaves = manager.load(list(tasks))["tasks"] if cfg.samples or cfg.engine != "served" else {}
-    check_samples(cfg.samples, leaves)
-    check_lengths(cfg, model_dir, leaves)
+    leaves = {}
+    if cfg.samples or cfg.engine != "served":  # a group's tasks built as simple_evaluate builds them: seeded first
+        seed_as_lm_eval(cfg.task_seeds)
+        leaves = manager.load(list(tasks))["tasks"]
+    before_engine.check_samples(cfg.samples, leaves)
+    before_engine.check_lengths(cfg, model_dir, leaves)
     watch.lap("check_lengths")
     return model_dir, manager, tasks
-
-
-def task_metadata(cfg: EvalConfig, model_dir: str) -> dict[str, Any]:
-    """What every task's metadata gets (lm-eval's --metadata): the weights' folder as pretrained and the tokenizer
-    where set, as lm-eval adds its model_args, then the run's own metadata over them."""
-    return {"pretrained": model_dir, **({"tokenizer": cfg.tokenizer} if cfg.tokenizer else {}), **cfg.metadata}
-
-
-def selected_documents(samples: dict[str, list[int]]) -> dict[str, gate.Indices] | None:
-    """samples= as lm-eval's simple_evaluate takes it (None: none named), each task's indices in order and once:
-    lm-eval evaluates the documents whose index is listed, in the task's order, and numbers their samples by the
-    list's order."""
-    return None if not samples else {task: gate.Indices(sorted(set(v))) for task, v in samples.items()}
-
-
-def check_samples(samples: dict[str, list[int]], leaves: dict[str, Any]) -> None:
-    """Each task samples= names is one the run evaluates, each index one of its documents (lm-eval asserts it when
-    it builds the requests, after the engine started)."""
-    for task, indices in samples.items():
-        if task not in leaves:
-            near = closest(task, list(leaves), n=1) or f" (its tasks: {', '.join(leaves)})"
-            raise ConfigError(f"samples.{task}: the run evaluates no task {task!r}{near}")
-        documents = len(leaves[task].eval_docs)
-        if max(indices) >= documents:
-            raise ConfigError(f"samples.{task}: document {max(indices)} is past the task's {documents} documents "
-                              f"(0 to {documents - 1})")
-
-
-def harness_lm(cfg: EvalConfig, engine: Engine, **extra: Any) -> EvalkitLM:
-    """lm-eval's LM over engine with the run's settings (extra: what only the run's own needs)."""
-    return EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens, add_bos_token=cfg.add_bos_token,
-                     temperature=cfg.temperature, sampling_kwargs=dict(cfg.sampling_kwargs),
-                     min_gen_tokens=cfg.min_gen_tokens, overflow=cfg.overflow, strip_thinking=cfg.strip_thinking,
-                     thinking_end=cfg.thinking_end, **extra)
-
-
-def check_lengths(cfg: EvalConfig, model_dir: str, leaves: dict[str, Any]) -> None:
-    """Every request of the run against max_model_len, in one line before the engine starts
-    (evalkit/harness/lengths.py), with the model's tokenizer loaded without it. A served engine's tokenizer is its
-    server's, and a folder whose tokenizer does not load here is the engine's to report: their prompts are checked
-    where the run plans them."""
-    if cfg.engine == "served":
-        return
-    try:
-        tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,
-                                   add_bos_token=cfg.add_bos_token, with_vllm=False)
-    except (OSError, ValueError) as error:
-        log.debug("prompts not checked before the engine: the tokenizer did not load (%s)", error)
-        return
-    side = TokenizerOnly(tokenizer, max_model_len=cfg.max_model_len, trust_remote_code=cfg.trust_remote_code,
-                         template_from="tokenizer" if cfg.engine == "hf" else "vllm")
-    lm = harness_lm(cfg, side)
-    requests = lengths.build_requests(
-        lm, leaves, limit=_limit(cfg.limit), samples=selected_documents(cfg.samples), num_fewshot=cfg.num_fewshot, fewshot_seed=cfg.task_seeds.fewshot,
-        system_instruction=cfg.system_instruction, apply_chat_template=cfg.apply_chat_template,
-        fewshot_as_multiturn=cfg.fewshot_as_multiturn)
-    lengths.check(lengths.longest(lm, requests), max_model_len=cfg.max_model_len, overflow=cfg.overflow)
 
 
 def seed_as_lm_eval(seeds: TaskSeeds) -> None:
@@ -165,7 +107,7 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
     with lm_eval_compat.env_info_ahead():
         outcome = simple_evaluate(
             model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot,
-            limit=_limit(cfg.limit) if samples is None else None, samples=samples,
+            limit=before_engine.lm_eval_limit(cfg.limit) if samples is None else None, samples=samples,
             log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
             system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
             random_seed=cfg.task_seeds.random, numpy_random_seed=cfg.task_seeds.numpy,
@@ -259,7 +201,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
             engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg),
                                      generate_chunk=generation_chunk(cfg.chunk_size, description))
         def new_lm() -> EvalkitLM:
-            return harness_lm(cfg, engine, order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
+            return before_engine.harness_lm(cfg, engine, order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
                               progress=Progress, divergence_top_k=top_k,
                               reference=against.ids if against is not None and top_k else None)
 
@@ -271,7 +213,7 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
 
         scoring_before = engine.scoring_counts()  # a lent engine counts earlier runs too
         if planned is None:
-            lm, gated, selected = new_lm(), None, selected_documents(cfg.samples)
+            lm, gated, selected = new_lm(), None, before_engine.selected_documents(cfg.samples)
             outcome = score_with_lm_eval(cfg, lm, manager, tasks, samples=selected)
             if selected is not None:
                 lm.records = gate.renumbered(lm.records, selected)
