@@ -91,3 +91,13 @@ def test_building_the_requests_first_leaves_the_runs_prompts_as_they_were(tokeni
     assert {t: [i.args for i in v] for t, v in first.items()} == {t: [i.args for i in v] for t, v in second.items()}
     assert first["parity_fewshot"][0].args[0].count("Question:") == 3  # two shots and the question
 
+
+def test_past_what_the_model_supports_the_fix_is_to_cut_prompts(tokenizer):
+    lm, requests = built(tokenizer)
+    found = lengths.longest(lm, requests)
+    with pytest.raises(Exception) as error:
+        lengths.check(found, max_model_len=20, overflow="fail", supported=found.needs - 1)
+    assert str(error.value).endswith(f"needs max_model_len={found.needs}, more than the model's {found.needs - 1}; "
+                                     "pass overflow=truncate_left to cut prompts from the left")
+    lengths.check(found, max_model_len=found.needs, overflow="fail", supported=found.needs - 1)  # it fits: fine
+

@@ -86,10 +86,15 @@ def longest(lm: EvalkitLM, requests: dict[str, list[Any]]) -> Longest | None:
     return found
 
 
-def check(found: Longest | None, *, max_model_len: int, overflow: str) -> None:
-    """One ConfigError where a request does not fit max_model_len, with the setting that makes it fit."""
+def check(found: Longest | None, *, max_model_len: int, overflow: str, supported: int | None = None) -> None:
+    """One ConfigError where a request does not fit max_model_len, with the setting that makes it fit (supported:
+    the longest context the model states, past which no max_model_len is the fix)."""
     if found is None or found.needs <= max_model_len:
         return
+    if supported is not None and found.needs > supported and overflow != "truncate_left":
+        raise ConfigError(f"max_model_len={max_model_len} is too short for task {found.task}: its longest prompt is "
+                          f"{found.prompt_tokens} tokens and needs max_model_len={found.needs}, more than the model's "
+                          f"{supported}; pass overflow=truncate_left to cut prompts from the left")
     if overflow == "truncate_left":
         raise ConfigError(f"max_model_len={max_model_len} is too short for task {found.task} even with prompts cut "
                           f"from the left: a request needs max_model_len={found.needs}; pass "

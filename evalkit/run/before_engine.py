@@ -6,10 +6,12 @@ an engine with the run's settings, for the check and for the run alike.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from evalkit.config import ConfigError, EvalConfig, closest
 from evalkit.contracts import Engine
+from evalkit.engine.machine import preflight
 from evalkit.engine.tokenizer import TokenizerOnly, load_tokenizer
 from evalkit.harness import lengths
 from evalkit.harness.lm import EvalkitLM
@@ -78,4 +80,6 @@ def check_lengths(cfg: EvalConfig, model_dir: str, leaves: dict[str, Any]) -> No
         num_fewshot=cfg.num_fewshot, fewshot_seed=cfg.task_seeds.fewshot,
         system_instruction=cfg.system_instruction, apply_chat_template=cfg.apply_chat_template,
         fewshot_as_multiturn=cfg.fewshot_as_multiturn)
-    lengths.check(lengths.longest(lm, requests), max_model_len=cfg.max_model_len, overflow=cfg.overflow)
+    stated = preflight.model_context_length(model_dir) if Path(model_dir).is_dir() else None
+    lengths.check(lengths.longest(lm, requests), max_model_len=cfg.max_model_len, overflow=cfg.overflow,
+                  supported=stated[0] if stated else None)
