@@ -165,9 +165,16 @@ class EvalConfig:
     # --- tasks ---
     tasks: list[str] = field(default_factory=lambda: ["evalkit_arith", "evalkit_facts"])
     limit: Optional[float] = None  # documents per task (an int), or a fraction below 1.0
+    # lm-eval's --samples: task -> indices of the documents to evaluate, e.g. +samples.gsm8k=[0,5,9] (a task it
+    # does not name: every document; none named: every task's); not with limit
+    samples: dict[str, list[int]] = field(default_factory=dict)
     num_fewshot: Optional[int] = None
     task_data: dict[str, Any] = field(default_factory=dict)  # per task: dataset_path/dataset_name/dataset_kwargs
     tasks_dirs: list[str] = field(default_factory=list)  # more folders of task YAMLs, besides tasks/
+    # lm-eval's --metadata: added to every task's metadata, e.g. +metadata.max_seq_lengths=[4096] for RULER; the
+    # weights' folder is there as pretrained (and tokenizer where set), as lm-eval adds its model_args
+    metadata: dict[str, Any] = field(default_factory=dict)
+    predict_only: bool = False  # lm-eval's --predict_only: answers only, no metric computed (lm-eval's "bypass")
     task_seeds: TaskSeeds = field(default_factory=lambda: TaskSeeds())  # lm-eval's seeds for building prompts
     # tasks that run the model's code on this machine (humaneval, mbpp: unsafe_code in their YAML) run only with
     # true, as lm-eval's --confirm_run_unsafe_code; refused before the engine starts otherwise
@@ -182,8 +189,8 @@ class EvalConfig:
     chunk_size: int = 256
     # top log-probabilities recorded at every scored position, beside the samples, for the divergence between two
     # runs (docs/divergence.md, "What a run records"); 0: record nothing. 20: vLLM reads them in the same pass as
-    # the scores and generations (+11 % on the benchmark tasks without the engine's start), a position stays
-    # under 130 bytes compressed, and the bound captures 0.71-0.80 of the exact mean KLD (k=100: 0.93-0.95)
+    # the scores and generations (+11 % on the benchmark tasks without the engine's start), the record stays small
+    # (docs/divergence.md, "The record's size"), and the bound captures 0.71-0.80 of the exact mean KLD
     divergence_top_k: int = 20
     # a reference run folder: each scored position whose context the reference recorded also reads the
     # reference's top ids that this run's own top-k left out (Engine.read_ids), so compare's bound against that
@@ -300,10 +307,29 @@ def validate(cfg: EvalConfig) -> None:
         raise ConfigError(f"limit={cfg.limit} must be a whole number of documents or a fraction in (0, 1]")
     check_divergence_top_k(cfg)
     check_gate(cfg)
+    check_lm_eval_options(cfg)
     if not cfg.tasks:
         raise ConfigError("tasks is empty: pass tasks=[name,...]")
     if not cfg.model_name or "/" in cfg.model_name or cfg.model_name.startswith(".") or "${" in cfg.model_name:
         raise ConfigError(f"model_name={cfg.model_name!r} must be a plain folder name (no '/', not hidden)")
+
+
+def check_lm_eval_options(cfg: EvalConfig) -> None:
+    """samples and predict_only against the keys they cannot go with (the documents named are checked against the
+    tasks when they are loaded, evalkit/run/evaluate.py)."""
+    if cfg.samples:
+        if cfg.limit is not None:
+            raise ConfigError("samples= names the documents and limit= the first N of each task: pass one of them "
+                              "(as lm-eval refuses --samples with --limit)")
+        if cfg.gate.reference is not None:
+            raise ConfigError("gate.reference chooses the documents of each look itself: leave samples unset")
+        for task, indices in cfg.samples.items():
+            if not indices or min(indices) < 0:
+                raise ConfigError(f"samples.{task}={list(indices)} must list document indices, 0 or more")
+    if cfg.predict_only and cfg.gate.reference is not None:
+        raise ConfigError("gate.reference compares scores, and predict_only computes none: drop one of them")
+    if cfg.predict_only and not cfg.log_samples:
+        raise ConfigError("predict_only keeps the answers in the samples files only: leave log_samples=true")
 
 
 def check_gate(cfg: EvalConfig) -> None:

@@ -49,3 +49,22 @@ def test_score_fits_within_max_model_len_minus_one():
 def test_continuation_is_never_cut():
     with pytest.raises(PromptTooLong):
         plan_score(context_tokens=10, continuation_tokens=4095, max_model_len=4096, overflow="truncate_left")
+
+
+@pytest.mark.parametrize("overflow", ["fail", "truncate_left"])
+def test_the_needs_are_the_least_max_model_len_each_plan_takes(overflow):
+    """budget.generation_needs and score_needs (what the check before the engine reports) against the plans."""
+    from evalkit.harness.budget import generation_needs, score_needs
+
+    for prompt, requested, min_gen in [(0, 5, 1), (7, 5, 3), (30, 2, 8), (100, 256, 16)]:
+        needs = generation_needs(prompt_tokens=prompt, requested=requested, min_gen_tokens=min_gen, overflow=overflow)
+        plan(prompt, requested, max_len=needs, min_gen=min_gen, overflow=overflow)
+        if overflow == "fail":
+            with pytest.raises(PromptTooLong):
+                plan(prompt, requested, max_len=needs - 1, min_gen=min_gen, overflow=overflow)
+    for context, continuation in [(0, 1), (1, 1), (40, 3), (500, 60)]:
+        needs = score_needs(context_tokens=context, continuation_tokens=continuation, overflow=overflow)
+        plan_score(context_tokens=context, continuation_tokens=continuation, max_model_len=needs, overflow=overflow)
+        with pytest.raises(PromptTooLong):
+            plan_score(context_tokens=context, continuation_tokens=continuation, max_model_len=needs - 1,
+                       overflow=overflow)

@@ -28,6 +28,8 @@ def evalkit(tmp_path, *args):
     (["data_parallel_size=4096"], "data_parallel_size=4096 needs 4096 devices but this machine has"),
     (["data_parallel_size=2", "distributed_executor_backend=ray"], "cannot use vLLM's Ray executor again"),
     (["num_fewshot=-1"], "num_fewshot=-1 must be 0 or more"),
+    (["max_model_len=64"], "max_model_len=64 is too short for task evalkit_arith: its longest prompt is 67 tokens and "
+                           "needs max_model_len=68; pass max_model_len=68 or more, or overflow=truncate_left"),
     (["+sampling_kwargs.top_pp=0.9"], "sampling_kwargs.top_pp is not an argument of vLLM's SamplingParams (did you "
                                       "mean top_p"),
     (["tasks=[evalkit_arith,humaneval]"], "task humaneval runs the code the model writes on this machine: pass "

@@ -128,6 +128,8 @@ def test_validate_runs_a_runs_checks_and_starts_no_engine(tmp_path):
     (["tasks=[gsm8kk]", "vllm_path=/nope"], "vllm_path=/nope does not exist"),
     (["tasks=[evalkit_arith,gsm8kk]"], "unknown task 'gsm8kk' (did you mean gsm8k"),  # the tasks are loaded
     (["tensor_parallel_size=4096"], "tensor_parallel_size=4096 needs 4096 devices"),
+    (["max_model_len=16", "tasks=[evalkit_facts]"], "max_model_len=16 is too short for task evalkit_facts: its "
+                                                     "longest prompt is"),  # every request is built and encoded
     (["-m", "limit=1,2", "tasks=[evalkit_arith],[humaneval]"],
      "limit=1 tasks=[humaneval]: task humaneval runs the code the model writes"),  # each point of a sweep
     (["--cfg", "job"], "--cfg: evalkit validate takes key=value overrides (and -m for a sweep) only"),

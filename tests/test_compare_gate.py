@@ -230,3 +230,12 @@ def test_the_header_says_which_rows_worse_is_adjusted_over(tmp_path, capsys, unc
     assert f"Holm-adjusted over all {unchanged + 1} rows" in promise
     assert "Tarone's screen leaves out rows where no document changed" in promise
     assert "fails with probability at most 0.05" in promise
+
+
+def test_the_line_of_a_report_not_written_names_the_command_as_typed(tmp_path):
+    """Under `evalkit compare` its lines start `evalkit compare:`, not the module's name."""
+    ref, cand = hand_pair(tmp_path, {"t": (0, 0, 200)})
+    block_report(cand, "taken")
+    done = subprocess.run([sys.executable, "-m", "evalkit.cli", "compare", str(ref), str(cand)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and done.stderr.startswith(f"evalkit compare: the report could not be written to {cand}")

@@ -193,7 +193,7 @@ def test_an_unknown_name_gets_suggestions_from_the_map(warm_cache, full_builtin)
 def test_a_small_index_that_differs_falls_back_to_the_full_one(tmp_path, monkeypatch, records, caplog):
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path))
     task_index.save_builtin_map({**records, "gsm8k": {**records["gsm8k"], "folders": ["arc"]}})  # a stale map
-    monkeypatch.setattr(task_index, "task_manager", lambda extra_dirs: "the full index")
+    monkeypatch.setattr(task_index, "task_manager", lambda extra_dirs, metadata=None: "the full index")
     with caplog.at_level(logging.DEBUG, logger="evalkit.harness.task_index"):
         assert task_index.task_manager_for(["gsm8k"]) == "the full index"
     assert "gsm8k is missing" in caplog.text

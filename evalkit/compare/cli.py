@@ -104,7 +104,8 @@ def tolerances_from(args: Any) -> Tolerances:
     return Tolerances(absolute=args.tolerance, relative=args.relative_tolerance, overrides=overrides, ranges=ranges)
 
 
-def write_report(reference: Run, candidate: Run, files: dict[str, str], output: str | None) -> None:
+def write_report(reference: Run, candidate: Run, files: dict[str, str], output: str | None,
+                 name: str = "evalkit compare") -> None:
     """The report beside the candidate run (or in --output DIR, named after both runs). One that cannot be
     written is said on stderr, and the command goes on: the verdict was printed and decides the exit code."""
     stem = f"compare-vs-{reference.path.parent.name}-{reference.path.name}"
@@ -115,7 +116,7 @@ def write_report(reference: Run, candidate: Run, files: dict[str, str], output: 
         folder.mkdir(parents=True, exist_ok=True)
         written = results.write_beside(folder, {f"{stem}{suffix}": text for suffix, text in files.items()})
     except OSError as error:
-        print(f"evalkit.compare: the report could not be written to {printable(folder)} ({error.strerror or error}); "
+        print(f"{name}: the report could not be written to {printable(folder)} ({error.strerror or error}); "
               "the verdict above stands; --output DIR writes it elsewhere", file=sys.stderr)
         return
     print(f"\nwritten: {', '.join(printable(path) for path in written)}")  # a folder's name as text
@@ -219,7 +220,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare")
         pair = noise_pair(args, reference)
         noise = noise_columns(args, pair, tolerances) if pair else None
         found = divergences(args, reference, candidates, pair)
-        why = locate.from_args(args, reference, candidates, pair) if args.locate else {}
+        name = prog.removeprefix("python -m ")  # the command as typed starts each line said on stderr
+        why = locate.from_args(args, reference, candidates, pair, name=name) if args.locate else {}
         compared = compare_family(reference, candidates, tolerance=tolerances, confidence=confidence,
                                   iterations=args.iterations, seed=args.seed)  # one family: every candidate's rows
         tables = [table for table, _ in compared]
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m evalkit.compare")
                                   candidate=candidate, details=details, why=why.get(candidate.path),
                                   family=sum(map(len, tables)), divergence=d)
             print(printable(text, keep="\n"))  # names and outputs from run folders: no terminal control
-            write_report(reference, candidate, {".md": text, ".html": page}, args.output)
+            write_report(reference, candidate, {".md": text, ".html": page}, args.output, name=name)
         for d in found:
             if d.verdict and d.verdict.label == "unusable":
                 print(f"{prog.removeprefix('python -m ')}: error: the divergence of {d.candidate} against noise: "

@@ -164,3 +164,23 @@ class TokenizerSide:
             return self.tokenizer.apply_chat_template(messages, **options)
         except jinja2.exceptions.TemplateError:
             return self.tokenizer.apply_chat_template([m for m in messages if m["role"] != "system"], **options)
+
+
+class TokenizerOnly(TokenizerSide):
+    """The tokenizer half alone, loaded as the engine of cfg.engine would load it but with transformers only (no
+    vLLM import): what the harness plans before any engine starts, such as each prompt's length
+    (evalkit/harness/lengths.py). It answers no request: it has no generate or score. Each text is encoded once: a
+    multiple-choice document's context is encoded for each of its choices."""
+
+    logits_dtype = ""
+
+    def __init__(self, tokenizer: Any, *, max_model_len: int, trust_remote_code: bool, template_from: str) -> None:
+        self.tokenizer, self.max_model_len = tokenizer, max_model_len
+        self.trust_remote_code, self.template_from = trust_remote_code, template_from
+        self.encoded: dict[tuple[str, bool], list[int]] = {}
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        key = (text, add_special_tokens)
+        if key not in self.encoded:
+            self.encoded[key] = super().encode(text, add_special_tokens)
+        return self.encoded[key]

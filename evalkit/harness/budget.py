@@ -61,3 +61,15 @@ def plan_score(*, context_tokens: int, continuation_tokens: int, max_model_len: 
             + ("" if overflow == "truncate_left" else ", or set overflow=truncate_left")
         )
     return total - limit
+
+
+def generation_needs(*, prompt_tokens: int, requested: int, min_gen_tokens: int, overflow: str) -> int:
+    """The least max_model_len at which plan_generation plans this request without PromptTooLong."""
+    need = min(min_gen_tokens, requested)
+    return need if overflow == "truncate_left" else prompt_tokens + need
+
+
+def score_needs(*, context_tokens: int, continuation_tokens: int, overflow: str) -> int:
+    """The least max_model_len at which plan_score plans this pair without PromptTooLong."""
+    whole = context_tokens + continuation_tokens + 1
+    return min(whole, continuation_tokens + 2) if overflow == "truncate_left" else whole

@@ -32,11 +32,12 @@ def own_dirs(extra_dirs: list[str]) -> list[str]:
     return dirs
 
 
-def task_manager(extra_dirs: list[str]):
-    """The full index: every built-in task plus evalkit's own folders (slow: walks all of lm-eval's YAMLs)."""
+def task_manager(extra_dirs: list[str], metadata: dict[str, Any] | None = None):
+    """The full index: every built-in task plus evalkit's own folders (slow: walks all of lm-eval's YAMLs); metadata:
+    added to every task's metadata when it is built (lm-eval's --metadata)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=own_dirs(extra_dirs))
+    return TaskManager(include_path=own_dirs(extra_dirs), metadata=metadata)
 
 
 def members(entry: Any) -> list[str]:
@@ -224,15 +225,16 @@ def _mismatch(manager: Any, names: list[str], own: set[str], builtin: dict[str, 
     return None
 
 
-def task_manager_for(names: list[str], extra_dirs: Sequence[str] = ()) -> Any:
+def task_manager_for(names: list[str], extra_dirs: Sequence[str] = (), metadata: dict[str, Any] | None = None) -> Any:
     """A TaskManager indexing only what ``names`` need: evalkit's own folders, plus the built-in folders the
-    cached map records for the built-in names among them (and among the members of evalkit's own groups).
+    cached map records for the built-in names among them (and among the members of evalkit's own groups);
+    metadata as task_manager takes it.
 
     The full index instead when the small one would resolve a name differently (why: at debug level)."""
     from lm_eval.tasks import TaskManager
 
     dirs = own_dirs(list(extra_dirs))
-    own = TaskManager(include_path=dirs, include_defaults=False)
+    own = TaskManager(include_path=dirs, include_defaults=False, metadata=metadata)
     outside = _outside(list(names), own.task_index)
     if not outside:
         return own
@@ -240,12 +242,12 @@ def task_manager_for(names: list[str], extra_dirs: Sequence[str] = ()) -> Any:
     folders = set().union(*(builtin[name]["folders"] for name in outside if name in builtin))
     if not folders:
         return own  # only unknown names: load_tasks reports them
-    small = TaskManager(include_path=_include_order(folders, root) + dirs, include_defaults=False)
+    small = TaskManager(include_path=_include_order(folders, root) + dirs, include_defaults=False, metadata=metadata)
     why = _mismatch(small, list(names), set(own.task_index), builtin, root)
     if why is None:
         return small
     log.debug("the small task index for %s does not fit (%s); using the full index", list(names), why)
-    return task_manager(list(extra_dirs))
+    return task_manager(list(extra_dirs), metadata=metadata)
 
 
 def known_names(manager: Any) -> list[str]:

@@ -98,10 +98,12 @@ def runs_model_code(yaml_path: Path, depth: int = 0) -> bool:
     return isinstance(include, str) and runs_model_code(yaml_path.parent / include, depth + 1)
 
 
-def indexed(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str]) -> Any:
+def indexed(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str],
+            metadata: dict[str, Any] | None = None) -> Any:
     """The TaskManager that indexes names (and task_data's), each checked to be there: a name it lacks is a
-    ConfigError naming a broken YAML of that name, or the closest known names. No task is built."""
-    manager = task_manager_for(list(names) + list(task_data), extra_dirs)
+    ConfigError naming a broken YAML of that name, or the closest known names. No task is built; metadata goes to
+    each task built later (lm-eval's --metadata)."""
+    manager = task_manager_for(list(names) + list(task_data), extra_dirs, metadata)
     for name in list(names) + list(task_data):
         if name not in manager.task_index:
             broken = broken_yaml(name, [str(TASKS_DIR), *extra_dirs])
@@ -114,12 +116,12 @@ def indexed(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str
 
 
 def load_tasks(names: list[str], *, task_data: dict[str, Any], extra_dirs: list[str],
-               confirm_run_unsafe_code: bool = False) -> tuple[Any, list[Any]]:
+               confirm_run_unsafe_code: bool = False, metadata: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
     """The TaskManager and the task objects (or group names) for simple_evaluate, data loaded.
 
     ConfigError if a name is unknown, its data cannot be read, or it runs the model's code (unsafe_code in its
     YAML) without confirm_run_unsafe_code, as lm-eval's simple_evaluate refuses it, but before the engine starts."""
-    manager = indexed(names, task_data=task_data, extra_dirs=extra_dirs)
+    manager = indexed(names, task_data=task_data, extra_dirs=extra_dirs, metadata=metadata)
     loaded: list[Any] = []
     for name in names:
         entry = manager.task_index[name]

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from evalkit.engine.machine import preflight
-from evalkit.run import gate, reference, results
+from evalkit.run import before_engine, gate, reference, results
 from evalkit.run.progress import Progress
 from evalkit.run.sources import task_sources
 from evalkit.store import replay
@@ -41,10 +41,6 @@ EngineFactory = Callable[[EvalConfig, str], Engine]
 
 class EngineStartError(RuntimeError):
     """vLLM could not start with these settings (memory, an unsupported model, a driver)."""
-
-
-def _limit(limit: float | None) -> int | float | None:
-    return int(limit) if limit is not None and limit >= 1 else limit
 
 
 class Stopwatch:
@@ -70,8 +66,16 @@ def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[
     watch.lap("prepare_model")
     seed_as_lm_eval(cfg.task_seeds)  # simple_evaluate seeds before it builds tasks: process_docs may shuffle
     manager, tasks = load_tasks(list(cfg.tasks), task_data=dict(cfg.task_data), extra_dirs=list(cfg.tasks_dirs),
-                                confirm_run_unsafe_code=cfg.confirm_run_unsafe_code)
+                                confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
+                                metadata=before_engine.task_metadata(cfg, model_dir))
     watch.lap("load_tasks")
+    leaves = {}
+    if cfg.samples or cfg.engine != "served":  # a group's tasks built as simple_evaluate builds them: seeded first
+        seed_as_lm_eval(cfg.task_seeds)
+        leaves = manager.load(list(tasks))["tasks"]
+    before_engine.check_samples(cfg.samples, leaves)
+    before_engine.check_lengths(cfg, model_dir, leaves)
+    watch.lap("check_lengths")
     return model_dir, manager, tasks
 
 
@@ -103,12 +107,12 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
     with lm_eval_compat.env_info_ahead():
         outcome = simple_evaluate(
             model=lm, tasks=tasks, task_manager=manager, num_fewshot=cfg.num_fewshot,
-            limit=_limit(cfg.limit) if samples is None else None, samples=samples,
+            limit=before_engine.lm_eval_limit(cfg.limit) if samples is None else None, samples=samples,
             log_samples=cfg.log_samples, apply_chat_template=cfg.apply_chat_template,
             system_instruction=cfg.system_instruction, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
             random_seed=cfg.task_seeds.random, numpy_random_seed=cfg.task_seeds.numpy,
             torch_random_seed=cfg.task_seeds.torch, fewshot_random_seed=cfg.task_seeds.fewshot,
-            bootstrap_iters=1000, confirm_run_unsafe_code=cfg.confirm_run_unsafe_code,
+            bootstrap_iters=1000, confirm_run_unsafe_code=cfg.confirm_run_unsafe_code, predict_only=cfg.predict_only,
         )
     tracker.log_end_time()
     outcome.update(asdict(tracker))
@@ -197,13 +201,9 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
             engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg),
                                      generate_chunk=generation_chunk(cfg.chunk_size, description))
         def new_lm() -> EvalkitLM:
-            return EvalkitLM(engine, model_name=cfg.model_name, max_tokens=cfg.max_tokens,
-                             add_bos_token=cfg.add_bos_token, temperature=cfg.temperature,
-                             sampling_kwargs=dict(cfg.sampling_kwargs), min_gen_tokens=cfg.min_gen_tokens,
-                             overflow=cfg.overflow, strip_thinking=cfg.strip_thinking, thinking_end=cfg.thinking_end,
-                             order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
-                             progress=Progress, divergence_top_k=top_k,
-                             reference=against.ids if against is not None and top_k else None)
+            return before_engine.harness_lm(cfg, engine, order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
+                              progress=Progress, divergence_top_k=top_k,
+                              reference=against.ids if against is not None and top_k else None)
 
         def look(samples: dict[str, list[int]] | None) -> tuple[EvalkitLM, dict[str, Any]]:
             """lm-eval on those documents of the tasks samples names (every document of every task: None)."""
@@ -213,8 +213,10 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
 
         scoring_before = engine.scoring_counts()  # a lent engine counts earlier runs too
         if planned is None:
-            lm, gated = new_lm(), None
-            outcome = score_with_lm_eval(cfg, lm, manager, tasks)
+            lm, gated, selected = new_lm(), None, before_engine.selected_documents(cfg.samples)
+            outcome = score_with_lm_eval(cfg, lm, manager, tasks, samples=selected)
+            if selected is not None:
+                lm.records = gate.renumbered(lm.records, selected)
         else:
             lm, outcome, gated = gate.run(cfg, planned, look)
         scoring = Counter(engine.scoring_counts())

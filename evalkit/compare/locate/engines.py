@@ -183,13 +183,13 @@ def engine_choice(run: Run, overrides: Sequence[str], *, side: str) -> EngineCho
 
 
 def advice(choice: EngineChoice) -> str | None:
-    """One line naming the recorded settings --locate left out, as the flag that would pass them, each quoted for
-    the shell (a recorded $(...) pasted runs nothing); None if none."""
+    """One line (after the command's name) naming the recorded settings --locate left out, as the flag that would
+    pass them, each quoted for the shell (a recorded $(...) pasted runs nothing); None if none."""
     import shlex
 
     if not choice.not_adopted:
         return None
-    return (f"evalkit.compare: the {choice.side} run {printable(choice.run)} recorded settings --locate does not take "
+    return (f"the {choice.side} run {printable(choice.run)} recorded settings --locate does not take "
             f"from a run folder; if you trust them, pass {choice.flag} "
             f"{' '.join(printable(shlex.quote(o)) for o in choice.not_adopted)}")
 

@@ -110,10 +110,11 @@ def explain_jobs(jobs: list[why.Differing], ref_pass: Pass, cand_pass: Pass, *, 
 
 def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], *, ref_overrides: Sequence[str] = (),
            cand_overrides: Sequence[str] = (), near_tie: float = why.NEAR_TIE, floor: float | None = why.NOISE_FLOOR,
-           floor_source: str = "default", top_k: int = TOP_K) -> list[why.Localisation]:
+           floor_source: str = "default", top_k: int = TOP_K, name: str = "evalkit compare") -> list[why.Localisation]:
     """Every changed document of each candidate against the reference, located and classified (why.py).
     Engines start only where generations differ, every one checked before the first starts; a LocateError
-    says what to pass (floor None: no floor known for these runs, an error once something must be classified)."""
+    says what to pass (floor None: no floor known for these runs, an error once something must be classified).
+    name: the command as typed, which starts each line said on stderr."""
     reference = reference if isinstance(reference, Run) else load_run(reference)
     candidates = [c if isinstance(c, Run) else load_run(c) for c in candidates]
     for candidate in candidates:
@@ -128,7 +129,7 @@ def locate(reference: Run | str | Path, candidates: Sequence[Run | str | Path], 
         raise LocateError(f"--locate: {floor_source}; pass --noise RUN_A RUN_B (two runs of the candidate's config, "
                           "evalkit noise) to measure the floor for these runs")
     for line in filter(None, map(advice, filter(None, [ref_choice, *choices]))):
-        print(line, file=sys.stderr)
+        print(f"{name}: {line}", file=sys.stderr)
     ref_pass = engine_pass(ref_choice, everything, top_k=top_k) if everything else None
     out = []
     for candidate, choice, (jobs, skipped) in zip(candidates, choices, found):
@@ -172,8 +173,8 @@ def default_floor_applies(run: Run) -> str | None:
     return None if dtype == "float32" else f"run {run.name} ran in dtype {dtype or 'unknown'}"
 
 
-def from_args(args: Any, reference: Run, candidates: list[Run],
-              noise: tuple[Run, Run] | None = None) -> dict[Path, why.Localisation]:
+def from_args(args: Any, reference: Run, candidates: list[Run], noise: tuple[Run, Run] | None = None,
+              name: str = "evalkit compare") -> dict[Path, why.Localisation]:
     """--locate as main runs it: candidate folder -> its Localisation, the floor from the noise pair (--noise)
     when given; the default floor only for CPU float32 runs (None otherwise: locate() asks for --noise if it
     needs a floor)."""
@@ -190,5 +191,5 @@ def from_args(args: Any, reference: Run, candidates: list[Run],
         else:
             floor, source = measured, "--noise: max per-choice log-likelihood difference between the two noise runs"
     found = locate(reference, candidates, ref_overrides=args.ref_engine, cand_overrides=args.cand_engine,
-                   near_tie=args.near_tie, floor=floor, floor_source=source, top_k=args.top_k)
+                   near_tie=args.near_tie, floor=floor, floor_source=source, top_k=args.top_k, name=name)
     return {candidate.path: loc for candidate, loc in zip(candidates, found)}

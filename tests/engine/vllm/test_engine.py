@@ -42,7 +42,7 @@ def test_python_m_evalkit_end_to_end(tmp_path, default_run, engine):
                                                                "env.VLLM_ENABLE_V1_MULTIPROCESSING"}
     assert ek["engine"]["versions"]["vllm"] and ek["counts"]["evalkit_facts"]["requests"] == 48
     timings = ek["timings"]  # each stage, from `python -m evalkit` on; the engine's start in its steps
-    stages = ["startup", "prepare_model", "load_tasks", "engine_start", "evaluate", "close", "total"]
+    stages = ["startup", "prepare_model", "load_tasks", "check_lengths", "engine_start", "evaluate", "close", "total"]
     assert [k for k in timings if k in stages] == stages and all(timings[k] > 0 for k in stages)
     steps = timings["engine_start_stages"]
     # the tokenizer is the engine's own (a step of its own only where add_bos_token makes evalkit load one)
