@@ -3,13 +3,19 @@ two runs are compared only when they saw the same tasks at the same versions, do
 
 from __future__ import annotations
 
+import gc
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import orjson
 
 from evalkit.run.results import sample_files
-from evalkit.untrusted import OutsideFolder, TooLarge, inside, json_data, printable, read_bounded
+from evalkit.untrusted import (OutsideFolder, TooLarge, file_limit, inside, json_data, open_regular, printable,
+                               read_bounded, too_large)
 
 
 class CompareError(ValueError):
@@ -59,23 +65,114 @@ def _json(text: str, where: str) -> Any:
         raise CompareError(f"{where}: {error}") from None
 
 
+# What compare, its pages and --locate never read of a sample line: lm-eval's copy of the document, its filtered
+# responses and evalkit's per-metric copy of the scores; of the request arguments only each choice's continuation
+# (arg_1) is kept, of the request records only what --locate and the first divergence read. Most of a line's size,
+# and most of what its Python objects would cost (many times the line), goes with them.
+DROPPED = ("doc", "filtered_resps", "scores")
+REQUEST_FIELDS = ("kind", "output_ids", "prompt_tokens", "truncated_tokens")
+
+
+def held(sample: dict[str, Any], metrics_seen: dict[tuple, list]) -> dict[str, Any]:
+    """What compare holds of a sample line (the line less DROPPED, its arguments and requests cut to what is read;
+    a key its own metrics name is kept whole, whatever its name); equal metrics lists share one object."""
+    metrics = sample.get("metrics")
+    named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
+    kept = {k: v for k, v in sample.items() if k not in DROPPED or k in named}
+    if named:
+        kept["metrics"] = metrics_seen.setdefault(tuple(metrics), metrics)
+    arguments = kept.get("arguments")
+    if isinstance(arguments, dict) and "arguments" not in named:
+        kept["arguments"] = {k: ({"arg_1": v["arg_1"]} if "arg_1" in v else {}) if isinstance(v, dict) else v
+                             for k, v in arguments.items()}
+    requests = kept.get("requests")
+    if isinstance(requests, list) and "requests" not in named:
+        kept["requests"] = [{k: r[k] for k in REQUEST_FIELDS if k in r} if isinstance(r, dict) else r
+                            for r in requests]
+    return kept
+
+
+# A JSON number of 19 digits or more starts after one of :[, whitespace or -: such a line may hold an integer past
+# 64 bits, which orjson reads as a float and the stdlib json exactly. Each line is mapped through TOKENS (digits to 0,
+# those starters to !, the rest to x) and searched for LONG_NUMBER: a quick test of the whole line at C speed.
+TOKENS = bytes(48 if 48 <= c < 58 else 33 if chr(c) in ":[, \t\r\n-" else 120 for c in range(256))
+LONG_NUMBER = b"!" + b"0" * 19
+
+
+def _long_number(line: bytes) -> bool:
+    """Whether line may hold a number token of 19 digits or more (text that looks like one counts too)."""
+    mapped = line.translate(TOKENS)
+    return LONG_NUMBER in mapped or mapped.startswith(LONG_NUMBER[1:])
+
+
+def _lines(file: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, offset, bytes) of each line of file, read up to untrusted.file_limit() (a run folder may come
+    from elsewhere) one line at a time: the file is never held whole."""
+    limit = file_limit()
+    try:
+        with open_regular(file) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise too_large(file, size, limit)
+            offset = 0
+            for number, line in enumerate(f, 1):
+                if offset + len(line) > limit:  # it grows while read
+                    raise too_large(file, offset + len(line), limit)
+                yield number, offset, line
+                offset += len(line)
+    except TooLarge as error:
+        raise CompareError(str(error)) from None
+    except OSError as error:
+        raise CompareError(f"{file}: cannot be read ({error.strerror or error})") from None
+
+
+def _decoded(line: bytes, offset: int, file: Path) -> str:
+    """line as text; a byte that is not UTF-8 is the file's CompareError, its position counted in the file."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = re.sub(r"position (\d+)(-(\d+))?", lambda m: "position " + "-".join(
+            str(int(n) + offset) for n in m.group(1, 3) if n is not None), str(error), count=1)
+        raise CompareError(f"{file}: cannot be read ({where})") from None
+
+
 def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
-    """(doc_id, filter) -> sample line of task's samples file, each line checked: an object with an integer doc_id,
-    and the only one of its document and filter (lm-eval writes one line per document and filter; a second would
-    silently replace the first)."""
-    samples, lines = {}, {}
-    for number, line in enumerate(_text(file).splitlines(), 1):
-        if line.strip():
-            sample = _json(line, f"{file}, line {number}")
+    """(doc_id, filter) -> what compare holds of each sample line of task's samples file (held), each line checked:
+    an object with an integer doc_id, and the only one of its document and filter (lm-eval writes one line per
+    document and filter; a second would silently replace the first). Lines are JSON Lines' (split at newlines
+    only), read by orjson; a line orjson refuses or may read otherwise (NaN, an integer past 64 bits, ...) is read
+    by the stdlib json, as untrusted.json_data reads it, so that the values and every refusal are the stdlib's."""
+    samples, lines, metrics_seen, filters = {}, {}, {}, {}
+    enabled = gc.isenabled()
+    gc.disable()  # a line's objects hold no cycles: the collector's passes over millions of them would only cost
+    try:
+        for number, offset, line in _lines(file):
+            try:
+                sample = None if _long_number(line) else orjson.loads(line)
+            except orjson.JSONDecodeError:
+                sample = None
+            if sample is None:
+                text = _decoded(line, offset, file)
+                if not text.strip():
+                    continue
+                sample = _json(text, f"{file}, line {number}")
             if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
                 raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
                                    "file evalkit (lm-eval) wrote")
-            key = (sample["doc_id"], printable(str(sample.get("filter", "none"))))  # as results.json's names
+            filt = sample.get("filter", "none")
+            shown = filters.get(filt) if isinstance(filt, str) else None
+            if shown is None:
+                shown = printable(str(filt))  # as results.json's names
+                filters.update({filt: shown} if isinstance(filt, str) else {})
+            key = (sample["doc_id"], shown)
             if key in samples:
                 raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
                                    f"(first on line {lines[key]}); a samples file holds one line per document and "
                                    "filter: a damaged or concatenated file, rerun or copy it again")
-            samples[key], lines[key] = sample, number
+            samples[key], lines[key] = held(sample, metrics_seen), number
+    finally:
+        if enabled:
+            gc.enable()
     return samples
 
 
