@@ -14,9 +14,9 @@ is that row:
 * ``perplexity``: a rolling log-likelihood task's word perplexity ((log-likelihood, words) per document: the
   sign-flip test of the documents' log-likelihood changes).
 
-Printed per size and row: the whole command's wall and CPU time (``python -m evalkit.compare REF CAND --output
-DIR`` in a fresh process, as a user runs it, reports written; CPU time is the figure to compare on a shared
-machine), and the CPU time of its parts measured in this process with evalkit's own functions: reading both runs
+Printed per size and row: the whole command's wall and CPU time and its peak memory (``python -m evalkit.compare
+REF CAND --output DIR`` in a fresh process, as a user runs it, reports written; CPU time is the figure to compare on
+a shared machine; the peak is the process's largest resident set, ru_maxrss), and the CPU time of its parts measured in this process with evalkit's own functions: reading both runs
 (runs.load_run), pairing and checking their documents (paired.check_comparable), the row's statistics
 (stats.compare_paired) and the rest of the comparison (paired.compare_family less the statistics: the pairs
 checked again, the sample-level details, the verdicts). Printed, not asserted.
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -129,20 +128,22 @@ def write_run(folder: Path, kind: str, per_document: list[Any], seed: int) -> No
     (folder / "results.json").write_text(json.dumps(results))
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def command(reference: Path, candidate: Path, output: Path) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of python -m evalkit.compare REF CAND in a fresh process."""
+def command(reference: Path, candidate: Path, output: Path) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak resident MB) of python -m evalkit.compare REF CAND in a fresh process: the
+    peak is the child's own (its ru_maxrss, read by wait4), not the largest of all children so far."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    start, cpu = time.perf_counter(), children_cpu()
-    done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(reference), str(candidate), "--output",
-                           str(output)], capture_output=True, text=True, cwd=ROOT, env=env)
-    if done.returncode not in (0, 1) or "# evalkit compare" not in done.stdout:  # 1 is a verdict, not a traceback
-        raise SystemExit(f"python -m evalkit.compare failed ({done.returncode}): {done.stderr.strip()}")
-    return time.perf_counter() - start, children_cpu() - cpu
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-m", "evalkit.compare", str(reference), str(candidate),
+                                  "--output", str(output)], stdout=out, stderr=err, text=True, cwd=ROOT, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if child.returncode not in (0, 1) or "# evalkit compare" not in stdout:  # 1 is a verdict, not a traceback
+        raise SystemExit(f"python -m evalkit.compare failed ({child.returncode}): {stderr.strip()}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # ru_maxrss: KiB on Linux
 
 
 def parts(reference: Path, candidate: Path) -> dict[str, float]:
@@ -182,9 +183,9 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print("| documents | row | samples file (MB) | command: wall (s) | command: CPU (s) | read (s) | pair (s) | "
-          "statistics (s) | rest (s) | verdict |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|")
+    print("| documents | row | samples file (MB) | command: wall (s) | command: CPU (s) | command: peak memory (MB) | "
+          "read (s) | pair (s) | statistics (s) | rest (s) | verdict |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|")
     for n in args.documents:
         for kind in args.kinds:
             with tempfile.TemporaryDirectory() as tmp:
@@ -193,9 +194,10 @@ def main() -> None:
                 write_run(folder / "m" / "ref", kind, ref_values, args.seed)
                 write_run(folder / "m" / "cand", kind, cand_values, args.seed)
                 size = (folder / "m" / "ref" / f"samples_speed_{kind}.jsonl").stat().st_size / 1e6
-                wall, cpu = command(folder / "m" / "ref", folder / "m" / "cand", folder / "out")
+                wall, cpu, peak = command(folder / "m" / "ref", folder / "m" / "cand", folder / "out")
                 t = parts(folder / "m" / "ref", folder / "m" / "cand")
-                print(f"| {n:,} | {kind} | {size:.0f} | {wall:.2f} | {cpu:.2f} | {t['read']:.2f} | {t['pair']:.2f} | "
+                print(f"| {n:,} | {kind} | {size:.0f} | {wall:.2f} | {cpu:.2f} | {peak:.0f} | {t['read']:.2f} | "
+                      f"{t['pair']:.2f} | "
                       f"{t['statistics']:.2f} | {t['rest']:.2f} | {t['verdict']} |", flush=True)
 
 
