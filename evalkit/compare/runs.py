@@ -3,6 +3,7 @@ two runs are compared only when they saw the same tasks at the same versions, do
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -74,22 +75,27 @@ REQUEST_FIELDS = ("kind", "output_ids", "prompt_tokens", "truncated_tokens")
 
 
 def held(sample: dict[str, Any], metrics_seen: dict[tuple, list]) -> dict[str, Any]:
-    """What compare holds of a sample line (the line less DROPPED, its arguments and requests cut to what is read;
-    a key its own metrics name is kept whole, whatever its name); equal metrics lists share one object."""
+    """What compare holds of a sample line, cut in place: the line less DROPPED, its arguments and requests cut to
+    what is read (a key its own metrics name is kept whole, whatever its name); equal metrics lists share one
+    object."""
     metrics = sample.get("metrics")
     named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
-    kept = {k: v for k, v in sample.items() if k not in DROPPED or k in named}
     if named:
-        kept["metrics"] = metrics_seen.setdefault(tuple(metrics), metrics)
-    arguments = kept.get("arguments")
+        sample["metrics"] = metrics_seen.setdefault(tuple(metrics), metrics)
+    for key in DROPPED:
+        if key in sample and key not in named:
+            del sample[key]
+    arguments = sample.get("arguments")
     if isinstance(arguments, dict) and "arguments" not in named:
-        kept["arguments"] = {k: ({"arg_1": v["arg_1"]} if "arg_1" in v else {}) if isinstance(v, dict) else v
-                             for k, v in arguments.items()}
-    requests = kept.get("requests")
+        for args in arguments.values():
+            if isinstance(args, dict) and (len(args) != 1 or "arg_1" not in args):
+                for key in [k for k in args if k != "arg_1"]:
+                    del args[key]
+    requests = sample.get("requests")
     if isinstance(requests, list) and "requests" not in named:
-        kept["requests"] = [{k: r[k] for k in REQUEST_FIELDS if k in r} if isinstance(r, dict) else r
-                            for r in requests]
-    return kept
+        sample["requests"] = [{k: r[k] for k in REQUEST_FIELDS if k in r} if isinstance(r, dict) else r
+                              for r in requests]
+    return sample
 
 
 # A JSON number of 19 digits or more starts after one of :[, whitespace or -: such a line may hold an integer past
@@ -136,6 +142,21 @@ def _decoded(line: bytes, offset: int, file: Path) -> str:
         raise CompareError(f"{file}: cannot be read ({where})") from None
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a pass over every document of the runs (restored after, as it
+    was): a run's samples are millions of small objects with no cycle among them, and each full collection would
+    walk them all again, which costs several times the pass itself. As a decorator, for one call."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@collector_paused()
 def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
     """(doc_id, filter) -> what compare holds of each sample line of task's samples file (held), each line checked:
     an object with an integer doc_id, and the only one of its document and filter (lm-eval writes one line per
@@ -143,39 +164,34 @@ def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]
     only), read by orjson; a line orjson refuses or may read otherwise (NaN, an integer past 64 bits, ...) is read
     by the stdlib json, as untrusted.json_data reads it, so that the values and every refusal are the stdlib's."""
     samples, lines, metrics_seen, filters = {}, {}, {}, {}
-    enabled = gc.isenabled()
-    gc.disable()  # a line's objects hold no cycles: the collector's passes over millions of them would only cost
-    try:
-        for number, offset, line in _lines(file):
-            try:
-                sample = None if _long_number(line) else orjson.loads(line)
-            except orjson.JSONDecodeError:
-                sample = None
-            if sample is None:
-                text = _decoded(line, offset, file)
-                if not text.strip():
-                    continue
-                sample = _json(text, f"{file}, line {number}")
-            if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
-                raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
-                                   "file evalkit (lm-eval) wrote")
-            filt = sample.get("filter", "none")
-            shown = filters.get(filt) if isinstance(filt, str) else None
-            if shown is None:
-                shown = printable(str(filt))  # as results.json's names
-                filters.update({filt: shown} if isinstance(filt, str) else {})
-            key = (sample["doc_id"], shown)
-            if key in samples:
-                raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
-                                   f"(first on line {lines[key]}); a samples file holds one line per document and "
-                                   "filter: a damaged or concatenated file, rerun or copy it again")
-            samples[key], lines[key] = held(sample, metrics_seen), number
-    finally:
-        if enabled:
-            gc.enable()
+    for number, offset, line in _lines(file):
+        try:
+            sample = None if _long_number(line) else orjson.loads(line)
+        except orjson.JSONDecodeError:
+            sample = None
+        if sample is None:
+            text = _decoded(line, offset, file)
+            if not text.strip():
+                continue
+            sample = _json(text, f"{file}, line {number}")
+        if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
+            raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
+                               "file evalkit (lm-eval) wrote")
+        filt = sample.get("filter", "none")
+        shown = filters.get(filt) if isinstance(filt, str) else None
+        if shown is None:
+            shown = printable(str(filt))  # as results.json's names
+            filters.update({filt: shown} if isinstance(filt, str) else {})
+        key = (sample["doc_id"], shown)
+        if key in samples:
+            raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
+                               f"(first on line {lines[key]}); a samples file holds one line per document and "
+                               "filter: a damaged or concatenated file, rerun or copy it again")
+        samples[key], lines[key] = held(sample, metrics_seen), number
     return samples
 
 
+@collector_paused()
 def load_run(path: str | Path) -> Run:
     """A run folder written by ``python -m evalkit``, or its results.json. Anything unreadable (missing,
     truncated, damaged) is a CompareError in one line; so is a samples file results.json names that is not there,
@@ -221,6 +237,7 @@ def recorded_scores(run: Run) -> dict[tuple[str, str, str], float]:
             if "," in key and "_stderr," not in key and isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
+@collector_paused()
 def check_like_for_like(reference: Run, candidate: Run) -> None:
     """Same tasks at the same versions, documents, few-shot counts, prompts and targets; a CompareError if not.
     A run its gate stopped early is refused first: its documents were chosen by when the gate decided, so a

@@ -32,7 +32,7 @@ import pandas as pd
 
 from evalkit.compare.statistics import metric_rows, stats, verdict
 from evalkit.compare.statistics.metric_rows import compare_values, group_rows
-from evalkit.compare.runs import CompareError, Run, check_like_for_like, recorded_scores
+from evalkit.compare.runs import CompareError, Run, check_like_for_like, collector_paused, recorded_scores
 from evalkit.compare.statistics.verdict import Tolerances
 
 @dataclass
@@ -254,6 +254,7 @@ def recorded_only(reference: Run, candidate: Run) -> list[tuple[str, str, str, s
     return found
 
 
+@collector_paused()
 def check_comparable(reference: Run, candidate: Run) -> None:
     """Like for like (runs.check_like_for_like), every metric scored on the same documents in both runs, and no
     value null, NaN, infinite, not what its aggregation takes or too large to add up (scored_pairs): a
@@ -270,6 +271,7 @@ def planned_rows(reference: Run, candidate: Run) -> int:
             + len(metric_rows.group_keys(reference.results)) + len(recorded_only(reference, candidate)))
 
 
+@collector_paused()
 def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerances = 0.02, confidence: float = 0.95,
                  iterations: int = 10_000, seed: int = 0, family: int | None = None
                  ) -> tuple[pd.DataFrame, list[TaskDetail]]:
@@ -308,6 +310,7 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     return table[ROW_COLUMNS], details
 
 
+@collector_paused()
 def compare_family(reference: Run, candidates: list[Run], *, tolerance: float | Tolerances = 0.02,
                    confidence: float = 0.95, iterations: int = 10_000, seed: int = 0
                    ) -> list[tuple[pd.DataFrame, list[TaskDetail]]]:
