@@ -68,34 +68,49 @@ def _json(text: str, where: str) -> Any:
 
 # What compare, its pages and --locate never read of a sample line: lm-eval's copy of the document, its filtered
 # responses and evalkit's per-metric copy of the scores; of the request arguments only each choice's continuation
-# (arg_1) is kept, of the request records only what --locate and the first divergence read. Most of a line's size,
-# and most of what its Python objects would cost (many times the line), goes with them.
+# (arg_1), none of a generation's; of the request records the first and the generations', each cut to what --locate
+# and the first divergence read. Most of a line's size, and most of what its Python objects would cost (several
+# times the line), goes with them.
 DROPPED = ("doc", "filtered_resps", "scores")
 REQUEST_FIELDS = ("kind", "output_ids", "prompt_tokens", "truncated_tokens")
 
 
-def held(sample: dict[str, Any], metrics_seen: dict[tuple, list]) -> dict[str, Any]:
+def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
     """What compare holds of a sample line, cut in place: the line less DROPPED, its arguments and requests cut to
-    what is read (a key its own metrics name is kept whole, whatever its name); equal metrics lists share one
-    object."""
+    what is read (a key its own metrics name is kept whole, whatever its name). seen: what the lines of a file
+    share, held once (equal metrics lists, equal arguments: a multiple-choice task's choices are often the same)."""
     metrics = sample.get("metrics")
     named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
     if named:
-        sample["metrics"] = metrics_seen.setdefault(tuple(metrics), metrics)
+        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
     for key in DROPPED:
         if key in sample and key not in named:
             del sample[key]
     arguments = sample.get("arguments")
     if isinstance(arguments, dict) and "arguments" not in named:
-        for args in arguments.values():
-            if isinstance(args, dict) and (len(args) != 1 or "arg_1" not in args):
-                for key in [k for k in args if k != "arg_1"]:
-                    del args[key]
+        if sample.get("raw_output") is None:
+            sample["arguments"] = _arguments(arguments, seen)
+        else:  # a generation's: the page shows its output, never a choice's continuation
+            del sample["arguments"]
     requests = sample.get("requests")
     if isinstance(requests, list) and "requests" not in named:
         sample["requests"] = [{k: r[k] for k in REQUEST_FIELDS if k in r} if isinstance(r, dict) else r
-                              for r in requests]
+                              for i, r in enumerate(requests)
+                              if i == 0 or not isinstance(r, dict) or r.get("kind") == "generate_until"]
     return sample
+
+
+def _arguments(arguments: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
+    """lm-eval's request arguments less all but each one's arg_1 (a choice's continuation); held once per file
+    where they are the same texts under the same names."""
+    for args in arguments.values():
+        if isinstance(args, dict) and (len(args) != 1 or "arg_1" not in args):
+            for key in [k for k in args if k != "arg_1"]:
+                del args[key]
+    choices = [args.get("arg_1") if isinstance(args, dict) and len(args) == 1 else None for args in arguments.values()]
+    if not all(isinstance(choice, str) for choice in choices):  # a generation's arguments: held as they are
+        return arguments
+    return seen.setdefault(("arguments", *arguments, *choices), arguments)
 
 
 # A JSON number of 19 digits or more starts after one of :[, whitespace or -: such a line may hold an integer past
@@ -163,7 +178,7 @@ def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]
     document and filter; a second would silently replace the first). Lines are JSON Lines' (split at newlines
     only), read by orjson; a line orjson refuses or may read otherwise (NaN, an integer past 64 bits, ...) is read
     by the stdlib json, as untrusted.json_data reads it, so that the values and every refusal are the stdlib's."""
-    samples, lines, metrics_seen, filters = {}, {}, {}, {}
+    samples, lines, seen, filters = {}, {}, {}, {}
     for number, offset, line in _lines(file):
         try:
             sample = None if _long_number(line) else orjson.loads(line)
@@ -187,7 +202,7 @@ def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]
             raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
                                f"(first on line {lines[key]}); a samples file holds one line per document and "
                                "filter: a damaged or concatenated file, rerun or copy it again")
-        samples[key], lines[key] = held(sample, metrics_seen), number
+        samples[key], lines[key] = held(sample, seen), number
     return samples
 
 
