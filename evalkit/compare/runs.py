@@ -1,5 +1,6 @@
-"""A run on disk, as compare reads it (results.json and the per-sample files), and the like-for-like check:
-two runs are compared only when they saw the same tasks at the same versions, documents, prompts and targets."""
+"""A run on disk, as compare reads it (results.json, and of each line of the per-sample files what compare, its
+pages and --locate read), and the like-for-like check: two runs are compared only when they saw the same tasks at
+the same versions, documents, prompts and targets."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class CompareError(ValueError):
 class Run:
     path: Path  # the run folder
     results: dict[str, Any]
-    samples: dict[str, dict[tuple[int, str], dict[str, Any]]]  # task -> (doc_id, filter) -> sample line
+    samples: dict[str, dict[tuple[int, str], dict[str, Any]]]  # task -> (doc_id, filter) -> sample line (held)
 
     @property
     def name(self) -> str:
@@ -179,8 +180,13 @@ def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]
     document and filter; a second would silently replace the first). Lines are JSON Lines' (split at newlines
     only), read by orjson; a line orjson refuses or may read otherwise (NaN, an integer past 64 bits, ...) is read
     by the stdlib json, as untrusted.json_data reads it, so that the values and every refusal are the stdlib's."""
+    with contextlib.closing(_lines(file)) as lines:  # closed, and the file with it, when a line is refused
+        return _keyed(lines, file, task)
+
+
+def _keyed(numbered: Iterator[tuple[int, int, bytes]], file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
     samples, lines, seen, filters = {}, {}, {}, {}
-    for number, offset, line in _lines(file):
+    for number, offset, line in numbered:
         try:
             sample = None if _long_number(line) else orjson.loads(line)
         except orjson.JSONDecodeError:
