@@ -16,10 +16,11 @@ is that row:
 
 Printed per size and row: the whole command's wall and CPU time and its peak memory (``python -m evalkit.compare
 REF CAND --output DIR`` in a fresh process, as a user runs it, reports written; CPU time is the figure to compare on
-a shared machine; the peak is the process's largest resident set, ru_maxrss), and the CPU time of its parts measured in this process with evalkit's own functions: reading both runs
-(runs.load_run), pairing and checking their documents (paired.check_comparable), the row's statistics
-(stats.compare_paired) and the rest of the comparison (paired.compare_family less the statistics: the pairs
-checked again, the sample-level details, the verdicts). Printed, not asserted.
+a shared machine; the peak is the process's largest resident set, its VmHWM), and the CPU time of its parts
+measured in this process with evalkit's own functions: reading both runs (runs.load_run), pairing and checking
+their documents (paired.check_comparable), the row's statistics (stats.compare_paired) and the rest of the
+comparison (paired.compare_family less the statistics: the pairs checked again, the sample-level details, the
+verdicts). Printed, not asserted.
 
 Run: python -m benchmarks.compare_speed [--documents 10000 100000] [--kinds acc exact_match mean perplexity]
 [--seed 0]
@@ -129,21 +130,36 @@ def write_run(folder: Path, kind: str, per_document: list[Any], seed: int) -> No
 
 
 def command(reference: Path, candidate: Path, output: Path) -> tuple[float, float, float]:
-    """(wall seconds, CPU seconds, peak resident MB) of python -m evalkit.compare REF CAND in a fresh process: the
-    peak is the child's own (its ru_maxrss, read by wait4), not the largest of all children so far."""
+    """(wall seconds, CPU seconds, peak resident MB) of python -m evalkit.compare REF CAND in a fresh process. The
+    peak is the child's own high-water mark (VmHWM in /proc/PID/status, read every 20 ms until it ends): its
+    ru_maxrss would also hold this process's, which Linux carries over to a child through its exec."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    start = time.perf_counter()
+    start, peak = time.perf_counter(), 0
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen([sys.executable, "-m", "evalkit.compare", str(reference), str(candidate),
                                   "--output", str(output)], stdout=out, stderr=err, text=True, cwd=ROOT, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
+        while True:  # the child's own CPU time from wait4; its ru_maxrss there would hold this process's too
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, high_water(child.pid))
+            time.sleep(0.02)
         child.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - start
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
     if child.returncode not in (0, 1) or "# evalkit compare" not in stdout:  # 1 is a verdict, not a traceback
         raise SystemExit(f"python -m evalkit.compare failed ({child.returncode}): {stderr.strip()}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # ru_maxrss: KiB on Linux
+    return wall, usage.ru_utime + usage.ru_stime, peak / 1024
+
+
+def high_water(pid: int) -> int:
+    """The peak resident set of process pid so far, in KiB (0 once it has ended)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
 
 
 def parts(reference: Path, candidate: Path) -> dict[str, float]:
