@@ -116,8 +116,9 @@ def test_only_what_compare_reads_is_held(tmp_path):
 
 
 def test_a_samples_file_is_held_in_less_than_its_size(tmp_path):
-    """Python objects of whole lines cost many times the file (12x for a multiple-choice task's lines); the records
-    compare holds, and the reading itself (a line at a time), stay below the file's size."""
+    """Python objects of whole lines cost several times the file (3.7x for these multiple-choice lines, with the
+    file's text besides); the records compare holds, and the reading itself (a line at a time), stay near the
+    file's size (0.95x here; the bound leaves room for another Python's object sizes)."""
     lines = [line(i, doc={"question": f"Question {i}: " + "word " * 40, "choices": ["a", "b", "c", "d"]},
                   arguments={f"gen_args_{j}": {"arg_0": f"Question {i}: " + "word " * 40, "arg_1": f" {c}"}
                              for j, c in enumerate("abcd")},
@@ -135,7 +136,7 @@ def test_a_samples_file_is_held_in_less_than_its_size(tmp_path):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(read) == 3000 and peak < file.stat().st_size, (peak, file.stat().st_size)
+    assert len(read) == 3000 and peak < 1.3 * file.stat().st_size, (peak, file.stat().st_size)
 
 
 @pytest.fixture(scope="module")
