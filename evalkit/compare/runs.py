@@ -110,7 +110,7 @@ def _arguments(arguments: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any
             for key in [k for k in args if k != "arg_1"]:
                 del args[key]
     choices = [args.get("arg_1") if isinstance(args, dict) and len(args) == 1 else None for args in arguments.values()]
-    if not all(isinstance(choice, str) for choice in choices):  # a generation's arguments: held as they are
+    if not all(isinstance(choice, str) for choice in choices):  # not texts (a generation's settings): not shared
         return arguments
     return seen.setdefault(("arguments", *arguments, *choices), arguments)
 
