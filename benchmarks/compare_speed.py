@@ -14,12 +14,13 @@ is that row:
 * ``perplexity``: a rolling log-likelihood task's word perplexity ((log-likelihood, words) per document: the
   sign-flip test of the documents' log-likelihood changes).
 
-Printed per size and row: the whole command's wall and CPU time (``python -m evalkit.compare REF CAND --output
-DIR`` in a fresh process, as a user runs it, reports written; CPU time is the figure to compare on a shared
-machine), and the CPU time of its parts measured in this process with evalkit's own functions: reading both runs
-(runs.load_run), pairing and checking their documents (paired.check_comparable), the row's statistics
-(stats.compare_paired) and the rest of the comparison (paired.compare_family less the statistics: the pairs
-checked again, the sample-level details, the verdicts). Printed, not asserted.
+Printed per size and row: the whole command's wall and CPU time and its peak memory (``python -m evalkit.compare
+REF CAND --output DIR`` in a fresh process, as a user runs it, reports written; CPU time is the figure to compare on
+a shared machine; the peak is the process's largest resident set, its VmHWM), and the CPU time of its parts
+measured in this process with evalkit's own functions: reading both runs (runs.load_run), pairing and checking
+their documents (paired.check_comparable), the row's statistics (stats.compare_paired) and the rest of the
+comparison (paired.compare_family less the statistics: the pairs checked again, the sample-level details, the
+verdicts). Printed, not asserted.
 
 Run: python -m benchmarks.compare_speed [--documents 10000 100000] [--kinds acc exact_match mean perplexity]
 [--seed 0]
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -129,20 +129,37 @@ def write_run(folder: Path, kind: str, per_document: list[Any], seed: int) -> No
     (folder / "results.json").write_text(json.dumps(results))
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def command(reference: Path, candidate: Path, output: Path) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of python -m evalkit.compare REF CAND in a fresh process."""
+def command(reference: Path, candidate: Path, output: Path) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak resident MB) of python -m evalkit.compare REF CAND in a fresh process. The
+    peak is the child's own high-water mark (VmHWM in /proc/PID/status, read every 20 ms until it ends): its
+    ru_maxrss would also hold this process's, which Linux carries over to a child through its exec."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    start, cpu = time.perf_counter(), children_cpu()
-    done = subprocess.run([sys.executable, "-m", "evalkit.compare", str(reference), str(candidate), "--output",
-                           str(output)], capture_output=True, text=True, cwd=ROOT, env=env)
-    if done.returncode not in (0, 1) or "# evalkit compare" not in done.stdout:  # 1 is a verdict, not a traceback
-        raise SystemExit(f"python -m evalkit.compare failed ({done.returncode}): {done.stderr.strip()}")
-    return time.perf_counter() - start, children_cpu() - cpu
+    start, peak = time.perf_counter(), 0
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-m", "evalkit.compare", str(reference), str(candidate),
+                                  "--output", str(output)], stdout=out, stderr=err, text=True, cwd=ROOT, env=env)
+        while True:  # the child's own CPU time from wait4; its ru_maxrss there would hold this process's too
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, high_water(child.pid))
+            time.sleep(0.02)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if child.returncode not in (0, 1) or "# evalkit compare" not in stdout:  # 1 is a verdict, not a traceback
+        raise SystemExit(f"python -m evalkit.compare failed ({child.returncode}): {stderr.strip()}")
+    return wall, usage.ru_utime + usage.ru_stime, peak / 1024
+
+
+def high_water(pid: int) -> int:
+    """The peak resident set of process pid so far, in KiB (0 once it has ended)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
 
 
 def parts(reference: Path, candidate: Path) -> dict[str, float]:
@@ -182,9 +199,9 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print("| documents | row | samples file (MB) | command: wall (s) | command: CPU (s) | read (s) | pair (s) | "
-          "statistics (s) | rest (s) | verdict |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|")
+    print("| documents | row | samples file (MB) | command: wall (s) | command: CPU (s) | command: peak memory (MB) | "
+          "read (s) | pair (s) | statistics (s) | rest (s) | verdict |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|")
     for n in args.documents:
         for kind in args.kinds:
             with tempfile.TemporaryDirectory() as tmp:
@@ -193,9 +210,10 @@ def main() -> None:
                 write_run(folder / "m" / "ref", kind, ref_values, args.seed)
                 write_run(folder / "m" / "cand", kind, cand_values, args.seed)
                 size = (folder / "m" / "ref" / f"samples_speed_{kind}.jsonl").stat().st_size / 1e6
-                wall, cpu = command(folder / "m" / "ref", folder / "m" / "cand", folder / "out")
+                wall, cpu, peak = command(folder / "m" / "ref", folder / "m" / "cand", folder / "out")
                 t = parts(folder / "m" / "ref", folder / "m" / "cand")
-                print(f"| {n:,} | {kind} | {size:.0f} | {wall:.2f} | {cpu:.2f} | {t['read']:.2f} | {t['pair']:.2f} | "
+                print(f"| {n:,} | {kind} | {size:.0f} | {wall:.2f} | {cpu:.2f} | {peak:.0f} | {t['read']:.2f} | "
+                      f"{t['pair']:.2f} | "
                       f"{t['statistics']:.2f} | {t['rest']:.2f} | {t['verdict']} |", flush=True)
 
 

@@ -1,15 +1,24 @@
-"""A run on disk, as compare reads it (results.json and the per-sample files), and the like-for-like check:
-two runs are compared only when they saw the same tasks at the same versions, documents, prompts and targets."""
+"""A run on disk, as compare reads it (results.json, and of each line of the per-sample files what compare, its
+pages and --locate read), and the like-for-like check: two runs are compared only when they saw the same tasks at
+the same versions, documents, prompts and targets."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import operator
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import orjson
 
 from evalkit.run.results import sample_files
-from evalkit.untrusted import OutsideFolder, TooLarge, inside, json_data, printable, read_bounded
+from evalkit.untrusted import (OutsideFolder, TooLarge, file_limit, inside, json_data, open_regular, printable,
+                               read_bounded, too_large)
 
 
 class CompareError(ValueError):
@@ -20,7 +29,7 @@ class CompareError(ValueError):
 class Run:
     path: Path  # the run folder
     results: dict[str, Any]
-    samples: dict[str, dict[tuple[int, str], dict[str, Any]]]  # task -> (doc_id, filter) -> sample line
+    samples: dict[str, dict[tuple[int, str], dict[str, Any]]]  # task -> (doc_id, filter) -> sample line (held)
 
     @property
     def name(self) -> str:
@@ -59,26 +68,152 @@ def _json(text: str, where: str) -> Any:
         raise CompareError(f"{where}: {error}") from None
 
 
+# What compare, its pages and --locate never read of a sample line: lm-eval's copy of the document, its filtered
+# responses and evalkit's per-metric copy of the scores; of the request arguments only each choice's continuation
+# (arg_1), none of a generation's; of the request records the first and the generations', each cut to what --locate
+# and the first divergence read. Most of a line's size, and most of what its Python objects would cost (several
+# times the line), goes with them.
+DROPPED = ("doc", "filtered_resps", "scores")
+REQUEST_FIELDS = ("kind", "output_ids", "prompt_tokens", "truncated_tokens")
+
+
+def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
+    """What compare holds of a sample line, cut in place: the line less DROPPED, its arguments and requests cut to
+    what is read (a key its own metrics name is kept whole, whatever its name). seen: what the lines of a file
+    share, held once (equal metrics lists, equal arguments: a multiple-choice task's choices are often the same)."""
+    metrics = sample.get("metrics")
+    named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
+    if named:
+        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
+    for key in DROPPED:
+        if key in sample and key not in named:
+            del sample[key]
+    arguments = sample.get("arguments")
+    if isinstance(arguments, dict) and "arguments" not in named:
+        if sample.get("raw_output") is None:
+            sample["arguments"] = _arguments(arguments, seen)
+        else:  # a generation's: the page shows its output, never a choice's continuation
+            del sample["arguments"]
+    requests = sample.get("requests")
+    if isinstance(requests, list) and "requests" not in named:
+        sample["requests"] = [{k: r[k] for k in REQUEST_FIELDS if k in r} if isinstance(r, dict) else r
+                              for i, r in enumerate(requests)
+                              if i == 0 or not isinstance(r, dict) or r.get("kind") == "generate_until"]
+    return sample
+
+
+def _arguments(arguments: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
+    """lm-eval's request arguments less all but each one's arg_1 (a choice's continuation); held once per file
+    where they are the same texts under the same names."""
+    for args in arguments.values():
+        if isinstance(args, dict) and (len(args) != 1 or "arg_1" not in args):
+            for key in [k for k in args if k != "arg_1"]:
+                del args[key]
+    choices = [args.get("arg_1") if isinstance(args, dict) and len(args) == 1 else None for args in arguments.values()]
+    if not all(isinstance(choice, str) for choice in choices):  # not texts (a generation's settings): not shared
+        return arguments
+    return seen.setdefault(("arguments", *arguments, *choices), arguments)
+
+
+# A JSON number of 19 digits or more starts after one of :[, whitespace or -: such a line may hold an integer past
+# 64 bits, which orjson reads as a float and the stdlib json exactly. Each line is mapped through TOKENS (digits to 0,
+# those starters to !, the rest to x) and searched for LONG_NUMBER: a quick test of the whole line at C speed.
+TOKENS = bytes(48 if 48 <= c < 58 else 33 if chr(c) in ":[, \t\r\n-" else 120 for c in range(256))
+LONG_NUMBER = b"!" + b"0" * 19
+
+
+def _long_number(line: bytes) -> bool:
+    """Whether line may hold a number token of 19 digits or more (text that looks like one counts too)."""
+    mapped = line.translate(TOKENS)
+    return LONG_NUMBER in mapped or mapped.startswith(LONG_NUMBER[1:])
+
+
+def _lines(file: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, offset, bytes) of each line of file, read up to untrusted.file_limit() (a run folder may come
+    from elsewhere) one line at a time: the file is never held whole."""
+    limit = file_limit()
+    try:
+        with open_regular(file) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise too_large(file, size, limit)
+            offset = 0
+            for number, line in enumerate(f, 1):
+                if offset + len(line) > limit:  # it grows while read
+                    raise too_large(file, offset + len(line), limit)
+                yield number, offset, line
+                offset += len(line)
+    except TooLarge as error:
+        raise CompareError(str(error)) from None
+    except OSError as error:
+        raise CompareError(f"{file}: cannot be read ({error.strerror or error})") from None
+
+
+def _decoded(line: bytes, offset: int, file: Path) -> str:
+    """line as text; a byte that is not UTF-8 is the file's CompareError, its position counted in the file."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = re.sub(r"position (\d+)(-(\d+))?", lambda m: "position " + "-".join(
+            str(int(n) + offset) for n in m.group(1, 3) if n is not None), str(error), count=1)
+        raise CompareError(f"{file}: cannot be read ({where})") from None
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a pass over every document of the runs (restored after, as it
+    was): a run's samples are millions of small objects with no cycle among them, and each full collection would
+    walk them all again, which costs several times the pass itself. As a decorator, for one call."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@collector_paused()
 def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
-    """(doc_id, filter) -> sample line of task's samples file, each line checked: an object with an integer doc_id,
-    and the only one of its document and filter (lm-eval writes one line per document and filter; a second would
-    silently replace the first)."""
-    samples, lines = {}, {}
-    for number, line in enumerate(_text(file).splitlines(), 1):
-        if line.strip():
-            sample = _json(line, f"{file}, line {number}")
-            if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
-                raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
-                                   "file evalkit (lm-eval) wrote")
-            key = (sample["doc_id"], printable(str(sample.get("filter", "none"))))  # as results.json's names
-            if key in samples:
-                raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
-                                   f"(first on line {lines[key]}); a samples file holds one line per document and "
-                                   "filter: a damaged or concatenated file, rerun or copy it again")
-            samples[key], lines[key] = sample, number
+    """(doc_id, filter) -> what compare holds of each sample line of task's samples file (held), each line checked:
+    an object with an integer doc_id, and the only one of its document and filter (lm-eval writes one line per
+    document and filter; a second would silently replace the first). Lines are JSON Lines' (split at newlines
+    only), read by orjson; a line orjson refuses or may read otherwise (NaN, an integer past 64 bits, ...) is read
+    by the stdlib json, as untrusted.json_data reads it, so that the values and every refusal are the stdlib's."""
+    with contextlib.closing(_lines(file)) as lines:  # closed, and the file with it, when a line is refused
+        return _keyed(lines, file, task)
+
+
+def _keyed(numbered: Iterator[tuple[int, int, bytes]], file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
+    samples, lines, seen, filters = {}, {}, {}, {}
+    for number, offset, line in numbered:
+        try:
+            sample = None if _long_number(line) else orjson.loads(line)
+        except orjson.JSONDecodeError:
+            sample = None
+        if sample is None:
+            text = _decoded(line, offset, file)
+            if not text.strip():
+                continue
+            sample = _json(text, f"{file}, line {number}")
+        if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
+            raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
+                               "file evalkit (lm-eval) wrote")
+        filt = sample.get("filter", "none")
+        shown = filters.get(filt) if isinstance(filt, str) else None
+        if shown is None:
+            shown = printable(str(filt))  # as results.json's names
+            filters.update({filt: shown} if isinstance(filt, str) else {})
+        key = (sample["doc_id"], shown)
+        if key in samples:
+            raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
+                               f"(first on line {lines[key]}); a samples file holds one line per document and "
+                               "filter: a damaged or concatenated file, rerun or copy it again")
+        samples[key], lines[key] = held(sample, seen), number
     return samples
 
 
+@collector_paused()
 def load_run(path: str | Path) -> Run:
     """A run folder written by ``python -m evalkit``, or its results.json. Anything unreadable (missing,
     truncated, damaged) is a CompareError in one line; so is a samples file results.json names that is not there,
@@ -124,6 +259,7 @@ def recorded_scores(run: Run) -> dict[tuple[str, str, str], float]:
             if "," in key and "_stderr," not in key and isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
+@collector_paused()
 def check_like_for_like(reference: Run, candidate: Run) -> None:
     """Same tasks at the same versions, documents, few-shot counts, prompts and targets; a CompareError if not.
     A run its gate stopped early is refused first: its documents were chosen by when the gate decided, so a
@@ -134,7 +270,7 @@ def check_like_for_like(reference: Run, candidate: Run) -> None:
             raise CompareError(f"{run.name}: stopped early by its gate ({gate.get('verdict')} after "
                                f"{sum((gate.get('documents') or {}).values())} documents; results.json, evalkit.gate):"
                                " its verdict is the gate's; run it again without gate.reference to compare all")
-    if set(reference.samples) != set(candidate.samples):
+    if reference.samples.keys() != candidate.samples.keys():
         raise CompareError(f"different tasks: {sorted(reference.samples)} vs {sorted(candidate.samples)}")
     versions = [run.results.get("versions") or {} for run in (reference, candidate)]
     for name in sorted(set(versions[0]) | set(versions[1])):
@@ -143,15 +279,21 @@ def check_like_for_like(reference: Run, candidate: Run) -> None:
                                "used different task definitions")
     for task, ref in reference.samples.items():
         cand = candidate.samples[task]
-        if set(ref) != set(cand):
+        if ref.keys() != cand.keys():
             raise CompareError(f"{task}: different documents ({len(ref)} vs {len(cand)} samples); "
                                "use the same limit and task data")
         shots = [run.results.get("n-shot", {}).get(task) for run in (reference, candidate)]
         if shots[0] != shots[1]:
             raise CompareError(f"{task}: different few-shot counts {shots[0]} vs {shots[1]}")
+        refs, cands = list(ref.values()), list(map(cand.__getitem__, ref))
+        if all(all(map(operator.eq, map(get, refs), map(get, cands))) for get in HASHES):
+            continue  # every document the same (compared in C); else the first that differs is named:
         for key, sample in ref.items():
             other = cand[key]
             for hash_key in ("doc_hash", "prompt_hash", "target_hash"):
                 if sample.get(hash_key) != other.get(hash_key):
                     raise CompareError(f"{task}: document {key[0]} differs ({hash_key}); the runs did not "
                                        "see the same documents, prompts and answers")
+
+
+HASHES = [operator.methodcaller("get", name) for name in ("doc_hash", "prompt_hash", "target_hash")]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import operator
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ import pandas as pd
 
 from evalkit.compare.statistics import metric_rows, stats, verdict
 from evalkit.compare.statistics.metric_rows import compare_values, group_rows
-from evalkit.compare.runs import CompareError, Run, check_like_for_like, recorded_scores
+from evalkit.compare.runs import CompareError, Run, check_like_for_like, collector_paused, recorded_scores
 from evalkit.compare.statistics.verdict import Tolerances
 
 @dataclass
@@ -66,9 +67,12 @@ def first_divergence(ref: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any
 def _choice_logprobs(sample: dict[str, Any]) -> list[float] | None:
     resps = sample.get("resps") or []
     try:
-        return [float(r[0][0]) for r in resps]
+        return list(map(float, map(_FIRST, map(_FIRST, resps))))  # [float(r[0][0]) for r in resps], in C
     except (TypeError, ValueError, IndexError):
         return None
+
+
+_FIRST = operator.itemgetter(0)
 
 
 def metric_values(pairs: list[tuple[dict, dict]], metric: str) -> tuple[list[Any], list[Any]]:
@@ -183,6 +187,27 @@ def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: s
     return kept, note
 
 
+def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
+    """The log-likelihood documents' drift (pairs: those whose reference has no generation): each choice's change
+    in document order (logprob_diffs), and the documents whose best choice moved (argmax_changed), counted for
+    each number of choices at once; a document whose runs recorded different numbers of choices is left out."""
+    ref_flat: list[float] = []
+    cand_flat: list[float] = []
+    choices: dict[int, tuple[list[list[float]], list[list[float]]]] = {}  # number of choices -> both runs' lists
+    for ref_lp, cand_lp in zip(map(_choice_logprobs, map(_FIRST, pairs)),
+                               map(_choice_logprobs, map(operator.itemgetter(1), pairs))):
+        if ref_lp and cand_lp and len(ref_lp) == len(cand_lp):
+            ref_flat += ref_lp
+            cand_flat += cand_lp
+            both = choices.setdefault(len(ref_lp), ([], []))
+            both[0].append(ref_lp)
+            both[1].append(cand_lp)
+    if choices:
+        detail.logprob_diffs = np.subtract(cand_flat, ref_flat).tolist()  # y - x of each choice, as Python floats
+        detail.logprob["argmax_changed"] = sum(int((np.argmax(ref, axis=1) != np.argmax(cand, axis=1)).sum())
+                                               for ref, cand in choices.values())
+
+
 def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
                 values: dict[str, tuple[list[Any], list[Any]]],
                 scored: dict[str, list[int]] | None = None) -> TaskDetail:
@@ -195,22 +220,16 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
                 "right_to_wrong": [d for d, x, y in zip(ids, ref, cand) if x == 1 and y == 0],
                 "wrong_to_right": [d for d, x, y in zip(ids, ref, cand) if x == 0 and y == 1]}
     reasons: Counter = Counter()
-    choices: dict[int, list[tuple[list[float], list[float]]]] = {}  # number of choices -> documents' log-probs
-    for r, c in pairs:
-        if r.get("raw_output") is not None and c.get("raw_output") is not None:
+    outputs = [r.get("raw_output") for r, _ in pairs]
+    for (r, c), output in zip(pairs, outputs):
+        if output is not None and c.get("raw_output") is not None:
             detail.generated += 1
-            if r["raw_output"] != c["raw_output"]:
+            if output != c["raw_output"]:
                 detail.generations.append(first_divergence(r, c))
             if r.get("finish_reason") != c.get("finish_reason"):
                 reasons[f"{r.get('finish_reason')} -> {c.get('finish_reason')}"] += 1
             detail.length_shift.append(int(c.get("output_tokens", 0)) - int(r.get("output_tokens", 0)))
-        ref_lp, cand_lp = _choice_logprobs(r), _choice_logprobs(c)
-        if r.get("raw_output") is None and ref_lp and cand_lp and len(ref_lp) == len(cand_lp):
-            detail.logprob_diffs.extend(y - x for x, y in zip(ref_lp, cand_lp))
-            choices.setdefault(len(ref_lp), []).append((ref_lp, cand_lp))
-    if choices:  # the documents whose best choice moved, counted for each number of choices at once
-        moved = [np.array(lists).argmax(axis=2) for lists in choices.values()]  # document, run -> best choice
-        detail.logprob["argmax_changed"] = sum(int((best[:, 0] != best[:, 1]).sum()) for best in moved)
+    _logprob_drift(detail, [pair for pair, output in zip(pairs, outputs) if output is None])
     detail.finish_reasons = dict(reasons)
     if detail.generated:
         ref_len = [float(r.get("output_tokens", 0)) for r, c in pairs if r.get("raw_output") is not None]
@@ -225,22 +244,38 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
     return detail
 
 
+Paired = list[tuple[str, str, list[tuple[dict, dict]], list[str]]]  # metric_pairs' answer, kept
+
+
 def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, list[tuple[dict, dict]], list[str]]]:
     """(task, filter, paired samples, metrics either run scored on some document) of each task and filter."""
     for task in sorted(reference.samples):
         ref_samples, cand_samples = reference.samples[task], candidate.samples[task]
-        for filt in sorted({f for _, f in ref_samples}):
-            pairs = [(ref_samples[k], cand_samples[k]) for k in sorted(k for k in ref_samples if k[1] == filt)]
-            named = [m for p in pairs for s in p for m in (s.get("metrics") or []) if isinstance(m, str)]
+        filters = sorted({f for _, f in ref_samples})
+        for filt in filters:
+            # one filter: the keys in doc_id order (sorted on the integer alone, as fast as it gets)
+            keys = (sorted(ref_samples, key=_FIRST) if len(filters) == 1
+                    else sorted(k for k in ref_samples if k[1] == filt))
+            refs, cands = list(map(ref_samples.__getitem__, keys)), list(map(cand_samples.__getitem__, keys))
+            pairs = list(zip(refs, cands))
+            # each document's list of metric names, in the order documents and runs come; runs read from disk share
+            # one list among the documents that name the same metrics (runs.held), so that few are walked
+            lists = {id(names): names for names in itertools.chain.from_iterable(
+                zip(map(_METRICS, refs), map(_METRICS, cands)))}
+            named = [m for names in lists.values() for m in (names or []) if isinstance(m, str)]
             metrics = [m for m in dict.fromkeys(named) if any(m in s for p in pairs for s in p)]
             yield task, filt, pairs, metrics
 
 
-def recorded_only(reference: Run, candidate: Run) -> list[tuple[str, str, str, str]]:
+_METRICS = operator.methodcaller("get", "metrics")
+
+
+def recorded_only(reference: Run, candidate: Run, paired: Paired | None = None) -> list[tuple[str, str, str, str]]:
     """(task, filter, metric, why) of each score a run's results.json records for a task that no row compares:
     the samples hold no per-document values of the metric, or the runs no samples file of the task. Each is a row
     not compared (metric_rows.not_compared) whose note says so, never a score left out unsaid."""
-    compared = {(task, filt, metric) for task, filt, _, metrics in metric_pairs(reference, candidate)
+    compared = {(task, filt, metric) for task, filt, _, metrics in (metric_pairs(reference, candidate)
+                                                                     if paired is None else paired)
                 for metric in metrics}
     scores = [recorded_scores(run) for run in (reference, candidate)]
     found = []
@@ -254,36 +289,44 @@ def recorded_only(reference: Run, candidate: Run) -> list[tuple[str, str, str, s
     return found
 
 
-def check_comparable(reference: Run, candidate: Run) -> None:
+@collector_paused()
+def check_comparable(reference: Run, candidate: Run) -> Paired:
     """Like for like (runs.check_like_for_like), every metric scored on the same documents in both runs, and no
     value null, NaN, infinite, not what its aggregation takes or too large to add up (scored_pairs): a
-    CompareError before any statistic is computed."""
+    CompareError before any statistic is computed. Returns the runs' metric_pairs, checked (compare_runs' paired)."""
     check_like_for_like(reference, candidate)
-    for task, filt, pairs, metrics in metric_pairs(reference, candidate):
+    paired = list(metric_pairs(reference, candidate))
+    for task, filt, pairs, metrics in paired:
         for metric in metrics:
             scored_pairs(task, filt, pairs, metric, metric_rows.expected_value(reference.results, task, metric))
+    return paired
 
 
-def planned_rows(reference: Run, candidate: Run) -> int:
-    """The rows compare_runs gives: what sizes the resamples."""
-    return (sum(len(metrics) for *_, metrics in metric_pairs(reference, candidate))
-            + len(metric_rows.group_keys(reference.results)) + len(recorded_only(reference, candidate)))
+def planned_rows(reference: Run, candidate: Run, paired: Paired | None = None) -> int:
+    """The rows compare_runs gives: what sizes the resamples. paired: the runs' metric_pairs, where known."""
+    paired = list(metric_pairs(reference, candidate)) if paired is None else paired
+    return (sum(len(metrics) for *_, metrics in paired)
+            + len(metric_rows.group_keys(reference.results)) + len(recorded_only(reference, candidate, paired)))
 
 
+@collector_paused()
 def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerances = 0.02, confidence: float = 0.95,
-                 iterations: int = 10_000, seed: int = 0, family: int | None = None
+                 iterations: int = 10_000, seed: int = 0, family: int | None = None, paired: Paired | None = None
                  ) -> tuple[pd.DataFrame, list[TaskDetail]]:
     """One row per task (then group), filter and metric (see ROW_COLUMNS) with verdicts Holm-adjusted over its
     rows (verdict.decide; alpha = 1 - confidence), and the sample-level details. A float tolerance is the
     absolute one, relative metrics keeping their default. family: the rows the verdicts will be adjusted over
-    (compare_family's; default this comparison's), which sizes the bootstrap resamples."""
-    check_like_for_like(reference, candidate)
+    (compare_family's; default this comparison's), which sizes the bootstrap resamples. paired: check_comparable's
+    answer for these runs (compare_family's), so that they are not paired and checked again."""
+    if paired is None:
+        check_like_for_like(reference, candidate)
+        paired = list(metric_pairs(reference, candidate))
     tolerances = tolerance if isinstance(tolerance, Tolerances) else Tolerances(absolute=tolerance)
-    family = planned_rows(reference, candidate) if family is None else family
+    family = planned_rows(reference, candidate, paired) if family is None else family
     settings = dict(confidence=confidence, iterations=iterations, seed=seed, family=family)
     results, rows, details = reference.results, [], []
     values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
-    for task, filt, pairs, metrics in metric_pairs(reference, candidate):
+    for task, filt, pairs, metrics in paired:
         scored, ids = values.setdefault(task, {}), {}
         for metric in metrics:
             kept, left_out = scored_pairs(task, filt, pairs, metric, metric_rows.expected_value(results, task, metric))
@@ -299,7 +342,7 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
         details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
     rows += group_rows((results, candidate.results), values, tolerances=tolerances, settings=settings)
     rows += [metric_rows.not_compared(results, task, filt, metric, why, tolerances=tolerances)
-             for task, filt, metric, why in recorded_only(reference, candidate)]
+             for task, filt, metric, why in recorded_only(reference, candidate, paired)]
     unused = tolerances.unused({(r["task"], r["metric"]) for r in rows})
     if unused:
         raise CompareError(f"--tolerance-for {', '.join(unused)}: no such task/metric compared")
@@ -313,17 +356,17 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     return table[ROW_COLUMNS], details
 
 
+@collector_paused()
 def compare_family(reference: Run, candidates: list[Run], *, tolerance: float | Tolerances = 0.02,
                    confidence: float = 0.95, iterations: int = 10_000, seed: int = 0
                    ) -> list[tuple[pd.DataFrame, list[TaskDetail]]]:
     """Every candidate against the reference, all their rows one family: resamples sized to it and verdicts
     Holm-adjusted over it (verdict.decide), so that a row's verdict is the same wherever it is shown (the command
     line, the sweep report)."""
-    for candidate in candidates:
-        check_comparable(reference, candidate)
-    family = sum(planned_rows(reference, candidate) for candidate in candidates)
+    paired = [check_comparable(reference, candidate) for candidate in candidates]
+    family = sum(planned_rows(reference, candidate, found) for candidate, found in zip(candidates, paired))
     compared = [compare_runs(reference, candidate, tolerance=tolerance, confidence=confidence, iterations=iterations,
-                             seed=seed, family=family) for candidate in candidates]
+                             seed=seed, family=family, paired=found) for candidate, found in zip(candidates, paired)]
     tables = verdict.decide([table for table, _ in compared], 1.0 - confidence)
     return [(table, details) for table, (_, details) in zip(tables, compared)]
 
