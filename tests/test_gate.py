@@ -92,6 +92,19 @@ def test_the_plan_gates_the_rows_in_zero_to_one_in_a_seeded_order(tmp_path, task
         gate.plan(config(reference=str(tmp_path / "unbounded")), tasks)
 
 
+def test_a_reference_output_holding_a_unicode_line_separator_is_read_as_text(tmp_path, tasks):
+    """lm-eval writes samples with their text raw (UTF-8): an output holding U+2028 or \\x85 is one line's text,
+    not two lines (str.splitlines would have cut it, and the reference would be refused as damaged)."""
+    both = {"evalkit_arith": ("exact_match", "first-integer"), "evalkit_facts": ("acc", "none")}
+    write_reference(tmp_path / "ref", both, 20)
+    samples = tmp_path / "ref" / "samples_evalkit_arith.jsonl"
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    lines[3]["resps"] = [["12\u2028 and \x85 13"]]
+    samples.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    planned = gate.plan(config(reference=str(tmp_path / "ref")), tasks)
+    assert sorted(planned.orders["evalkit_arith"]) == list(range(20))
+
+
 def evalkit(out, *args):
     return subprocess.run([sys.executable, "-m", "evalkit", "limit=40", f"output_dir={out}", *args],
                           capture_output=True, text=True, timeout=1200)

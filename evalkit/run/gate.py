@@ -59,7 +59,8 @@ def _reference_samples(folder: Path, reference: str) -> tuple[dict[str, Any], di
     try:
         results = json_data(read_bounded(inside(folder, "results.json")).decode("utf-8"))
         files = sample_files(folder, results)
-        samples = {task: [json_data(line) for line in read_bounded(path).decode("utf-8").splitlines() if line.strip()]
+        # lines end at "\n" only, as lm-eval writes them: an output's U+2028 or \x85 is text, not a line's end
+        samples = {task: [json_data(line) for line in read_bounded(path).decode("utf-8").split("\n") if line.strip()]
                    for task, path in files.items()}
     except FileNotFoundError as error:
         raise _bad(reference, f"{Path(error.filename or 'results.json').name} is missing; name a run folder "
