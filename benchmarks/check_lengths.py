@@ -2,8 +2,10 @@
 
 A generated multiple-choice task of 14,042 documents (MMLU's test split) x 4 choices = 56,168 log-likelihood
 requests of about 500 tokens each (five worked examples, as MMLU's 5-shot prompts), checked as a run checks it
-(evalkit/run/evaluate.py check_lengths) with the embedded model's tokenizer; printed: the seconds of each step, beside
-loading the task. The run itself builds and encodes the same requests again once its engine started.
+(evalkit/run/before_engine.py check_lengths) with the embedded model's tokenizer; printed: the seconds of each step,
+beside loading the task: the check as a run makes it (texts whose byte bound shows they fit max_model_len, 4096 by
+default, are not encoded: lengths.token_bound) and, apart, with every text encoded. The run itself builds and
+encodes the same requests again once its engine started.
 Run: .venv/bin/python -m benchmarks.check_lengths [DOCUMENTS] (about two minutes on 2 CPU cores at the default size).
 """
 
@@ -67,13 +69,19 @@ def main() -> None:
                                           fewshot_seed=1234, system_instruction=None, apply_chat_template=False,
                                           fewshot_as_multiturn=False)
         lap("build the requests (lm-eval)")
-        found = lengths.longest(lm, requests)
-        lap("encode and budget them")
+        checked = lengths.longest(lm, requests, cfg.max_model_len)
+        lap("bound, encode what may not fit")
+        every = harness_lm(cfg, TokenizerOnly(tokenizer, max_model_len=cfg.max_model_len, trust_remote_code=False,
+                                              template_from="vllm"))
+        found = lengths.longest(every, requests)
+        lap("(encode every text instead)")
     count = sum(len(r) for r in requests.values())
-    print(f"{documents} documents x 4 choices = {count} requests; the longest needs max_model_len={found.needs}")
+    print(f"{documents} documents x 4 choices = {count} requests; the longest needs max_model_len={found.needs}; "
+          f"at max_model_len={cfg.max_model_len} {len(lm.engine.encoded)} texts encoded "
+          f"({'none' if checked is None else checked.needs} needed)")
     for stage, seconds in laps.items():
         print(f"  {stage:32s} {seconds:7.1f} s")
-    print(f"  {'the check (the last three)':32s} {sum(list(laps.values())[1:]):7.1f} s")
+    print(f"  {'the check (the three before)':32s} {sum(list(laps.values())[1:4]):7.1f} s")
 
 
 if __name__ == "__main__":

@@ -101,3 +101,36 @@ def test_past_what_the_model_supports_the_fix_is_to_cut_prompts(tokenizer):
                                      "pass overflow=truncate_left to cut prompts from the left")
     lengths.check(found, max_model_len=found.needs, overflow="fail", supported=found.needs - 1)  # it fits: fine
 
+
+
+TEXTS = ["", "a", " Question: 12 + 7 =", "ﷺ ﬁ ㎏ ½", "🙂🙂🙂 naïve café", "\n\n\t  spaced   out  ", "x" * 3000,
+         "数学の問題です。答えは？", "<|im_start|>user\nHi<|im_end|>", "0123456789" * 40]
+
+
+def test_the_byte_bound_is_at_least_every_texts_token_count(tokenizer):
+    """lengths.token_bound never under-counts: a text it lets pass unencoded fits at least as well as its tokens
+    (NFKC-expanding characters, emoji, CJK, the chat markers, long runs of digits and spaces)."""
+    lm = harness(tokenizer)
+    bound = lengths.token_bound(lm)
+    for text in TEXTS:
+        for specials in (True, False):
+            assert len(lm.engine.encode(text, specials)) <= bound(text), text
+
+
+@pytest.mark.parametrize("overflow", ["fail", "truncate_left"])
+def test_the_check_that_skips_what_surely_fits_refuses_exactly_what_the_full_one_refuses(tokenizer, overflow):
+    """With max_model_len given, requests the byte bound shows to fit are not encoded; the check then refuses the
+    same settings, naming the same longest request, as encoding every text does."""
+    lm, requests = built(tokenizer, overflow=overflow)
+    full = lengths.longest(lm, requests)
+    for max_model_len in (full.needs - 40, full.needs - 1, full.needs, full.needs + 1, 4096):
+        if max_model_len < 1:
+            continue
+        fresh = harness(tokenizer, overflow=overflow)  # nothing encoded ahead
+        found = lengths.longest(fresh, requests, max_model_len)
+        assert (found is not None and found.needs > max_model_len) == (full.needs > max_model_len)
+        if full.needs > max_model_len:
+            assert found == full
+    fresh = harness(tokenizer, overflow=overflow)
+    lengths.longest(fresh, requests, 4096)
+    assert len(fresh.engine.encoded) < 5  # nothing of the tasks' texts needed encoding at 4096

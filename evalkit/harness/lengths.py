@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from evalkit.config import ConfigError
 from evalkit.harness.budget import generation_needs, score_needs
@@ -61,13 +61,35 @@ def build_requests(lm: EvalkitLM, leaves: dict[str, Any], *, limit: int | float 
     return built
 
 
-def longest(lm: EvalkitLM, requests: dict[str, list[Any]]) -> Longest | None:
+def token_bound(lm: EvalkitLM) -> Callable[[str], int] | None:
+    """A bound on the tokens a text encodes to, without encoding it: the UTF-8 bytes of the text as the tokenizer's
+    normalizer leaves it (NFKC can lengthen a text), plus the special tokens an encoding adds, plus 2 (a prefix
+    space or ▁ a pre-tokenizer adds, an empty context's prefix token). Every model of a fast (Rust) tokenizer
+    (byte-level or byte-fallback BPE, Unigram, WordPiece, WordLevel) gives each token at least one byte of the
+    normalized text, or stands for one added token whose text has at least one. None for a tokenizer without a
+    Rust backend: each of its texts is encoded."""
+    backend = getattr(getattr(lm.engine, "tokenizer", None), "backend_tokenizer", None)
+    if backend is None:
+        return None
+    normalizer = backend.normalizer
+    extra = len(lm.engine.encode("", True)) + 2
+    if normalizer is None:
+        return lambda text: len(text.encode("utf-8")) + extra
+    return lambda text: len(normalizer.normalize_str(text).encode("utf-8")) + extra
+
+
+def longest(lm: EvalkitLM, requests: dict[str, list[Any]], max_model_len: int | None = None) -> Longest | None:
     """The request that needs the longest context, encoded and budgeted as lm's own calls would (None: no
-    request that can fail)."""
+    request that can fail). max_model_len: a request that :func:`token_bound` shows fits it is not encoded (on a
+    task of MMLU's size most are not): the one returned is the longest of those that might not fit."""
     plan = lm.generations
     eos = lm.engine.decode([lm.eot_token_id])
+    bound = token_bound(lm) if max_model_len is not None else None
     found: Longest | None = None
     for task, instances in requests.items():
+        if bound is not None:  # needs <= bound + 1 for a pair, either overflow (budget.score_needs)
+            instances = [i for i in instances
+                         if i.request_type != "loglikelihood" or bound("".join(i.args)) + 1 > max_model_len]
         pairs = encode_pairs(lm, [i for i in instances if i.request_type == "loglikelihood"])
         for _, context, continuation in pairs:
             needs = score_needs(context_tokens=len(context), continuation_tokens=len(continuation),
@@ -78,6 +100,10 @@ def longest(lm: EvalkitLM, requests: dict[str, list[Any]]) -> Longest | None:
             context, gen_kwargs = instance.args
             _, _, requested = generation_settings(gen_kwargs, eos=eos, max_tokens=plan.max_tokens,
                                                   temperature=plan.temperature, sampling_kwargs=plan.sampling_kwargs)
+            if bound is not None and generation_needs(prompt_tokens=bound(context), requested=requested,
+                                                      min_gen_tokens=plan.min_gen_tokens,
+                                                      overflow=lm.overflow) <= max_model_len:
+                continue  # fits, whatever its exact count
             prompt = len(lm.tok_encode(context))
             needs = generation_needs(prompt_tokens=prompt, requested=requested, min_gen_tokens=plan.min_gen_tokens,
                                      overflow=lm.overflow)

@@ -81,5 +81,5 @@ def check_lengths(cfg: EvalConfig, model_dir: str, leaves: dict[str, Any]) -> No
         system_instruction=cfg.system_instruction, apply_chat_template=cfg.apply_chat_template,
         fewshot_as_multiturn=cfg.fewshot_as_multiturn)
     stated = preflight.model_context_length(model_dir) if Path(model_dir).is_dir() else None
-    lengths.check(lengths.longest(lm, requests), max_model_len=cfg.max_model_len, overflow=cfg.overflow,
-                  supported=stated[0] if stated else None)
+    lengths.check(lengths.longest(lm, requests, cfg.max_model_len), max_model_len=cfg.max_model_len,
+                  overflow=cfg.overflow, supported=stated[0] if stated else None)
