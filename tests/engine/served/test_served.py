@@ -333,6 +333,27 @@ def test_a_served_run_gives_the_offline_runs_samples(served_runs):
 
 
 @pytest.mark.engine
+def test_a_served_run_gated_against_the_offline_run_evaluates_in_looks_and_is_not_worse(served_runs, served,
+                                                                                       tmp_path):
+    """gate.reference= on engine=served: the documents go to the server in the gate's seeded order, two of each
+    task a look, and the verdict against the offline run on the same documents is `not worse` (the server's
+    answers are the offline engine's), every document evaluated, the record in results.json."""
+    from evalkit.run.evaluate import evaluate
+    from tests.conftest import EAGER, PARITY_TASKS
+
+    offline, _ = served_runs
+    cfg = compose_config(["tasks=[evalkit_arith,evalkit_facts,parity_rolling]", f"tasks_dirs=[{PARITY_TASKS}]",
+                          "limit=5", "gpu_memory_utilization=0.25", EAGER, f"output_dir={tmp_path}", "engine=served",
+                          f"endpoint.url={served.client.url}", DEPLOYMENT, f"gate.reference={offline}",
+                          "gate.chunk=2"])
+    run_dir = evaluate(cfg, engine_factory=lambda c, d: KeptRunning(served))
+    record = json.loads((run_dir / "results.json").read_text())["evalkit"]["gate"]
+    assert record["verdict"] == "not worse" and not record["stopped_early"] and record["exit_code"] == 0, record
+    assert [look["documents"]["evalkit_arith"] for look in record["looks"]] == [2, 4, 5]
+    assert record["documents"] == {"evalkit_arith": 5, "evalkit_facts": 5, "parity_rolling": 5}
+
+
+@pytest.mark.engine
 def test_locate_traces_a_served_run_through_its_server(served, served_runs, tmp_path):
     """A copy of the served run whose first generation starts with another token: --locate, given the server as
     a user passes it (--ref-engine/--cand-engine engine=served endpoint.url=...: a run folder's recorded server
