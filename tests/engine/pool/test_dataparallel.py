@@ -445,6 +445,26 @@ def test_ids_reads_come_from_the_first_actor_as_one_engine_reads_them(pool, engi
 
 
 @pytest.mark.engine
+def test_a_data_parallel_run_gated_against_one_engines_run_is_not_worse(pool, engine, tmp_path):
+    """gate.reference= with data_parallel_size=2: each look's documents are sharded over the actors, and against
+    the same tasks run on one engine the verdict is `not worse`, every document evaluated, in looks of 2."""
+    from evalkit.engine.wrapper import KeptRunning
+    from evalkit.run.evaluate import evaluate
+
+    args = ["tasks=[evalkit_arith,evalkit_facts]", "limit=5", EAGER]
+    one = evaluate(compose_config([*args, f"output_dir={tmp_path / 'one'}"]),
+                   engine_factory=lambda c, d: KeptRunning(engine))
+    gated = evaluate(compose_config([*args, f"output_dir={tmp_path / 'pool'}", "data_parallel_size=2",
+                                     "cluster.num_cpus=2", f"gate.reference={one}", "gate.chunk=2"]),
+                     engine_factory=lambda c, d: KeptRunning(pool))
+    results = json.loads((gated / "results.json").read_text())["evalkit"]
+    record = results["gate"]
+    assert record["verdict"] == "not worse" and not record["stopped_early"] and record["exit_code"] == 0, record
+    assert [look["documents"]["evalkit_facts"] for look in record["looks"]] == [2, 4, 5]
+    assert results["engine"]["data_parallel"]["size"] == 2
+
+
+@pytest.mark.engine
 def test_a_killed_actor_is_replaced_and_its_shard_sent_again(pool, engine):
     gens, _ = requests_for(engine)
     expected = [g.text for g in engine.generate(gens)]
