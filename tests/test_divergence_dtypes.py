@@ -316,7 +316,8 @@ def test_the_sweep_report_shows_the_divergence_of_a_point_in_this_dtype(flow, tm
         write_point(folder / str(num), PointRecord(num=num, overrides=[f"order_seed={num}"], status="ok",
                                                    run_dir=str(run), error=None, wall_seconds=1.0, devices=None,
                                                    host="test", started="2026-12-03T10:00:00+00:00"))
-    assert report_main([str(folder)]) == 0
+    runs_under = os.path.commonpath([folder, first, third])  # the runs lie in the flow's own temporary folder
+    assert report_main([str(folder), "--runs-under", runs_under]) == 0
     text = (folder / "report.md").read_text()
     section = text.split("Divergence", 1)[1]
     assert "| 1 |" in section and "no divergence" not in section, section[:2000]
