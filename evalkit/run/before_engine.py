@@ -59,12 +59,25 @@ def harness_lm(cfg: EvalConfig, engine: Engine, **extra: Any) -> EvalkitLM:
                      thinking_end=cfg.thinking_end, **extra)
 
 
+def chat_template(cfg: EvalConfig, lm: EvalkitLM) -> str | None:
+    """The chat template the run's prompts are made with (None without apply_chat_template); a ConfigError where
+    apply_chat_template=true and the model has none (a base model), before transformers' ValueError."""
+    template = lm.chat_template(cfg.apply_chat_template) if cfg.apply_chat_template else None
+    if cfg.apply_chat_template and template is None:
+        raise ConfigError(f"apply_chat_template=true, but {cfg.model_name} has no chat template (not in its processor, "
+                          "its tokenizer or vLLM's fallbacks); leave apply_chat_template=false for a base model")
+    return template
+
+
 def check_lengths(cfg: EvalConfig, model_dir: str, leaves: dict[str, Any]) -> None:
     """Every request of the run against max_model_len, in one line before the engine starts
     (evalkit/harness/lengths.py), with the model's tokenizer loaded without it. A served engine's tokenizer is its
     server's, and a folder whose tokenizer does not load here is the engine's to report: their prompts are checked
-    where the run plans them."""
-    if cfg.engine == "served":
+    where the run plans them. So are an Ascend machine's: transformers asks torch.npu whether an NPU is there when it
+    loads a tokenizer, and nothing may call the NPU runtime before the engine starts (its workers would inherit it)."""
+    from evalkit.config import installed_vllm_build
+
+    if cfg.engine == "served" or installed_vllm_build() == "ascend":
         return
     try:
         tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,
@@ -75,6 +88,7 @@ def check_lengths(cfg: EvalConfig, model_dir: str, leaves: dict[str, Any]) -> No
     side = TokenizerOnly(tokenizer, max_model_len=cfg.max_model_len, trust_remote_code=cfg.trust_remote_code,
                          template_from="tokenizer" if cfg.engine == "hf" else "vllm")
     lm = harness_lm(cfg, side)
+    chat_template(cfg, lm)
     requests = lengths.build_requests(
         lm, leaves, limit=lm_eval_limit(cfg.limit), samples=selected_documents(cfg.samples),
         num_fewshot=cfg.num_fewshot, fewshot_seed=cfg.task_seeds.fewshot,

@@ -95,10 +95,7 @@ def score_with_lm_eval(cfg: EvalConfig, lm: EvalkitLM, manager: Any, tasks: list
     from lm_eval import simple_evaluate
     from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
 
-    template = lm.chat_template(cfg.apply_chat_template) if cfg.apply_chat_template else None
-    if cfg.apply_chat_template and template is None:
-        raise ConfigError(f"apply_chat_template=true, but {cfg.model_name} has no chat template (not in its processor, "
-                          "its tokenizer or vLLM's fallbacks); leave apply_chat_template=false for a base model")
+    template = before_engine.chat_template(cfg, lm)
     tracker = GeneralConfigTracker()
     tracker.log_experiment_args(
         model_source="evalkit", model_args={"pretrained": cfg.model_name},

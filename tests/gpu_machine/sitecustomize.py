@@ -28,7 +28,10 @@ import os
 import sys
 import traceback
 
-RUNTIME_C = ("_cuda_getDeviceCount", "_cuda_init", "_cuda_getDevice", "_cuda_setDevice", "_cuda_getDeviceProperties")
+# torch._C's CUDA entry points, each a recorder that fails: the runtime's, and what a module imports by name from a
+# CUDA build (torch._dynamo.device_interface: _cuda_getCurrentRawStream, imported with transformers' tokenizers)
+RUNTIME_C = ("_cuda_getDeviceCount", "_cuda_init", "_cuda_getDevice", "_cuda_setDevice", "_cuda_getDeviceProperties",
+             "_cuda_getCurrentRawStream")
 RUNTIME_PY = ("_lazy_init", "init", "get_device_name", "get_device_properties", "get_device_capability",
               "mem_get_info", "set_device", "current_device", "synchronize", "memory_allocated")
 
