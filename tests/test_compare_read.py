@@ -30,7 +30,8 @@ TRICKY = [  # the text of each line, as a file may hold it
     json.dumps(line(BIG, acc=BIG)),  # an integer past 64 bits, as doc_id and as a metric's value
     json.dumps(line(2, acc=-BIG, output_tokens=9223372036854775807, extra=[-9223372036854775809])),  # about 2**63
     json.dumps(line(3, acc=0.1234567890123456789, extra=[1e-400, 5e-324, 1.7976931348623157e308])),
-    json.dumps(line(4, raw_output="a\u2028b\u2029c\x85d"), ensure_ascii=False)[:-1] + ', "big_float": 1e400}',  # 1e400: inf
+    # 1e400: inf
+    json.dumps(line(4, raw_output="a\u2028b\u2029c\x85d"), ensure_ascii=False)[:-1] + ', "big_float": 1e400}',
     json.dumps(line(5, raw_output="\ud800 lone surrogate")),  # an escaped lone surrogate
     json.dumps(line(6, raw_output="é ☃ 😀"), ensure_ascii=False) + "\r",  # raw UTF-8, a CRLF line end
     "",  # blank lines are skipped

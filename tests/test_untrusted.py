@@ -395,7 +395,8 @@ def test_the_sweep_report_reads_no_run_outside_the_sweeps_output_folder(tmp_path
     capsys.readouterr()
     assert "lies outside" not in (folder / "report.csv").read_text() and (folder / "compare-1-vs-0.md").is_file()
     assert report_main([str(folder), "--runs-under", str(tmp_path / "nothing")]) == 2
-    assert capsys.readouterr().err.strip() == f"evalkit.report: error: --runs-under {tmp_path / 'nothing'}: not a folder"
+    said = capsys.readouterr().err.strip()
+    assert said == f"evalkit.report: error: --runs-under {tmp_path / 'nothing'}: not a folder"
 
 
 @pytest.mark.parametrize("where", ["results.json", "samples"])

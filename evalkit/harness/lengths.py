@@ -39,8 +39,8 @@ def build_requests(lm: EvalkitLM, leaves: dict[str, Any], *, limit: int | float 
                    fewshot_as_multiturn: bool) -> dict[str, list[Any]]:
     """Each leaf task's lm-eval instances (leaves: the TaskManager's load of the run's tasks, groups expanded), built
     as simple_evaluate and lm-eval's evaluate build them (lm-eval 0.4.13, evaluator.py: the num_fewshot override,
-    except where a task's config says 0; the few-shot seed; get_sample_size for limit; samples). Its progress bars are not shown: the run shows them when it builds the same
-    requests."""
+    except where a task's config says 0; the few-shot seed; get_sample_size for limit; samples). Its progress
+    bars are not shown: the run shows them when it builds the same requests."""
     from lm_eval.evaluator_utils import get_sample_size
 
     built = {}

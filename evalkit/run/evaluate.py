@@ -198,9 +198,9 @@ def evaluate(cfg: EvalConfig, *, engine_factory: EngineFactory = start_engines, 
             engine = ResumableEngine(engine, answers, cfg.chunk_size, settings=memory_settings(cfg),
                                      generate_chunk=generation_chunk(cfg.chunk_size, description))
         def new_lm() -> EvalkitLM:
-            return before_engine.harness_lm(cfg, engine, order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring, seed=cfg.seed,
-                              progress=Progress, divergence_top_k=top_k,
-                              reference=against.ids if against is not None and top_k else None)
+            return before_engine.harness_lm(cfg, engine, order_seed=cfg.order_seed, fast_scoring=cfg.fast_scoring,
+                                            seed=cfg.seed, progress=Progress, divergence_top_k=top_k,
+                                            reference=against.ids if against is not None and top_k else None)
 
         def look(samples: dict[str, list[int]] | None) -> tuple[EvalkitLM, dict[str, Any]]:
             """lm-eval on those documents of the tasks samples names (every document of every task: None)."""

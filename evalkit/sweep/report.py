@@ -252,7 +252,8 @@ def outside_root(points: list[PointRecord], root: Path) -> dict[int, str]:
     root = Path(root).resolve()
     return {p.num: f"its run folder {p.run_dir} lies outside {root}, where this report reads runs (evalkit report "
                    "--runs-under DIR reads them under DIR)"
-            for p in points if p.status in COMPLETED and p.run_dir and not Path(p.run_dir).resolve().is_relative_to(root)}
+            for p in points
+            if p.status in COMPLETED and p.run_dir and not Path(p.run_dir).resolve().is_relative_to(root)}
 
 
 def load_results(points: list[PointRecord]) -> dict[int, dict[str, Any]]:

@@ -4,8 +4,9 @@ The rows come from vLLM's own code where it runs on a CPU (the V1 sampler's ``co
 ``gather_logprobs``, ``LogprobsTensors``, the output side's ``LogprobsProcessor``); V2's are recreated in torch,
 the layout (which rows, in which order, when emitted) following the lines cited, and held to vLLM's own V2 code
 run under Triton's interpreter in tests/engine/test_v2_kernels.py (where a preempted request's rows are vLLM's:
-those of its first chunk are dropped with its state, which RESUMED's recreation here keeps; either is refused). Each case is read by the same function the engine uses, and either gives the exact sum and greediness
-of a reference computed from the logits, or raises BadRead: never a wrong number.
+those of its first chunk are dropped with its state, which RESUMED's recreation here keeps; either is refused).
+Each case is read by the same function the engine uses, and either gives the exact sum and greediness of a
+reference computed from the logits, or raises BadRead: never a wrong number.
 Run: pytest tests/engine/test_logprob_reads.py
 """
 
