@@ -69,15 +69,21 @@ def chat_template(cfg: EvalConfig, lm: EvalkitLM) -> str | None:
     return template
 
 
-def check_lengths(cfg: EvalConfig, model_dir: str, leaves: dict[str, Any]) -> None:
-    """Every request of the run against max_model_len, in one line before the engine starts
-    (evalkit/harness/lengths.py), with the model's tokenizer loaded without it. A served engine's tokenizer is its
-    server's, and a folder whose tokenizer does not load here is the engine's to report: their prompts are checked
-    where the run plans them. So are an Ascend machine's: transformers asks torch.npu whether an NPU is there when it
-    loads a tokenizer, and nothing may call the NPU runtime before the engine starts (its workers would inherit it)."""
+def lengths_checked(cfg: EvalConfig) -> bool:
+    """Whether the run's prompts are checked against max_model_len before the engine (check_lengths). Not a served
+    engine's, whose tokenizer is its server's, nor an Ascend machine's: transformers asks torch.npu whether an NPU
+    is there when it loads a tokenizer, and nothing may call the NPU runtime before the engine starts (its workers
+    would inherit it). Their prompts are checked where the run plans them."""
     from evalkit.config import installed_vllm_build
 
-    if cfg.engine == "served" or installed_vllm_build() == "ascend":
+    return cfg.engine != "served" and installed_vllm_build() != "ascend"
+
+
+def check_lengths(cfg: EvalConfig, model_dir: str, leaves: dict[str, Any]) -> None:
+    """Every request of the run against max_model_len, in one line before the engine starts
+    (evalkit/harness/lengths.py), with the model's tokenizer loaded without it, where lengths_checked; a folder
+    whose tokenizer does not load here is the engine's to report, where the run plans its prompts."""
+    if not lengths_checked(cfg):
         return
     try:
         tokenizer = load_tokenizer(cfg.tokenizer or model_dir, trust_remote_code=cfg.trust_remote_code,

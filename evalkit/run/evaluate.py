@@ -70,7 +70,8 @@ def prepare(cfg: EvalConfig, *, check_devices: bool, watch: Stopwatch) -> tuple[
                                 metadata=before_engine.task_metadata(cfg, model_dir))
     watch.lap("load_tasks")
     leaves = {}
-    if cfg.samples or cfg.engine != "served":  # a group's tasks built as simple_evaluate builds them: seeded first
+    # the leaves the checks read: a group's tasks built as simple_evaluate builds them, seeded first
+    if cfg.samples or before_engine.lengths_checked(cfg):
         seed_as_lm_eval(cfg.task_seeds)
         leaves = manager.load(list(tasks))["tasks"]
     before_engine.check_samples(cfg.samples, leaves)

@@ -122,11 +122,11 @@ class SweepCallback(Callback):
             where = f" on {p.host}" if p.host != here else ""
             print(f"evalkit: point {p.num} ({apart[p.num]}) {p.status}{where}: {p.error}", file=sys.stderr)
         gates = {p.num: gate_record(p.run_dir) for p in points if p.status in ("ok", "skipped") and p.run_dir}
-        for num, gate in gates.items():
-            if gate and gate.get("exit_code") == 1:
-                print(f"evalkit: point {num} ({apart[num]}) gate: {gate.get('verdict')}: {gate.get('reason')}",
-                      file=sys.stderr)
-        if any(gate and gate.get("exit_code") == 1 for gate in gates.values()):
+        failed_gates = {num: gate for num, gate in gates.items() if gate and gate.get("exit_code") == 1}
+        for num, gate in failed_gates.items():
+            print(f"evalkit: point {num} ({apart[num]}) gate: {gate.get('verdict')}: {gate.get('reason')}",
+                  file=sys.stderr)
+        if failed_gates:
             raise SystemExit(1)
         if failed:  # with a gate, 1 is its verdict: a point that failed has none (as a gated run that fails)
             gated = OmegaConf.select(config, "gate.reference") or any(gates.values())

@@ -295,7 +295,8 @@ def tail_p(n: int, delta: float, score: float, side: str, given_change: bool = F
     split of them), the split that favours the tail most: none right in the candidate only ("below", delta < 0),
     or all ("above", delta > 0)."""
     span, edge, counts = None, None, None
-    if discordant is not None and n >= CONFINED_FROM:
+    confined = discordant is not None and n >= CONFINED_FROM
+    if confined:
         s_low, s_high = plausible(n, discordant, given_change)
         first, last = boundary(delta)
         span = max(first, (s_low + delta) / 2), min(last, (s_high + delta) / 2)
@@ -321,7 +322,7 @@ def tail_p(n: int, delta: float, score: float, side: str, given_change: bool = F
     if span is None or span[0] <= span[1]:
         best = max(best, boundary_p(n, delta, score, side, span, counts,
                                     lambda pc, tail: given(2 * pc - delta, tail)))
-    return float(min(1.0, best + (GAMMA if discordant is not None and n >= CONFINED_FROM else 0.0)))
+    return float(min(1.0, best + (GAMMA if confined else 0.0)))
 
 
 def boundary_p(n: int, delta: float, score: float, side: str, span: tuple[float, float] | None,
