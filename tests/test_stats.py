@@ -2,6 +2,7 @@
 bootstrap.py, interval.py). Run: pytest tests/test_stats.py"""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,16 @@ def table(b, c, both_right=5, both_wrong=5):
 def test_mcnemar_exact_matches_hand_computation(b, c, p):
     ref, cand = table(b, c)
     assert mcnemar_exact(ref, cand) == (b, c, pytest.approx(p))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 40, 399, 5_000])
+def test_mcnemar_exact_is_the_exact_binomial_test_at_a_half(n):
+    # the two-sided p computed exactly in integers: both tails as far from n/2 as min(b, c), at most 1
+    for b in sorted({0, 1, n // 3, n // 2, (n + 1) // 2, n - 1, n}):
+        tail = sum(math.comb(n, k) for k in range(min(b, n - b) + 1))
+        exact = min(1.0, float(Fraction(2 * tail, 2 ** n)))
+        ref, cand = table(b, n - b)
+        assert mcnemar_exact(ref, cand)[2] == pytest.approx(exact, rel=1e-9, abs=0.0)
 
 
 def test_tango_interval_matches_the_published_cavo_example():

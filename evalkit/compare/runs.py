@@ -163,12 +163,15 @@ def _decoded(line: bytes, offset: int, file: Path) -> str:
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for a pass over every document of the runs (restored after, as it
     was): a run's samples are millions of small objects with no cycle among them, and each full collection would
-    walk them all again, which costs several times the pass itself. As a decorator, for one call."""
+    walk them all again, which costs several times the pass itself. What the pass leaves alive is then frozen out
+    of later collections (gc.freeze), which would walk it too (drawing a page, importing a module); it is freed as
+    ever once no longer referenced. As a decorator, for one call."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
         if enabled:
             gc.enable()
 

@@ -24,10 +24,10 @@ DIFFERENCES = ("Each row's difference (dot) with its interval (bar), in units of
 
 def differences_plot(table: pd.DataFrame, tolerance: float) -> page.Plot | None:
     """The intervals against the tolerance band; None with fewer than two rows (the table says it all)."""
-    plt = pyplot()
     table = table[table["ci_low"].notna() & table["ci_high"].notna()]  # rows not compared have no interval
     if len(table) < 2:
         return None
+    plt = pyplot()
     labels = [f"{r.task} / {r.metric} ({r.filter}) [{r.verdict}]" for r in table.itertuples()]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.5))
     y = range(len(labels))

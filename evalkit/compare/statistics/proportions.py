@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.stats import binomtest
+from scipy.special import bdtr
 
 from evalkit.compare.statistics import tost
 from evalkit.compare.statistics.interval import Interval, z_value
@@ -82,4 +82,5 @@ def mcnemar_exact(reference: np.ndarray, candidate: np.ndarray) -> tuple[int, in
     c = int(np.sum(~ref & cand))
     if b + c == 0:
         return b, c, 1.0
-    return b, c, float(binomtest(b, b + c, 0.5, alternative="two-sided").pvalue)
+    # the exact two-sided binomial test at 1/2 (scipy.stats.binomtest's): both tails as far from n/2 as min(b, c)
+    return b, c, 1.0 if b == c else min(1.0, 2.0 * float(bdtr(min(b, c), b + c, 0.5)))
