@@ -41,7 +41,8 @@ def test_run_folder_holds_every_file(run_dir):
     stamp = json.loads((run_dir / "results.json").read_text())["evalkit"]["files"]["results"][len("results_"):-5]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d+", stamp)  # lm-eval's date_id
     assert names == {"results.json", f"results_{stamp}.json", f"samples_evalkit_arith_{stamp}.jsonl",
-                     f"samples_evalkit_facts_{stamp}.jsonl", "config.yaml", "summary.csv", "summary.md",
+                     f"samples_evalkit_facts_{stamp}.jsonl", f"samples_evalkit_arith_{stamp}.index.msgpack",
+                     f"samples_evalkit_facts_{stamp}.index.msgpack", "config.yaml", "summary.csv", "summary.md",
                      f"divergence_evalkit_arith_{stamp}.npz", f"divergence_evalkit_facts_{stamp}.npz"}
     assert (run_dir / f"results_{stamp}.json").resolve() == (run_dir / "results.json").resolve()
     assert not [p for p in run_dir.parent.iterdir() if p.name.startswith(".tmp")]

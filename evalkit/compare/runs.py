@@ -12,11 +12,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-import orjson
-
+from evalkit.run import sample_index
 from evalkit.run.results import sample_files
+from evalkit.run.sample_index import held, quick
 from evalkit.untrusted import (OutsideFolder, TooLarge, file_limit, inside, json_data, open_regular, printable,
                                read_bounded, too_large)
 
@@ -68,66 +68,6 @@ def _json(text: str, where: str) -> Any:
         raise CompareError(f"{where}: {error}") from None
 
 
-# What compare, its pages and --locate never read of a sample line: lm-eval's copy of the document, its filtered
-# responses and evalkit's per-metric copy of the scores; of the request arguments only each choice's continuation
-# (arg_1), none of a generation's; of the request records the first and the generations', each cut to what --locate
-# and the first divergence read. Most of a line's size, and most of what its Python objects would cost (several
-# times the line), goes with them.
-DROPPED = ("doc", "filtered_resps", "scores")
-REQUEST_FIELDS = ("kind", "output_ids", "prompt_tokens", "truncated_tokens")
-
-
-def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
-    """What compare holds of a sample line, cut in place: the line less DROPPED, its arguments and requests cut to
-    what is read (a key its own metrics name is kept whole, whatever its name). seen: what the lines of a file
-    share, held once (equal metrics lists, equal arguments: a multiple-choice task's choices are often the same)."""
-    metrics = sample.get("metrics")
-    named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
-    if named:
-        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
-    for key in DROPPED:
-        if key in sample and key not in named:
-            del sample[key]
-    arguments = sample.get("arguments")
-    if isinstance(arguments, dict) and "arguments" not in named:
-        if sample.get("raw_output") is None:
-            sample["arguments"] = _arguments(arguments, seen)
-        else:  # a generation's: the page shows its output, never a choice's continuation
-            del sample["arguments"]
-    requests = sample.get("requests")
-    if isinstance(requests, list) and "requests" not in named:
-        sample["requests"] = [{k: r[k] for k in REQUEST_FIELDS if k in r} if isinstance(r, dict) else r
-                              for i, r in enumerate(requests)
-                              if i == 0 or not isinstance(r, dict) or r.get("kind") == "generate_until"]
-    return sample
-
-
-def _arguments(arguments: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
-    """lm-eval's request arguments less all but each one's arg_1 (a choice's continuation); held once per file
-    where they are the same texts under the same names."""
-    for args in arguments.values():
-        if isinstance(args, dict) and (len(args) != 1 or "arg_1" not in args):
-            for key in [k for k in args if k != "arg_1"]:
-                del args[key]
-    choices = [args.get("arg_1") if isinstance(args, dict) and len(args) == 1 else None for args in arguments.values()]
-    if not all(isinstance(choice, str) for choice in choices):  # not texts (a generation's settings): not shared
-        return arguments
-    return seen.setdefault(("arguments", *arguments, *choices), arguments)
-
-
-# A JSON number of 19 digits or more starts after one of :[, whitespace or -: such a line may hold an integer past
-# 64 bits, which orjson reads as a float and the stdlib json exactly. Each line is mapped through TOKENS (digits to 0,
-# those starters to !, the rest to x) and searched for LONG_NUMBER: a quick test of the whole line at C speed.
-TOKENS = bytes(48 if 48 <= c < 58 else 33 if chr(c) in ":[, \t\r\n-" else 120 for c in range(256))
-LONG_NUMBER = b"!" + b"0" * 19
-
-
-def _long_number(line: bytes) -> bool:
-    """Whether line may hold a number token of 19 digits or more (text that looks like one counts too)."""
-    mapped = line.translate(TOKENS)
-    return LONG_NUMBER in mapped or mapped.startswith(LONG_NUMBER[1:])
-
-
 def _lines(file: Path) -> Iterator[tuple[int, int, bytes]]:
     """(line number, offset, bytes) of each line of file, read up to untrusted.file_limit() (a run folder may come
     from elsewhere) one line at a time: the file is never held whole."""
@@ -177,28 +117,49 @@ def collector_paused() -> Iterator[None]:
 
 
 @collector_paused()
-def read_samples(file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
+def read_samples(file: Path, task: str, index: Path | None = None) -> dict[tuple[int, str], dict[str, Any]]:
     """(doc_id, filter) -> what compare holds of each sample line of task's samples file (held), each line checked:
     an object with an integer doc_id, and the only one of its document and filter (lm-eval writes one line per
     document and filter; a second would silently replace the first). Lines are JSON Lines' (split at newlines
     only), read by orjson; a line orjson refuses or may read otherwise (NaN, an integer past 64 bits, ...) is read
-    by the stdlib json, as untrusted.json_data reads it, so that the values and every refusal are the stdlib's."""
-    with contextlib.closing(_lines(file)) as lines:  # closed, and the file with it, when a line is refused
-        return _keyed(lines, file, task)
-
-
-def _keyed(numbered: Iterator[tuple[int, int, bytes]], file: Path, task: str) -> dict[tuple[int, str], dict[str, Any]]:
-    samples, lines, seen, filters = {}, {}, {}, {}
-    for number, offset, line in numbered:
+    by the stdlib json, as untrusted.json_data reads it, so that the values and every refusal are the stdlib's.
+    index: the file's sample index (sample_index.py), read instead where it was made from these very bytes and
+    passes the same checks; else the file is read."""
+    lines = sample_index.read(file, index) if index is not None else None
+    if lines is not None:
         try:
-            sample = None if _long_number(line) else orjson.loads(line)
-        except orjson.JSONDecodeError:
-            sample = None
+            return _keyed(enumerate(lines, 1), file, task, _shared)  # held when the index was written
+        except CompareError:  # an index whose lines compare refuses: the file's own reading says where
+            pass
+    with contextlib.closing(_lines(file)) as numbered:  # closed, and the file with it, when a line is refused
+        return _keyed(_parsed(numbered, file), file, task, held)
+
+
+def _shared(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
+    """A held line read from an index, its list of metrics held once per file as held() holds it (the pairing
+    walks each distinct list once)."""
+    metrics = sample.get("metrics")
+    if type(metrics) is list:
+        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
+    return sample
+
+
+def _parsed(numbered: Iterator[tuple[int, int, bytes]], file: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, JSON value) of each line that is not blank."""
+    for number, offset, line in numbered:
+        sample = quick(line)
         if sample is None:
             text = _decoded(line, offset, file)
             if not text.strip():
                 continue
             sample = _json(text, f"{file}, line {number}")
+        yield number, sample
+
+
+def _keyed(numbered: Iterator[tuple[int, Any]], file: Path, task: str,
+           hold: Callable[[dict[str, Any], dict[Any, Any]], dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+    samples, lines, seen, filters = {}, {}, {}, {}
+    for number, sample in numbered:
         if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
             raise CompareError(f"{file}, line {number}: a sample without an integer doc_id; not a samples "
                                "file evalkit (lm-eval) wrote")
@@ -212,7 +173,7 @@ def _keyed(numbered: Iterator[tuple[int, int, bytes]], file: Path, task: str) ->
             raise CompareError(f"{file}, line {number}: task {task}, doc_id {key[0]}, filter {key[1]!r} again "
                                f"(first on line {lines[key]}); a samples file holds one line per document and "
                                "filter: a damaged or concatenated file, rerun or copy it again")
-        samples[key], lines[key] = held(sample, seen), number
+        samples[key], lines[key] = hold(sample, seen), number
     return samples
 
 
@@ -244,10 +205,22 @@ def load_run(path: str | Path) -> Run:
         raise CompareError(f"{results_file}: names {files[missing[0]].name} as task {missing[0]}'s samples, but the "
                            f"folder has no such file ({len(missing)} of {len(files)} tasks' files missing); copy the "
                            "whole run folder, or rerun")
-    samples = {task: read_samples(file, task) for task, file in files.items()}
+    indexes = _indexes(folder, results)
+    samples = {task: read_samples(file, task, indexes.get(task)) for task, file in files.items()}
     if not samples:
         raise CompareError(f"{path}: no samples_<task>_<date>.jsonl files; rerun with log_samples=true")
     return Run(path=folder.resolve(), results=results, samples=samples)
+
+
+def _indexes(folder: Path, results: dict[str, Any]) -> dict[str, Path]:
+    """task -> its samples file's index where results.json names one inside the folder (runs written before
+    indexes name none; one named elsewhere is passed over: an index is only ever a shortcut)."""
+    names = ((results.get("evalkit") or {}).get("files") or {}).get("sample_index")
+    found = {}
+    for task, name in (names.items() if isinstance(names, dict) else ()):
+        with contextlib.suppress(OutsideFolder, TypeError, ValueError):
+            found[task] = inside(folder, name)
+    return found
 
 
 def recorded_scores(run: Run) -> dict[tuple[str, str, str], float]:

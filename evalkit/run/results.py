@@ -7,6 +7,8 @@ docs/results.md), named and laid out as lm-eval's EvaluationTracker writes them,
 * ``results.json`` -- lm-eval's aggregate schema plus an ``evalkit`` section (:class:`EvalkitSection`);
   ``results_<date>.json`` is a link to it, under lm-eval's name
 * ``samples_<task>_<date>.jsonl`` -- one line per document and filter (:class:`SampleLine`)
+* ``samples_<task>_<date>.index.msgpack`` -- what compare reads of each line, bound to the samples file's bytes
+  (``sample_index.py``): compare reads it instead of the file's JSON, never needs it
 * ``divergence_<task>_<date>.npz`` -- the task's divergence record (``divergence_record.py``), with divergence_top_k > 0
 * ``config.yaml`` -- the resolved config
 * ``summary.csv`` / ``summary.md`` -- one row per task, metric and filter (:data:`SUMMARY_COLUMNS`)
@@ -28,7 +30,7 @@ import pandas as pd
 
 from evalkit.config import ConfigError
 from evalkit.contracts import RequestRecord
-from evalkit.run import divergence_record, recording
+from evalkit.run import divergence_record, recording, sample_index
 from evalkit.untrusted import fresh_folder, inside, write_atomic
 
 
@@ -261,14 +263,17 @@ def write_run(
         for task, columns in built.items():
             divergence_record.write(tmp / files["divergence"][task], columns)
         sizes = {task: (tmp / name).stat().st_size for task, name in files["divergence"].items()}
+        for task, task_samples in samples.items():
+            _write_jsonl(tmp / files["samples"][task],
+                         (sample_line(s, records.get((task, s["doc_id"]), [])) for s in task_samples))
+        indexes = {task: f"samples_{task}_{date_id}.index.msgpack" for task in samples}
+        files["sample_index"] = {task: name for task, name in indexes.items()
+                                 if sample_index.write(tmp / files["samples"][task], tmp / name)}
         aggregate = {k: v for k, v in results.items() if k != "samples"}
         aggregate["task_hashes"] = task_hashes(samples)
         aggregate["evalkit"] = {**evalkit, "files": files, "divergence": recording.section(divergence, built, sizes)}
         (tmp / "results.json").write_text(json.dumps(json.loads(_json(aggregate)), indent=2) + "\n")
         (tmp / files["results"]).symlink_to("results.json")
-        for task, task_samples in samples.items():
-            _write_jsonl(tmp / files["samples"][task],
-                         (sample_line(s, records.get((task, s["doc_id"]), [])) for s in task_samples))
         (tmp / "config.yaml").write_text(config_yaml)
         frame = summary_frame(results, evalkit["counts"])
         frame.to_csv(tmp / "summary.csv", index=False)

@@ -1,0 +1,165 @@
+"""A samples file's index: of each line, what compare reads (held), written beside the file when the run writes it
+(``samples_<task>_<date>.index.msgpack``, named in results.json under ``evalkit.files.sample_index``) and bound to
+the file's bytes by their size and SHA-256.
+
+compare reads an index instead of parsing the samples file's JSON only when the file is the one it was made from
+(same name, size and SHA-256, hashed on a second thread while the index is decoded); an index that is missing,
+damaged, of another format or of other bytes is passed over and the samples file read as ever. An index is
+therefore never needed and never changes what compare reads: it holds exactly what compare's reading of each
+line holds (held, on the line as the stdlib json reads it), and none is written for a file whose lines msgpack
+cannot carry exactly (an integer past 64 bits, a lone surrogate) or that compare would refuse. MessagePack (msgspec): its decoder
+builds no object for what it is not asked for and has no code execution in its format, unlike pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import orjson
+
+from evalkit.untrusted import TooLarge, json_data, open_regular, read_bounded
+
+FORMAT = "evalkit sample index 1"  # changed whenever held() keeps something else: an older index is passed over
+
+# What compare, its pages and --locate never read of a sample line: lm-eval's copy of the document, its filtered
+# responses and evalkit's per-metric copy of the scores; of the request arguments only each choice's continuation
+# (arg_1), none of a generation's; of the request records the first and the generations', each cut to what --locate
+# and the first divergence read. Most of a line's size, and most of what its Python objects would cost (several
+# times the line), goes with them.
+DROPPED = ("doc", "filtered_resps", "scores")
+REQUEST_FIELDS = ("kind", "output_ids", "prompt_tokens", "truncated_tokens")
+
+
+def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
+    """What compare holds of a sample line, cut in place: the line less DROPPED, its arguments and requests cut to
+    what is read (a key its own metrics name is kept whole, whatever its name). seen: what the lines of a file
+    share, held once (equal metrics lists, equal arguments: a multiple-choice task's choices are often the same).
+    Held again, a held line is the same."""
+    metrics = sample.get("metrics")
+    named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
+    if named:
+        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
+    for key in DROPPED:
+        if key in sample and key not in named:
+            del sample[key]
+    arguments = sample.get("arguments")
+    if isinstance(arguments, dict) and "arguments" not in named:
+        if sample.get("raw_output") is None:
+            sample["arguments"] = _arguments(arguments, seen)
+        else:  # a generation's: the page shows its output, never a choice's continuation
+            del sample["arguments"]
+    requests = sample.get("requests")
+    if isinstance(requests, list) and "requests" not in named:
+        sample["requests"] = [{k: r[k] for k in REQUEST_FIELDS if k in r} if isinstance(r, dict) else r
+                              for i, r in enumerate(requests)
+                              if i == 0 or not isinstance(r, dict) or r.get("kind") == "generate_until"]
+    return sample
+
+
+def _arguments(arguments: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
+    """lm-eval's request arguments less all but each one's arg_1 (a choice's continuation); held once per file
+    where they are the same texts under the same names."""
+    for args in arguments.values():
+        if isinstance(args, dict) and (len(args) != 1 or "arg_1" not in args):
+            for key in [k for k in args if k != "arg_1"]:
+                del args[key]
+    choices = [args.get("arg_1") if isinstance(args, dict) and len(args) == 1 else None for args in arguments.values()]
+    if not all(isinstance(choice, str) for choice in choices):  # not texts (a generation's settings): not shared
+        return arguments
+    return seen.setdefault(("arguments", *arguments, *choices), arguments)
+
+
+# A JSON number of 19 digits or more starts after one of :[, whitespace or -: such a line may hold an integer past
+# 64 bits, which orjson reads as a float and the stdlib json exactly. Each line is mapped through TOKENS (digits to 0,
+# those starters to !, the rest to x) and searched for LONG_NUMBER: a quick test of the whole line at C speed.
+TOKENS = bytes(48 if 48 <= c < 58 else 33 if chr(c) in ":[, \t\r\n-" else 120 for c in range(256))
+LONG_NUMBER = b"!" + b"0" * 19
+
+
+def _long_number(line: bytes) -> bool:
+    """Whether line may hold a number token of 19 digits or more (text that looks like one counts too)."""
+    mapped = line.translate(TOKENS)
+    return LONG_NUMBER in mapped or mapped.startswith(LONG_NUMBER[1:])
+
+
+def quick(line: bytes) -> Any:
+    """orjson's reading of a line, or None where the stdlib json must read it: orjson refuses it (NaN, a lone
+    surrogate, damage) or may read it otherwise (an integer past 64 bits), or it is JSON's null."""
+    try:
+        return None if _long_number(line) else orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+
+
+class _Bound(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    size: int
+    sha256: str
+
+
+class _Index(msgspec.Struct, forbid_unknown_fields=True):
+    format: str
+    samples: _Bound
+    lines: list[dict[str, Any]]
+
+
+_DECODER = msgspec.msgpack.Decoder(_Index)
+
+
+def write(samples: Path, index: Path) -> bool:
+    """Write samples' index to index (this process wrote both files); False, and nothing written, where no index
+    can hold exactly what compare would read of it (module docstring)."""
+    digest, lines, seen, size = hashlib.sha256(), [], {}, 0
+    with open(samples, "rb") as f:
+        for line in f:  # split at newlines only, as compare splits them (JSON Lines)
+            digest.update(line)
+            size += len(line)
+            sample = quick(line)
+            if sample is None:
+                try:
+                    text = line.decode("utf-8")
+                    if not text.strip():
+                        continue
+                    sample = json_data(text)
+                except ValueError:  # UnicodeDecodeError and JSONDecodeError too: compare refuses the file
+                    return False
+            if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
+                return False
+            lines.append(held(sample, seen))
+    bound = _Bound(name=samples.name, size=size, sha256=digest.hexdigest())
+    try:
+        data = msgspec.msgpack.encode(_Index(format=FORMAT, samples=bound, lines=lines))
+    except (OverflowError, TypeError, ValueError):  # an integer past 64 bits, a lone surrogate (a string's
+        return False  # escaped half of a pair, which MessagePack's UTF-8 cannot hold): compare reads them exactly
+    index.write_bytes(data)
+    return True
+
+
+def read(samples: Path, index: Path) -> list[dict[str, Any]] | None:
+    """The held lines of samples, in order, from its index; None where the index is not there, cannot be read, or
+    was not made from these bytes (module docstring): the samples file is then to be read."""
+    with ThreadPoolExecutor(1) as pool:
+        digest = pool.submit(_sha256, samples)  # hashlib and the file's reads let go of the GIL meanwhile
+        try:
+            found = _DECODER.decode(read_bounded(index))
+        except (OSError, TooLarge, msgspec.MsgspecError, ValueError, RecursionError):
+            digest.cancel()
+            return None
+        bound = found.samples
+        if found.format != FORMAT or bound.name != samples.name or (bound.size, bound.sha256) != digest.result():
+            return None
+    return found.lines
+
+
+def _sha256(path: Path) -> tuple[int, str] | None:
+    """(size, SHA-256) of a regular file's bytes; None where it cannot be read."""
+    try:
+        with open_regular(path) as f:
+            digest = hashlib.file_digest(f, "sha256")
+            return f.tell(), digest.hexdigest()
+    except OSError:
+        return None

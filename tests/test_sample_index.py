@@ -1,0 +1,128 @@
+"""A samples file's index (evalkit/run/sample_index.py): what a run writes beside each samples file, and compare
+reads instead of the file's JSON only where it was made from those very bytes. Read from the index or from the
+file, a run is the same to compare; an index that is stale, damaged, of another format, named outside the folder
+or unable to hold a line exactly is passed over (or never written), and the file read as ever.
+Run: pytest tests/test_sample_index.py
+"""
+
+import json
+
+import pytest
+
+from evalkit.compare import runs as on_disk
+from evalkit.run import sample_index
+from tests.fake_engine import FakeEngine
+from tests.test_compare import fake_run
+from tests.test_compare_read import BIG, TRICKY, line
+
+
+def written(tmp_path, lines):
+    """A samples file of lines and its index (sample_index.write's answer too)."""
+    file, index = tmp_path / "samples_t.jsonl", tmp_path / "samples_t.index.msgpack"
+    file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return file, index, sample_index.write(file, index)
+
+
+EXACT = [text for text in TRICKY if str(BIG) not in text and "ud800" not in text]  # what msgpack carries exactly
+
+
+def test_read_from_the_index_a_file_is_what_its_json_reads(tmp_path, monkeypatch):
+    file, index, wrote = written(tmp_path, EXACT)
+    assert wrote
+    from_file = on_disk.read_samples(file, "t")
+    monkeypatch.setattr(on_disk, "_lines", lambda *a: pytest.fail("the samples file was parsed"))
+    from_index = on_disk.read_samples(file, "t", index)
+    assert repr(from_index) == repr(from_file)  # repr: NaN, the integers' types and digits, the floats' bits
+    assert from_index[(4, "none")]["raw_output"] == "a\u2028b\u2029c\x85d"
+
+
+@pytest.mark.parametrize("kept", [str(BIG), "ud800"])
+def test_no_index_for_an_integer_past_64_bits_or_a_lone_surrogate_and_the_file_is_read(tmp_path, kept):
+    file, index, wrote = written(tmp_path, EXACT + [text for text in TRICKY if kept in text])
+    assert not wrote and not index.exists()
+    read = on_disk.read_samples(file, "t", index)
+    assert read[(BIG, "none")]["acc"] == BIG if kept == str(BIG) else read[(5, "none")]["raw_output"][0] == "\ud800"
+
+
+def test_no_index_for_a_file_compare_refuses(tmp_path):
+    file, index, wrote = written(tmp_path, [json.dumps(line(0)), '{"doc_id": 1, "acc": ', json.dumps(line(2))])
+    assert not wrote and not index.exists()
+    with pytest.raises(on_disk.CompareError, match="line 2: not JSON"):
+        on_disk.read_samples(file, "t", index)
+
+
+def edited(file):
+    """file with one document's score changed, its size the same."""
+    text = file.read_text(encoding="utf-8")
+    file.write_text(text.replace('"acc": 1,', '"acc": 0,', 1), encoding="utf-8")
+    assert file.read_text(encoding="utf-8") != text
+
+
+def truncated(index):
+    index.write_bytes(index.read_bytes()[:-7])
+
+
+def other_format(index):
+    found = sample_index._DECODER.decode(index.read_bytes())
+    found.format = "evalkit sample index 0"
+    index.write_bytes(sample_index.msgspec.msgpack.encode(found))
+
+
+def doubled(index):
+    """An index whose recorded bytes are the file's but that holds a document twice (a damaged index)."""
+    found = sample_index._DECODER.decode(index.read_bytes())
+    found.lines.append(found.lines[0])
+    index.write_bytes(sample_index.msgspec.msgpack.encode(found))
+
+
+@pytest.mark.parametrize("damage", ["samples edited", "index truncated", "index of another format",
+                                    "index holds a document twice", "index removed", "index is a folder"])
+def test_an_index_not_made_from_these_bytes_is_passed_over(tmp_path, damage):
+    file, index, _ = written(tmp_path, [json.dumps(line(i)) for i in range(5)])
+    {"samples edited": lambda: edited(file), "index truncated": lambda: truncated(index),
+     "index of another format": lambda: other_format(index), "index holds a document twice": lambda: doubled(index),
+     "index removed": index.unlink, "index is a folder": lambda: (index.unlink(), index.mkdir())}[damage]()
+    assert repr(on_disk.read_samples(file, "t", index)) == repr(on_disk.read_samples(file, "t"))
+    if damage == "samples edited":
+        assert on_disk.read_samples(file, "t", index)[(0, "none")]["acc"] == 0
+
+
+def test_an_index_is_believed_when_bound_to_the_files_bytes(tmp_path):
+    """What a bound index holds is what compare reads: it is the run's own record of its file (docs/security.md)."""
+    file, index, _ = written(tmp_path, [json.dumps(line(i)) for i in range(3)])
+    found = sample_index._DECODER.decode(index.read_bytes())
+    found.lines[1]["acc"] = 0
+    index.write_bytes(sample_index.msgspec.msgpack.encode(found))
+    assert on_disk.read_samples(file, "t", index)[(1, "none")]["acc"] == 0
+    assert on_disk.read_samples(file, "t")[(1, "none")]["acc"] == 1
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return fake_run(tmp_path_factory.mktemp("indexed"), "a", FakeEngine())
+
+
+def test_a_run_names_an_index_per_samples_file_and_compare_reads_the_same_run_with_or_without(run, tmp_path,
+                                                                                             monkeypatch):
+    files = json.loads((run / "results.json").read_text())["evalkit"]["files"]
+    assert set(files["sample_index"]) == set(files["samples"]) and files["sample_index"]
+    for task, name in files["sample_index"].items():
+        assert name == files["samples"][task].removesuffix(".jsonl") + ".index.msgpack" and (run / name).is_file()
+    without = on_disk.load_run(run)
+    monkeypatch.setattr(on_disk, "_lines", lambda *a: pytest.fail("a samples file was parsed"))
+    indexed = on_disk.load_run(run)
+    assert repr(indexed.samples) == repr(without.samples) and indexed.results == without.results
+
+
+def test_an_index_named_outside_the_run_folder_is_passed_over(run, tmp_path):
+    copy = tmp_path / "m" / "copy"
+    copy.mkdir(parents=True)
+    results = json.loads((run / "results.json").read_text())
+    for name in results["evalkit"]["files"]["samples"].values():
+        (copy / name).write_bytes((run / name).read_bytes())
+    elsewhere = tmp_path / "elsewhere.index.msgpack"
+    task, name = next(iter(results["evalkit"]["files"]["sample_index"].items()))
+    elsewhere.write_bytes((run / name).read_bytes())
+    results["evalkit"]["files"]["sample_index"] = {task: str(elsewhere)}  # absolute: outside
+    (copy / "results.json").write_text(json.dumps(results))
+    assert repr(on_disk.load_run(copy).samples) == repr(on_disk.load_run(run).samples)
