@@ -60,3 +60,29 @@ def test_moved_best_choices_are_counted_whatever_the_number_of_choices():
     detail = paired.task_detail("t", "none", pairs, {})
     assert detail.logprob["argmax_changed"] == 2 and detail.logprob["choices"] == 10
     assert detail.logprob_diffs[:7] == [0.0, 1.0, -1.0, 0.0, 0.0, 0.5, 1.0]
+
+
+def choices_of(values):
+    return {"resps": [[[repr(v) if isinstance(v, float) else v, "False"]] for v in values]}
+
+
+@pytest.mark.parametrize("shape", ["four choices each", "one document of three", "a choice not a number",
+                                   "a document without choices"])
+def test_the_one_pass_drift_is_the_drift_document_by_document(shape, monkeypatch):
+    rng = __import__("numpy").random.default_rng(7)
+    ref = rng.normal(-8, 2, (300, 4)).round(1).tolist()  # rounded: ties among choices, as numpy's argmax reads them
+    cand = [[v + (0.5 if i % 7 == 0 and j == 1 else 0.0) for j, v in enumerate(row)] for i, row in enumerate(ref)]
+    ref_samples, cand_samples = [choices_of(r) for r in ref], [choices_of(c) for c in cand]
+    if shape == "one document of three":
+        ref_samples[5], cand_samples[5] = choices_of(ref[5][:3]), choices_of(cand[5][:3])
+    elif shape == "a choice not a number":
+        cand_samples[9]["resps"][2][0][0] = "nan?"
+    elif shape == "a document without choices":
+        del ref_samples[11]["resps"]
+    pairs = list(zip(ref_samples, cand_samples))
+    assert paired._same_choices_drift(paired.TaskDetail("t", "none"), pairs) == (shape == "four choices each")
+    one_pass = paired.task_detail("t", "none", pairs, {})
+    monkeypatch.setattr(paired, "_same_choices_drift", lambda detail, pairs: False)
+    by_document = paired.task_detail("t", "none", pairs, {})
+    assert repr(one_pass.logprob_diffs) == repr(by_document.logprob_diffs) and one_pass.logprob == by_document.logprob
+    assert by_document.logprob["argmax_changed"] > 0

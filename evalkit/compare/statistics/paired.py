@@ -191,6 +191,8 @@ def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
     """The log-likelihood documents' drift (pairs: those whose reference has no generation): each choice's change
     in document order (logprob_diffs), and the documents whose best choice moved (argmax_changed), counted for
     each number of choices at once; a document whose runs recorded different numbers of choices is left out."""
+    if _same_choices_drift(detail, pairs):
+        return
     ref_flat: list[float] = []
     cand_flat: list[float] = []
     choices: dict[int, tuple[list[list[float]], list[list[float]]]] = {}  # number of choices -> both runs' lists
@@ -206,6 +208,26 @@ def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
         detail.logprob_diffs = np.subtract(cand_flat, ref_flat).tolist()  # y - x of each choice, as Python floats
         detail.logprob["argmax_changed"] = sum(int((np.argmax(ref, axis=1) != np.argmax(cand, axis=1)).sum())
                                                for ref, cand in choices.values())
+
+
+def _same_choices_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> bool:
+    """_logprob_drift at C speed where every document of both runs recorded as many choices (most tasks: a fixed
+    number of options), each a number: all choices read in one pass per run. False where not so (nothing set)."""
+    resps = [list(map(_RESPS, map(getter, pairs))) for getter in (_FIRST, operator.itemgetter(1))]
+    try:
+        counts = [set(map(len, side)) for side in resps]
+        if len(counts[0]) != 1 or counts[0] != counts[1] or not (choices := counts[0].pop()):
+            return False
+        ref, cand = (np.fromiter(map(float, map(_FIRST, map(_FIRST, itertools.chain.from_iterable(side)))),
+                                 dtype=float, count=len(side) * choices).reshape(len(side), choices) for side in resps)
+    except (TypeError, ValueError, IndexError):  # a document without choices, or one that is not a number
+        return False
+    detail.logprob_diffs = (cand - ref).ravel().tolist()  # y - x of each choice in document order, Python floats
+    detail.logprob["argmax_changed"] = int((np.argmax(ref, axis=1) != np.argmax(cand, axis=1)).sum())
+    return True
+
+
+_RESPS = operator.methodcaller("get", "resps")
 
 
 def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
