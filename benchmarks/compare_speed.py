@@ -14,13 +14,14 @@ is that row:
 * ``perplexity``: a rolling log-likelihood task's word perplexity ((log-likelihood, words) per document: the
   sign-flip test of the documents' log-likelihood changes).
 
-Printed per size and row: the whole command's wall and CPU time and its peak memory (``python -m evalkit.compare
-REF CAND --output DIR`` in a fresh process, as a user runs it, reports written; CPU time is the figure to compare on
-a shared machine; the peak is the process's largest resident set, its VmHWM), and the CPU time of its parts
-measured in this process with evalkit's own functions: reading both runs (runs.load_run), pairing and checking
-their documents (paired.check_comparable), the row's statistics (stats.compare_paired) and the rest of the
-comparison (paired.compare_family less the statistics: the pairs checked again, the sample-level details, the
-verdicts). Printed, not asserted.
+Printed per size and row, reading the runs from their samples files' indexes (as a run writes them) and then from
+the samples files themselves (as for a run written before indexes): the whole command's wall and CPU time and its
+peak memory (``python -m evalkit.compare REF CAND --output DIR`` in a fresh process, as a user runs it, reports
+written; CPU time is the figure to compare on a shared machine; the peak is the process's largest resident set, its
+VmHWM), and the CPU time of its parts measured in this process with evalkit's own functions: reading both runs
+(runs.load_run), pairing and checking their documents (paired.check_comparable), the row's statistics
+(stats.compare_paired) and the rest of the comparison (paired.compare_family less the statistics: the pairs checked
+again, the sample-level details, the verdicts). Printed, not asserted.
 
 Run: python -m benchmarks.compare_speed [--documents 10000 100000] [--kinds acc exact_match mean perplexity]
 [--seed 0]
@@ -42,6 +43,7 @@ import numpy as np
 
 from evalkit.compare import runs
 from evalkit.compare.statistics import paired, stats, tost
+from evalkit.run import sample_index
 
 KINDS = ("acc", "exact_match", "mean", "perplexity")
 SETUP = {  # kind -> (aggregation, higher_is_better)
@@ -112,7 +114,8 @@ def score(kind: str, per_document: list[Any]) -> float:
 
 
 def write_run(folder: Path, kind: str, per_document: list[Any], seed: int) -> None:
-    """A run folder of one task (speed_<kind>) whose samples hold per_document as the kind's metric."""
+    """A run folder of one task (speed_<kind>) whose samples hold per_document as the kind's metric, with the
+    samples file's index as a run writes it (evalkit/run/sample_index.py)."""
     folder.mkdir(parents=True)
     task, rng = f"speed_{kind}", np.random.default_rng(seed)
     metric = "word_perplexity" if kind == "perplexity" else kind
@@ -120,11 +123,13 @@ def write_run(folder: Path, kind: str, per_document: list[Any], seed: int) -> No
     with open(folder / f"samples_{task}.jsonl", "w", encoding="utf-8") as f:
         for i, value in enumerate(per_document):
             f.write(json.dumps(line(kind, i, value, rng)) + "\n")
+    assert sample_index.write(folder / f"samples_{task}.jsonl", folder / f"samples_{task}.index.msgpack")
     results = {"results": {task: {f"{metric},none": score(kind, per_document)}},
                "configs": {task: {"metric_list": [{"metric": metric, "aggregation": aggregation,
                                                    "higher_is_better": higher}]}},
                "higher_is_better": {task: {metric: higher}}, "n-shot": {task: 0}, "versions": {task: 1.0},
-               "evalkit": {"files": {"samples": {task: f"samples_{task}.jsonl"}},
+               "evalkit": {"files": {"samples": {task: f"samples_{task}.jsonl"},
+                                     "sample_index": {task: f"samples_{task}.index.msgpack"}},
                            "engine": {"engine_args": {"dtype": "float32"}, "hardware": {}}}}
     (folder / "results.json").write_text(json.dumps(results))
 
@@ -199,22 +204,25 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print("| documents | row | samples file (MB) | command: wall (s) | command: CPU (s) | command: peak memory (MB) | "
-          "read (s) | pair (s) | statistics (s) | rest (s) | verdict |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|")
+    print("| documents | row | samples file (MB) | read from | command: wall (s) | command: CPU (s) | "
+          "command: peak memory (MB) | read (s) | pair (s) | statistics (s) | rest (s) | verdict |")
+    print("|---:|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|")
     for n in args.documents:
         for kind in args.kinds:
             with tempfile.TemporaryDirectory() as tmp:
-                folder = Path(tmp)
-                ref_values, cand_values = values(kind, n, np.random.default_rng(args.seed))
-                write_run(folder / "m" / "ref", kind, ref_values, args.seed)
-                write_run(folder / "m" / "cand", kind, cand_values, args.seed)
-                size = (folder / "m" / "ref" / f"samples_speed_{kind}.jsonl").stat().st_size / 1e6
-                wall, cpu, peak = command(folder / "m" / "ref", folder / "m" / "cand", folder / "out")
-                t = parts(folder / "m" / "ref", folder / "m" / "cand")
-                print(f"| {n:,} | {kind} | {size:.0f} | {wall:.2f} | {cpu:.2f} | {peak:.0f} | {t['read']:.2f} | "
-                      f"{t['pair']:.2f} | "
-                      f"{t['statistics']:.2f} | {t['rest']:.2f} | {t['verdict']} |", flush=True)
+                runs_ = [Path(tmp) / "m" / "ref", Path(tmp) / "m" / "cand"]
+                for run, per_document in zip(runs_, values(kind, n, np.random.default_rng(args.seed))):
+                    write_run(run, kind, per_document, args.seed)
+                size = (runs_[0] / f"samples_speed_{kind}.jsonl").stat().st_size / 1e6
+                for source in ("index", "samples"):  # as a run writes it, then as one written before indexes
+                    if source == "samples":
+                        for run in runs_:
+                            (run / f"samples_speed_{kind}.index.msgpack").unlink()
+                    wall, cpu, peak = command(*runs_, Path(tmp) / "out")
+                    t = parts(*runs_)
+                    print(f"| {n:,} | {kind} | {size:.0f} | {source} | {wall:.2f} | {cpu:.2f} | {peak:.0f} | "
+                          f"{t['read']:.2f} | {t['pair']:.2f} | {t['statistics']:.2f} | {t['rest']:.2f} | "
+                          f"{t['verdict']} |", flush=True)
 
 
 if __name__ == "__main__":

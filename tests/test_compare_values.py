@@ -497,3 +497,30 @@ def test_the_drawn_sign_flips_are_summed_exactly_through_the_byte_tables(n):
     assert always == int((~kept).sum()) and len(flipped_d) == int(kept.sum())
     np.testing.assert_allclose(flipped_d, signs[kept] @ d, rtol=0, atol=1e-9)
     np.testing.assert_allclose(flipped_u, signs[kept] @ u, rtol=0, atol=1e-9)
+
+
+def test_the_drawn_sign_flips_are_the_same_on_any_number_of_threads(monkeypatch):
+    """Blocks of patterns are drawn in order on one thread and summed on several: the sums, in the order drawn, are
+    those of one thread, block for block (8 blocks here, a third still being summed when the next is drawn)."""
+    from evalkit.compare.statistics import means
+
+    n, draws = 1003, 5000
+    rng = np.random.default_rng(n)
+    d, u = rng.normal(0.0, 1.0, n), rng.uniform(1.0, 5.0, n)
+    groups = -(-n // 8)
+    monkeypatch.setattr(means, "MAX_CELLS", 700 * groups)  # blocks of 700 patterns
+    found = {}
+    for threads in (1, 3):
+        monkeypatch.setattr(means, "THREADS", threads)
+        found[threads] = means.flipped_sums([d, u], draws, seed=3)
+    (one_d, one_u), one_always = found[1]
+    (many_d, many_u), many_always = found[3]
+    assert one_always == many_always and np.array_equal(one_d, many_d) and np.array_equal(one_u, many_u)
+    drawing = np.random.default_rng(3)
+    blocks = [drawing.integers(0, 256, size=(min(700, draws - start), groups), dtype=np.uint8)
+              for start in range(0, draws, 700)]
+    drawn = np.concatenate(blocks)
+    drawn[:, -1] &= (1 << (n - 8 * (groups - 1))) - 1
+    bits = np.unpackbits(drawn, axis=1, bitorder="little")[:, :n]
+    kept = bits.any(axis=1)
+    np.testing.assert_allclose(many_d, (1 - 2 * bits[kept].astype(float)) @ d, rtol=0, atol=1e-9)

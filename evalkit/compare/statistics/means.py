@@ -37,13 +37,17 @@ intervals they invert. Pure functions, no I/O.
 
 from __future__ import annotations
 
+import collections
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 EXACT_MAX = 16  # documents up to which every sign pattern is enumerated (2^16 patterns)
 MAX_CELLS = 1 << 21  # signs held at once when drawing patterns
+THREADS = min(8, os.cpu_count() or 1)  # threads that sum the drawn patterns of many documents
 BET_CAP = 0.75  # the largest bet as a share of what the bettor could lose at the bound (the paper's c)
 
 
@@ -120,17 +124,28 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
     totals = [float(x.sum()) for x in columns]
     offsets = np.arange(groups, dtype=np.intp) * 256
     last = (1 << (n - 8 * (groups - 1))) - 1  # the last group's bits that are documents
-    rng, rows = np.random.default_rng(seed), max(1, MAX_CELLS // groups)
-    sums, always = [[] for _ in columns], 0
-    for start in range(0, draws, rows):
-        drawn = rng.integers(0, 256, size=(min(rows, draws - start), groups), dtype=np.uint8)
+
+    def summed(drawn: np.ndarray) -> tuple[list[np.ndarray], int]:
         drawn[:, -1] &= last
         same = ~drawn.any(axis=1)
-        always += int(same.sum())
         where = drawn[~same] + offsets
-        for found, table, total in zip(sums, tables, totals):
-            found.append(total - 2.0 * table[where].sum(axis=1))
-    return [np.concatenate(found) for found in sums], always
+        return [total - 2.0 * table[where].sum(axis=1) for table, total in zip(tables, totals)], int(same.sum())
+
+    # drawn in order on this thread, summed on THREADS (numpy lets go of the GIL): the same sums on any machine
+    rng, rows = np.random.default_rng(seed), max(1, MAX_CELLS // groups)
+    found: collections.deque = collections.deque()
+    sums, always = [[] for _ in columns], 0
+    with ThreadPoolExecutor(THREADS) as pool:
+        for start in range(0, draws + rows, rows):
+            while found and (len(found) > 2 * THREADS or start >= draws):  # at most that many blocks held at once
+                block, plus = found.popleft().result()
+                always += plus
+                for column, part in zip(sums, block):
+                    column.append(part)
+            if start < draws:
+                found.append(pool.submit(summed, rng.integers(0, 256, size=(min(rows, draws - start), groups),
+                                                              dtype=np.uint8)))
+    return [np.concatenate(column) for column in sums], always
 
 
 def sign_flip(differences: np.ndarray, *, draws: int, seed: int = 0, units: np.ndarray | None = None) -> SignFlip:
