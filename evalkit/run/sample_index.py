@@ -14,6 +14,8 @@ builds no object for what it is not asked for and has no code execution in its f
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -156,10 +158,15 @@ def read(samples: Path, index: Path) -> list[dict[str, Any]] | None:
 
 
 def _sha256(path: Path) -> tuple[int, str] | None:
-    """(size, SHA-256) of a regular file's bytes; None where it cannot be read."""
+    """(size, SHA-256) of a regular file's bytes; None where it cannot be read. The file is mapped and hashed in
+    one call, which holds no GIL: hashed a block at a time, each block would wait for the GIL until the index's
+    decoding, one call that holds it throughout, were done."""
     try:
         with open_regular(path) as f:
-            digest = hashlib.file_digest(f, "sha256")
-            return f.tell(), digest.hexdigest()
-    except OSError:
+            size = os.fstat(f.fileno()).st_size
+            if not size:
+                return 0, hashlib.sha256().hexdigest()
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                return len(mapped), hashlib.sha256(mapped).hexdigest()
+    except (OSError, ValueError):  # ValueError: mmap's, for a file emptied meanwhile
         return None
