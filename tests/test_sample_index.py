@@ -97,6 +97,15 @@ def test_an_index_is_believed_when_bound_to_the_files_bytes(tmp_path):
     assert on_disk.read_samples(file, "t")[(1, "none")]["acc"] == 1
 
 
+def test_a_bound_index_of_odd_values_is_read_as_a_file_of_them_would_be(tmp_path):
+    file, index, _ = written(tmp_path, [json.dumps(line(i)) for i in range(3)])
+    found = sample_index._DECODER.decode(index.read_bytes())
+    found.lines[0]["metrics"], found.lines[1]["metrics"] = [{"not": "a name"}], "acc"
+    index.write_bytes(sample_index.msgspec.msgpack.encode(found))
+    read = on_disk.read_samples(file, "t", index)
+    assert read[(0, "none")]["metrics"] == [{"not": "a name"}] and read[(1, "none")]["metrics"] == "acc"
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     return fake_run(tmp_path_factory.mktemp("indexed"), "a", FakeEngine())

@@ -139,7 +139,7 @@ def _shared(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
     """A held line read from an index, its list of metrics held once per file as held() holds it (the pairing
     walks each distinct list once)."""
     metrics = sample.get("metrics")
-    if type(metrics) is list:
+    if type(metrics) is list and all(type(m) is str for m in metrics):  # else unhashable, or not what held shares
         sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
     return sample
 
