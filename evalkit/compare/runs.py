@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from evalkit.run import sample_index
 from evalkit.run.results import sample_files
-from evalkit.run.sample_index import held, quick
+from evalkit.run.sample_index import BLANK, held, line_value, shared_metrics
 from evalkit.untrusted import (OutsideFolder, TooLarge, file_limit, inside, json_data, open_regular, printable,
                                read_bounded, too_large)
 
@@ -61,11 +61,16 @@ def _text(file: Path) -> str:
 def _json(text: str, where: str) -> Any:
     try:
         return json_data(text)
-    except json.JSONDecodeError as error:
-        raise CompareError(f"{where}: not JSON ({error.msg} at line {error.lineno}, column {error.colno}): a "
-                           "truncated or damaged file; rerun or copy it again") from None
     except ValueError as error:
-        raise CompareError(f"{where}: {error}") from None
+        raise _not_json(error, where) from None
+
+
+def _not_json(error: ValueError, where: str) -> CompareError:
+    """json_data's refusal of the text at where, in one line."""
+    if isinstance(error, json.JSONDecodeError):
+        return CompareError(f"{where}: not JSON ({error.msg} at line {error.lineno}, column {error.colno}): a "
+                            "truncated or damaged file; rerun or copy it again")
+    return CompareError(f"{where}: {error}")
 
 
 def _lines(file: Path) -> Iterator[tuple[int, int, bytes]]:
@@ -89,14 +94,12 @@ def _lines(file: Path) -> Iterator[tuple[int, int, bytes]]:
         raise CompareError(f"{file}: cannot be read ({error.strerror or error})") from None
 
 
-def _decoded(line: bytes, offset: int, file: Path) -> str:
-    """line as text; a byte that is not UTF-8 is the file's CompareError, its position counted in the file."""
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as error:
-        where = re.sub(r"position (\d+)(-(\d+))?", lambda m: "position " + "-".join(
-            str(int(n) + offset) for n in m.group(1, 3) if n is not None), str(error), count=1)
-        raise CompareError(f"{file}: cannot be read ({where})") from None
+def _undecodable(error: UnicodeDecodeError, offset: int, file: Path) -> CompareError:
+    """A byte that is not UTF-8 in the line at offset, as the file's CompareError, its position counted in the
+    file."""
+    where = re.sub(r"position (\d+)(-(\d+))?", lambda m: "position " + "-".join(
+        str(int(n) + offset) for n in m.group(1, 3) if n is not None), str(error), count=1)
+    return CompareError(f"{file}: cannot be read ({where})")
 
 
 @contextlib.contextmanager
@@ -136,24 +139,22 @@ def read_samples(file: Path, task: str, index: Path | None = None) -> dict[tuple
 
 
 def _shared(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
-    """A held line read from an index, its list of metrics held once per file as held() holds it (the pairing
-    walks each distinct list once)."""
-    metrics = sample.get("metrics")
-    if type(metrics) is list and all(type(m) is str for m in metrics):  # else unhashable, or not what held shares
-        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
+    """A held line read from an index, its list of metrics held once per file as held() holds it."""
+    shared_metrics(sample, seen)
     return sample
 
 
 def _parsed(numbered: Iterator[tuple[int, int, bytes]], file: Path) -> Iterator[tuple[int, Any]]:
     """(line number, JSON value) of each line that is not blank."""
     for number, offset, line in numbered:
-        sample = quick(line)
-        if sample is None:
-            text = _decoded(line, offset, file)
-            if not text.strip():
-                continue
-            sample = _json(text, f"{file}, line {number}")
-        yield number, sample
+        try:
+            sample = line_value(line)
+        except UnicodeDecodeError as error:
+            raise _undecodable(error, offset, file) from None
+        except ValueError as error:
+            raise _not_json(error, f"{file}, line {number}") from None
+        if sample is not BLANK:
+            yield number, sample
 
 
 def _keyed(numbered: Iterator[tuple[int, Any]], file: Path, task: str,

@@ -6,9 +6,10 @@ compare reads an index instead of parsing the samples file's JSON only when the 
 (same name, size and SHA-256, hashed on a second thread while the index is decoded); an index that is missing,
 damaged, of another format or of other bytes is passed over and the samples file read as ever. An index is
 therefore never needed and never changes what compare reads: it holds exactly what compare's reading of each
-line holds (held, on the line as the stdlib json reads it), and none is written for a file whose lines msgpack
-cannot carry exactly (an integer past 64 bits, a lone surrogate) or that compare would refuse. MessagePack (msgspec): its decoder
-builds no object for what it is not asked for and has no code execution in its format, unlike pickle.
+line holds (held, on line_value, the line as the stdlib json reads it), and none is written for a file whose lines
+msgpack cannot carry exactly (an integer past 64 bits, a lone surrogate) or that compare would refuse. MessagePack
+(msgspec): its decoder builds no object for what it is not asked for and has no code execution in its format,
+unlike pickle.
 """
 
 from __future__ import annotations
@@ -41,10 +42,7 @@ def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
     what is read (a key its own metrics name is kept whole, whatever its name). seen: what the lines of a file
     share, held once (equal metrics lists, equal arguments: a multiple-choice task's choices are often the same).
     Held again, a held line is the same."""
-    metrics = sample.get("metrics")
-    named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
-    if named:
-        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
+    named = shared_metrics(sample, seen)
     for key in DROPPED:
         if key in sample and key not in named:
             del sample[key]
@@ -60,6 +58,16 @@ def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
                               for i, r in enumerate(requests)
                               if i == 0 or not isinstance(r, dict) or r.get("kind") == "generate_until"]
     return sample
+
+
+def shared_metrics(sample: dict[str, Any], seen: dict[Any, Any]) -> set[str] | tuple[()]:
+    """The metrics a sample line names, its list of them held once per file in seen (the pairing walks each
+    distinct list once); none where it names none or its list is not of names (left as it is)."""
+    metrics = sample.get("metrics")
+    named = set(metrics) if isinstance(metrics, list) and all(isinstance(m, str) for m in metrics) else ()
+    if named:
+        sample["metrics"] = seen.setdefault(("metrics", *metrics), metrics)
+    return named
 
 
 def _arguments(arguments: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
@@ -88,13 +96,28 @@ def _long_number(line: bytes) -> bool:
     return LONG_NUMBER in mapped or mapped.startswith(LONG_NUMBER[1:])
 
 
-def quick(line: bytes) -> Any:
+def _quick(line: bytes) -> Any:
     """orjson's reading of a line, or None where the stdlib json must read it: orjson refuses it (NaN, a lone
     surrogate, damage) or may read it otherwise (an integer past 64 bits), or it is JSON's null."""
     try:
         return None if _long_number(line) else orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
+
+
+BLANK = object()  # line_value's answer for a line of white space, which a samples file may hold between lines
+
+
+def line_value(line: bytes) -> Any:
+    """The JSON value of one line of a samples file as compare reads it, and as the stdlib json reads it: orjson's
+    where it reads the line as the stdlib does, else untrusted.json_data's of the line as UTF-8; BLANK where the
+    line is white space (Unicode's too). UnicodeDecodeError, json.JSONDecodeError or another ValueError (untrusted.
+    json_data's) where it is none of these."""
+    value = _quick(line)
+    if value is not None:
+        return value
+    text = line.decode("utf-8")
+    return json_data(text) if text.strip() else BLANK
 
 
 class _Bound(msgspec.Struct, forbid_unknown_fields=True):
@@ -120,15 +143,12 @@ def write(samples: Path, index: Path) -> bool:
         for line in f:  # split at newlines only, as compare splits them (JSON Lines)
             digest.update(line)
             size += len(line)
-            sample = quick(line)
-            if sample is None:
-                try:
-                    text = line.decode("utf-8")
-                    if not text.strip():
-                        continue
-                    sample = json_data(text)
-                except ValueError:  # UnicodeDecodeError and JSONDecodeError too: compare refuses the file
-                    return False
+            try:
+                sample = line_value(line)
+            except ValueError:  # UnicodeDecodeError and JSONDecodeError too: compare refuses the file
+                return False
+            if sample is BLANK:
+                continue
             if not isinstance(sample, dict) or not isinstance(sample.get("doc_id"), int):
                 return False
             lines.append(held(sample, seen))
