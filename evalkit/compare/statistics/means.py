@@ -131,21 +131,20 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
         where = drawn[~same] + offsets
         return [total - 2.0 * table[where].sum(axis=1) for table, total in zip(tables, totals)], int(same.sum())
 
-    # drawn in order on this thread, summed on THREADS (numpy lets go of the GIL): the same sums on any machine
+    # drawn in order on this thread, summed on THREADS (numpy lets go of the GIL), taken in the order drawn: the
+    # same sums on any machine; at most 2 * THREADS blocks are held at once
     rng, rows = np.random.default_rng(seed), max(1, MAX_CELLS // groups)
-    found: collections.deque = collections.deque()
-    sums, always = [[] for _ in columns], 0
+    pending: collections.deque = collections.deque()
+    blocks = []
     with ThreadPoolExecutor(THREADS) as pool:
-        for start in range(0, draws + rows, rows):
-            while found and (len(found) > 2 * THREADS or start >= draws):  # at most that many blocks held at once
-                block, plus = found.popleft().result()
-                always += plus
-                for column, part in zip(sums, block):
-                    column.append(part)
-            if start < draws:
-                found.append(pool.submit(summed, rng.integers(0, 256, size=(min(rows, draws - start), groups),
-                                                              dtype=np.uint8)))
-    return [np.concatenate(column) for column in sums], always
+        for start in range(0, draws, rows):
+            drawn = rng.integers(0, 256, size=(min(rows, draws - start), groups), dtype=np.uint8)
+            pending.append(pool.submit(summed, drawn))
+            if len(pending) > 2 * THREADS:
+                blocks.append(pending.popleft().result())
+        blocks += [block.result() for block in pending]
+    return ([np.concatenate([parts[i] for parts, _ in blocks]) for i in range(len(columns))],
+            sum(plus for _, plus in blocks))
 
 
 def sign_flip(differences: np.ndarray, *, draws: int, seed: int = 0, units: np.ndarray | None = None) -> SignFlip:
