@@ -13,6 +13,7 @@ import pytest
 
 from evalkit.compare import cli
 from evalkit.compare import runs as on_disk
+from evalkit.run import sample_index
 from evalkit.untrusted import printable
 from tests.test_compare import fake_run, task_run
 from tests.fake_engine import FakeEngine
@@ -93,24 +94,34 @@ def test_a_damaged_line_is_refused_as_before(tmp_path, content, message):
 def test_only_what_compare_reads_is_held(tmp_path):
     """The document, the filtered responses, the scores' copy, the prompt in each choice's arguments (a
     generation's arguments whole), the request records but the first and the generations', and their other fields
-    are not held; a line's own metric named like one of them is kept whole."""
+    are not held; the responses are held as each choice's log-likelihood, a number; a line's own metric named like
+    one of them is kept whole."""
     full = line(0, doc={"question": "q" * 1000}, filtered_resps=["x"], scores={"acc": 1}, resps=[[["-1.5", "False"]]],
                 arguments={"gen_args_0": {"arg_0": "p" * 1000, "arg_1": " yes"}},
                 requests=[{"kind": "loglikelihood", "prompt_tokens": 9, "output_tokens": 0, "output_ids": None,
                            "truncated_tokens": 0, "extra": {"continuation_tokens": 1}}], prompt="p" * 1000)
     named = {**line(1, metrics=["scores"]), "scores": [1, 2]}
     record = {"prompt_tokens": 9, "output_tokens": 2, "output_ids": [5, 6], "truncated_tokens": 0, "clamped": False}
-    generation = line(2, raw_output=" 13", arguments={"gen_args_0": {"arg_0": "p" * 1000, "arg_1": {"until": ["\n"]}}},
+    generation = line(2, raw_output=" Thirteen", resps=[[" Thirteen"]],
+                      arguments={"gen_args_0": {"arg_0": "p" * 1000, "arg_1": {"until": ["\n"]}}},
                       requests=[{"kind": "loglikelihood", **record}, {"kind": "loglikelihood", **record},
                                 {"kind": "generate_until", **record}])
     file = tmp_path / "samples_t.jsonl"
     file.write_text("".join(json.dumps(s) + "\n" for s in (full, named, generation)))
     read = on_disk.read_samples(file, "t")
-    assert read[(0, "none")] == {**{k: v for k, v in full.items() if k not in ("doc", "filtered_resps", "scores")},
-                                 "arguments": {"gen_args_0": {"arg_1": " yes"}},
+    dropped = ("doc", "filtered_resps", "scores", "resps")
+    assert read[(0, "none")] == {**{k: v for k, v in full.items() if k not in dropped},
+                                 sample_index.LOGPROBS: [-1.5], "arguments": {"gen_args_0": {"arg_1": " yes"}},
                                  "requests": [{"kind": "loglikelihood", "prompt_tokens": 9, "output_ids": None,
                                                "truncated_tokens": 0}]}
     assert read[(1, "none")]["scores"] == [1, 2]
+    assert sample_index.choice_logprobs(read[(0, "none")]) == [-1.5]
+    assert sample_index.choice_logprobs(read[(2, "none")]) is None  # resps: the generation's text, not a number
+    kept_whole = {**line(3, metrics=["resps"]), "resps": [[["-2.5", "False"]]]}
+    other = tmp_path / "samples_u.jsonl"
+    other.write_text(json.dumps(kept_whole) + "\n")
+    named_resps = on_disk.read_samples(other, "u")[(3, "none")]
+    assert named_resps["resps"] == kept_whole["resps"] and sample_index.choice_logprobs(named_resps) == [-2.5]
     kept = {k: v for k, v in record.items() if k in ("prompt_tokens", "output_ids", "truncated_tokens")}
     assert "arguments" not in read[(2, "none")]  # the page shows a generation's output, not its arguments
     assert read[(2, "none")]["requests"] == [{"kind": "loglikelihood", **kept}, {"kind": "generate_until", **kept}]

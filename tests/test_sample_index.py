@@ -71,16 +71,27 @@ def other_format(index):
 def doubled(index):
     """An index whose recorded bytes are the file's but that holds a document twice (a damaged index)."""
     found = sample_index._DECODER.decode(index.read_bytes())
-    found.lines.append(found.lines[0])
+    for column in (found.lines, found.logprobs, found.arguments_of):
+        column.append(column[0])
+    index.write_bytes(sample_index.msgspec.msgpack.encode(found))
+
+
+def misplaced(index):
+    """An index whose recorded bytes are the file's but whose shared arguments point past their table."""
+    found = sample_index._DECODER.decode(index.read_bytes())
+    found.arguments_of[1] = len(found.arguments)
+    found.lines[1]["arguments"] = None
     index.write_bytes(sample_index.msgspec.msgpack.encode(found))
 
 
 @pytest.mark.parametrize("damage", ["samples edited", "index truncated", "index of another format",
-                                    "index holds a document twice", "index removed", "index is a folder"])
+                                    "index holds a document twice", "index's shared arguments misplaced",
+                                    "index removed", "index is a folder"])
 def test_an_index_not_made_from_these_bytes_is_passed_over(tmp_path, damage):
     file, index, _ = written(tmp_path, [json.dumps(line(i)) for i in range(5)])
     {"samples edited": lambda: edited(file), "index truncated": lambda: truncated(index),
      "index of another format": lambda: other_format(index), "index holds a document twice": lambda: doubled(index),
+     "index's shared arguments misplaced": lambda: misplaced(index),
      "index removed": index.unlink, "index is a folder": lambda: (index.unlink(), index.mkdir())}[damage]()
     assert repr(on_disk.read_samples(file, "t", index)) == repr(on_disk.read_samples(file, "t"))
     if damage == "samples edited":
@@ -104,6 +115,27 @@ def test_a_bound_index_of_odd_values_is_read_as_a_file_of_them_would_be(tmp_path
     index.write_bytes(sample_index.msgspec.msgpack.encode(found))
     read = on_disk.read_samples(file, "t", index)
     assert read[(0, "none")]["metrics"] == [{"not": "a name"}] and read[(1, "none")]["metrics"] == "acc"
+
+
+def test_choices_shared_by_documents_are_held_once_and_read_back_shared(tmp_path, monkeypatch):
+    """A multiple-choice task whose documents offer the same choices (" A" to " D") holds them once in the index,
+    and compare reads them back as one object, as from the file; each choice's log-likelihood is a number."""
+    def choices(i, texts):
+        return line(i, arguments={f"gen_args_{j}": {"arg_0": f"Question {i}", "arg_1": t} for j, t in enumerate(texts)},
+                    resps=[[[str(-1.0 - j - i / 8), "False"]] for j in range(len(texts))], raw_output=None)
+    letters, others = [" A", " B", " C", " D"], [["x", "y"], ["u", "v"]]
+    lines = [choices(i, letters) for i in range(4)] + [choices(4 + i, texts) for i, texts in enumerate(others)]
+    file, index, wrote = written(tmp_path, [json.dumps(sample) for sample in lines])
+    found = sample_index._DECODER.decode(index.read_bytes())
+    assert wrote and found.arguments == [{f"gen_args_{j}": {"arg_1": t} for j, t in enumerate(letters)}]
+    assert found.arguments_of == [0, 0, 0, 0, -1, -1] and found.logprobs[5] == [-1.625, -2.625]
+    from_file = on_disk.read_samples(file, "t")
+    monkeypatch.setattr(on_disk, "_lines", lambda *a: pytest.fail("the samples file was parsed"))
+    from_index = on_disk.read_samples(file, "t", index)
+    assert repr(from_index) == repr(from_file)
+    for read in (from_file, from_index):
+        assert all(read[(i, "none")]["arguments"] is read[(0, "none")]["arguments"] for i in range(4))
+        assert sample_index.choice_logprobs(read[(5, "none")]) == [-1.625, -2.625]
 
 
 @pytest.fixture(scope="module")

@@ -130,8 +130,8 @@ def read_samples(file: Path, task: str, index: Path | None = None) -> dict[tuple
     passes the same checks; else the file is read."""
     lines = sample_index.read(file, index) if index is not None else None
     if lines is not None:
-        try:
-            return _keyed(enumerate(lines, 1), file, task, _shared)  # held when the index was written
+        try:  # held when the index was written
+            return _keyed_at_once(lines) or _keyed(enumerate(lines, 1), file, task, _shared)
         except CompareError:  # an index whose lines compare refuses: the file's own reading says where
             pass
     with contextlib.closing(_lines(file)) as numbered:  # closed, and the file with it, when a line is refused
@@ -142,6 +142,31 @@ def _shared(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
     """A held line read from an index, its list of metrics held once per file as held() holds it."""
     shared_metrics(sample, seen)
     return sample
+
+
+def _keyed_at_once(lines: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]] | None:
+    """_keyed(enumerate(lines, 1), ..., _shared) of an index's lines (dicts, as its decoder reads them), each check
+    made of all lines at once, in C: where every doc_id is an int, every filter a text and every list of metrics a
+    list of texts, each (doc_id, filter) once. None where not so: _keyed then checks line by line, and names the
+    line it refuses."""
+    ids, filters, metrics = (list(map(get, lines)) for get in (_DOC_ID, _FILTER, _METRICS))
+    if not lines or set(map(type, ids)) != {int} or set(map(type, filters)) != {str}:
+        return None
+    shown = {filt: printable(filt) for filt in set(filters)}
+    samples = dict(zip(zip(ids, map(shown.__getitem__, filters)), lines))
+    if len(samples) != len(lines) or set(map(type, metrics)) != {list}:
+        return None
+    names = list(map(tuple, metrics))
+    shared = dict(zip(names, metrics))  # one list per distinct list of names, as shared_metrics holds them
+    if not all(type(name) is str for key in shared for name in key):
+        return None
+    for sample, key in zip(lines, names):
+        sample["metrics"] = shared[key]
+    return samples
+
+
+_DOC_ID, _FILTER, _METRICS = (operator.methodcaller("get", *key) for key in (("doc_id",), ("filter", "none"),
+                                                                              ("metrics",)))
 
 
 def _parsed(numbered: Iterator[tuple[int, int, bytes]], file: Path) -> Iterator[tuple[int, Any]]:

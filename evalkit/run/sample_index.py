@@ -14,8 +14,10 @@ unlike pickle.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import mmap
+import operator
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +28,7 @@ import orjson
 
 from evalkit.untrusted import TooLarge, json_data, open_regular, read_bounded
 
-FORMAT = "evalkit sample index 1"  # changed whenever held() keeps something else: an older index is passed over
+FORMAT = "evalkit sample index 2"  # changed whenever held() keeps something else: an older index is passed over
 
 # What compare, its pages and --locate never read of a sample line: lm-eval's copy of the document, its filtered
 # responses and evalkit's per-metric copy of the scores; of the request arguments only each choice's continuation
@@ -35,6 +37,9 @@ FORMAT = "evalkit sample index 1"  # changed whenever held() keeps something els
 # times the line), goes with them.
 DROPPED = ("doc", "filtered_resps", "scores")
 REQUEST_FIELDS = ("kind", "output_ids", "prompt_tokens", "truncated_tokens")
+# Of lm-eval's responses (resps), compare reads only each choice's log-likelihood: held keeps them read as numbers
+# under this key, which no JSON line can hold (a JSON object's keys are texts), and drops resps (choice_logprobs).
+LOGPROBS = ("evalkit", "choice_logprobs")
 
 
 def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
@@ -43,6 +48,8 @@ def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
     share, held once (equal metrics lists, equal arguments: a multiple-choice task's choices are often the same).
     Held again, a held line is the same."""
     named = shared_metrics(sample, seen)
+    if LOGPROBS not in sample:
+        sample[LOGPROBS] = _logprobs(sample.get("resps") if "resps" in named else sample.pop("resps", None))
     for key in DROPPED:
         if key in sample and key not in named:
             del sample[key]
@@ -58,6 +65,23 @@ def held(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
                               for i, r in enumerate(requests)
                               if i == 0 or not isinstance(r, dict) or r.get("kind") == "generate_until"]
     return sample
+
+
+def choice_logprobs(sample: dict[str, Any]) -> list[float] | None:
+    """Each choice's log-likelihood lm-eval recorded in a sample's resps (resps[i][0][0] of each choice, read as a
+    float; [] where resps is empty or absent), as held keeps it; None where resps is not that (a generation's text,
+    damage). A sample not held (one built in memory) is read from its resps."""
+    return sample[LOGPROBS] if LOGPROBS in sample else _logprobs(sample.get("resps"))
+
+
+def _logprobs(resps: Any) -> list[float] | None:
+    try:
+        return list(map(float, map(_FIRST, map(_FIRST, resps or []))))  # [float(r[0][0]) for r in resps], in C
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):  # OverflowError: an integer past 1e308
+        return None
+
+
+_FIRST = operator.itemgetter(0)
 
 
 def shared_metrics(sample: dict[str, Any], seen: dict[Any, Any]) -> set[str] | tuple[()]:
@@ -129,7 +153,10 @@ class _Bound(msgspec.Struct, forbid_unknown_fields=True):
 class _Index(msgspec.Struct, forbid_unknown_fields=True):
     format: str
     samples: _Bound
-    lines: list[dict[str, Any]]
+    lines: list[dict[str, Any]]  # held lines in order, less LOGPROBS; a shared arguments object left as None
+    logprobs: list[list[float] | None]  # each line's LOGPROBS
+    arguments: list[dict[str, Any]]  # the arguments objects lines share (held's seen), each once
+    arguments_of: list[int]  # each line's: its place in arguments, or -1 where the line holds its own
 
 
 _DECODER = msgspec.msgpack.Decoder(_Index)
@@ -153,8 +180,17 @@ def write(samples: Path, index: Path) -> bool:
                 return False
             lines.append(held(sample, seen))
     bound = _Bound(name=samples.name, size=size, sha256=digest.hexdigest())
+    logprobs = [sample.pop(LOGPROBS) for sample in lines]
+    shared = {id(arguments): arguments for arguments in seen.values() if isinstance(arguments, dict)}
+    counts = collections.Counter(id(sample.get("arguments")) for sample in lines)
+    places = {key: place for place, key in enumerate(key for key in shared if counts[key] > 1)}
+    arguments_of = [places.get(id(sample.get("arguments")), -1) for sample in lines]
+    for sample, place in zip(lines, arguments_of):
+        if place >= 0:
+            sample["arguments"] = None
     try:
-        data = msgspec.msgpack.encode(_Index(format=FORMAT, samples=bound, lines=lines))
+        data = msgspec.msgpack.encode(_Index(format=FORMAT, samples=bound, lines=lines, logprobs=logprobs,
+                                             arguments=[shared[key] for key in places], arguments_of=arguments_of))
     except (OverflowError, TypeError, ValueError):  # an integer past 64 bits, a lone surrogate (a string's
         return False  # escaped half of a pair, which MessagePack's UTF-8 cannot hold): compare reads them exactly
     index.write_bytes(data)
@@ -174,7 +210,22 @@ def read(samples: Path, index: Path) -> list[dict[str, Any]] | None:
         bound = found.samples
         if found.format != FORMAT or bound.name != samples.name or (bound.size, bound.sha256) != digest.result():
             return None
-    return found.lines
+    return _whole(found)
+
+
+def _whole(found: _Index) -> list[dict[str, Any]] | None:
+    """found's lines as held holds them: each line's LOGPROBS and shared arguments put back (in their places);
+    None where the columns do not fit the lines (a damaged index)."""
+    lines, shared, places = found.lines, found.arguments, found.arguments_of
+    if not len(lines) == len(found.logprobs) == len(places) or not all(-1 <= place < len(shared) for place in places):
+        return None
+    for sample, logprobs, place in zip(lines, found.logprobs, places):
+        if place >= 0:
+            if sample.get("arguments", 0) is not None:  # the place a shared object is put back
+                return None
+            sample["arguments"] = shared[place]
+        sample[LOGPROBS] = logprobs
+    return lines
 
 
 def _sha256(path: Path) -> tuple[int, str] | None:

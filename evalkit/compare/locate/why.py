@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from evalkit.contracts import ScoreRequest, TokenTrace
+from evalkit.run import sample_index
 
 NEAR_TIE = 0.1
 """Nats: two tokens this close on both engines are a coin flip for any engine. Their probabilities are then
@@ -211,12 +212,7 @@ class ChoiceChange:
 
 def choice_logprobs(sample: dict[str, Any]) -> list[float] | None:
     """Per-choice log-likelihoods lm-eval recorded in a log-likelihood sample's resps; None otherwise."""
-    if sample.get("raw_output") is not None:
-        return None
-    try:
-        return [float(r[0][0]) for r in sample.get("resps") or []] or None
-    except (TypeError, ValueError, IndexError):
-        return None
+    return None if sample.get("raw_output") is not None else sample_index.choice_logprobs(sample) or None
 
 
 def choice_change(task: str, ref: dict[str, Any], cand: dict[str, Any], *, near_tie: float,

@@ -35,6 +35,7 @@ from evalkit.compare.statistics import metric_rows, stats, verdict
 from evalkit.compare.statistics.metric_rows import compare_values, group_rows
 from evalkit.compare.runs import CompareError, Run, check_like_for_like, collector_paused, recorded_scores
 from evalkit.compare.statistics.verdict import Tolerances
+from evalkit.run.sample_index import choice_logprobs
 
 @dataclass
 class TaskDetail:
@@ -62,17 +63,6 @@ def first_divergence(ref: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any
         token = next((i for i, (x, y) in enumerate(zip(*ids)) if x != y), min(len(ids[0]), len(ids[1])))
     return {"doc_id": ref["doc_id"], "token_index": token, "char_index": char,
             "common": a[max(0, char - 40):char], "reference": a[char:char + 80], "candidate": b[char:char + 80]}
-
-
-def _choice_logprobs(sample: dict[str, Any]) -> list[float] | None:
-    resps = sample.get("resps") or []
-    try:
-        return list(map(float, map(_FIRST, map(_FIRST, resps))))  # [float(r[0][0]) for r in resps], in C
-    except (TypeError, ValueError, IndexError):
-        return None
-
-
-_FIRST = operator.itemgetter(0)
 
 
 def metric_values(pairs: list[tuple[dict, dict]], metric: str) -> tuple[list[Any], list[Any]]:
@@ -196,8 +186,8 @@ def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
     ref_flat: list[float] = []
     cand_flat: list[float] = []
     choices: dict[int, tuple[list[list[float]], list[list[float]]]] = {}  # number of choices -> both runs' lists
-    for ref_lp, cand_lp in zip(map(_choice_logprobs, map(_FIRST, pairs)),
-                               map(_choice_logprobs, map(operator.itemgetter(1), pairs))):
+    for ref_lp, cand_lp in zip(map(choice_logprobs, map(_FIRST, pairs)),
+                               map(choice_logprobs, map(operator.itemgetter(1), pairs))):
         if ref_lp and cand_lp and len(ref_lp) == len(cand_lp):
             ref_flat += ref_lp
             cand_flat += cand_lp
@@ -213,21 +203,18 @@ def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
 def _same_choices_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> bool:
     """_logprob_drift at C speed where every document of both runs recorded as many choices (most tasks: a fixed
     number of options), each a number: all choices read in one pass per run. False where not so (nothing set)."""
-    resps = [list(map(_RESPS, map(getter, pairs))) for getter in (_FIRST, operator.itemgetter(1))]
+    logprobs = [list(map(choice_logprobs, map(getter, pairs))) for getter in (_FIRST, operator.itemgetter(1))]
     try:
-        counts = [set(map(len, side)) for side in resps]
+        counts = [set(map(len, side)) for side in logprobs]
         if len(counts[0]) != 1 or counts[0] != counts[1] or not (choices := counts[0].pop()):
             return False
-        ref, cand = (np.fromiter(map(float, map(_FIRST, map(_FIRST, itertools.chain.from_iterable(side)))),
-                                 dtype=float, count=len(side) * choices).reshape(len(side), choices) for side in resps)
-    except (TypeError, ValueError, IndexError):  # a document without choices, or one that is not a number
+    except TypeError:  # a document without choices (None)
         return False
+    ref, cand = (np.fromiter(itertools.chain.from_iterable(side), dtype=float, count=len(side) * choices
+                             ).reshape(len(side), choices) for side in logprobs)
     detail.logprob_diffs = (cand - ref).ravel().tolist()  # y - x of each choice in document order, Python floats
     detail.logprob["argmax_changed"] = int((np.argmax(ref, axis=1) != np.argmax(cand, axis=1)).sum())
     return True
-
-
-_RESPS = operator.methodcaller("get", "resps")
 
 
 def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
@@ -289,6 +276,7 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
             yield task, filt, pairs, metrics
 
 
+_FIRST = operator.itemgetter(0)
 _METRICS = operator.methodcaller("get", "metrics")
 
 
