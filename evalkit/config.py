@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -219,6 +218,10 @@ def memory_settings(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def register_configs() -> None:
+    """The schema conf/config.yaml names, in Hydra's config store (imported here: what only reads the config, as
+    compare does, need not import Hydra)."""
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name="evalkit_schema", node=EvalConfig)
 
 

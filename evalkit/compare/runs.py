@@ -4,8 +4,10 @@ the same versions, documents, prompts and targets."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
+import itertools
 import json
 import operator
 import os
@@ -160,8 +162,7 @@ def _keyed_at_once(lines: list[dict[str, Any]]) -> dict[tuple[int, str], dict[st
     shared = dict(zip(names, metrics))  # one list per distinct list of names, as shared_metrics holds them
     if not all(type(name) is str for key in shared for name in key):
         return None
-    for sample, key in zip(lines, names):
-        sample["metrics"] = shared[key]
+    collections.deque(map(operator.setitem, lines, itertools.repeat("metrics"), map(shared.__getitem__, names)), 0)
     return samples
 
 
@@ -287,9 +288,11 @@ def check_like_for_like(reference: Run, candidate: Run) -> None:
         shots = [run.results.get("n-shot", {}).get(task) for run in (reference, candidate)]
         if shots[0] != shots[1]:
             raise CompareError(f"{task}: different few-shot counts {shots[0]} vs {shots[1]}")
-        refs, cands = list(ref.values()), list(map(cand.__getitem__, ref))
-        if all(list(map(get, refs)) == list(map(get, cands)) for get in HASHES):
-            continue  # every document the same (compared in C); else the first that differs is named:
+        try:  # every document the same (its three hashes at once, compared in C)
+            if all(map(operator.eq, map(HASHES, ref.values()), map(HASHES, map(cand.__getitem__, ref)))):
+                continue
+        except KeyError:  # a sample without one of them: looked at one by one
+            pass
         for key, sample in ref.items():
             other = cand[key]
             for hash_key in ("doc_hash", "prompt_hash", "target_hash"):
@@ -298,4 +301,4 @@ def check_like_for_like(reference: Run, candidate: Run) -> None:
                                        "see the same documents, prompts and answers")
 
 
-HASHES = [operator.methodcaller("get", name) for name in ("doc_hash", "prompt_hash", "target_hash")]
+HASHES = operator.itemgetter("doc_hash", "prompt_hash", "target_hash")

@@ -98,6 +98,7 @@ def sign_patterns(n: int, draws: int, seed: int):
 
 
 BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(float)  # row b: the 8 bits of byte b
+BYTE_COUNTS = BYTE_BITS.sum(axis=1).astype(np.uint8)  # byte b -> how many of its bits are 1
 
 
 def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list[np.ndarray], int]:
@@ -116,11 +117,11 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
                 found.append(signs[~same] @ x)
         return [np.concatenate(found) for found in sums], always
     groups = -(-n // 8)
-    tables = []
+    tables: list[np.ndarray | None] = []
     for x in columns:
         padded = np.zeros(8 * groups)
-        padded[:n] = x
-        tables.append((padded.reshape(groups, 8) @ BYTE_BITS.T).ravel())  # [group, byte] -> sum of its flipped x
+        padded[:n] = x  # [group, byte] -> sum of its flipped x; None for a column of ones (a mean's units), whose
+        tables.append(None if (x == 1).all() else (padded.reshape(groups, 8) @ BYTE_BITS.T).ravel())  # are counted
     totals = [float(x.sum()) for x in columns]
     offsets = np.arange(groups, dtype=np.intp) * 256
     last = (1 << (n - 8 * (groups - 1))) - 1  # the last group's bits that are documents
@@ -128,8 +129,11 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
     def summed(drawn: np.ndarray) -> tuple[list[np.ndarray], int]:
         drawn[:, -1] &= last
         same = ~drawn.any(axis=1)
-        where = drawn[~same] + offsets
-        return [total - 2.0 * table[where].sum(axis=1) for table, total in zip(tables, totals)], int(same.sum())
+        kept = drawn[~same]
+        where = kept + offsets if any(table is not None for table in tables) else None
+        flipped = [table[where].sum(axis=1) if table is not None else BYTE_COUNTS[kept].sum(axis=1, dtype=float)
+                   for table in tables]  # a column of ones: its flipped sum counts the flipped bits, as exactly
+        return [total - 2.0 * found for found, total in zip(flipped, totals)], int(same.sum())
 
     # drawn in order on this thread, summed on THREADS (numpy lets go of the GIL), taken in the order drawn: the
     # same sums on any machine; at most 2 * THREADS blocks are held at once

@@ -25,6 +25,7 @@ import numbers
 import operator
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -143,9 +144,10 @@ def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: s
     metric's arithmetic aggregation takes (expected: metric_rows.expected_value; text where a number belongs), or
     one so large that a sum over the documents overflows (1e308) is unusable input: a CompareError naming the
     task, the metric and the documents, never a row quietly made of the rest or one left inconclusive."""
-    has = [(metric in r, metric in c) for r, c in pairs]
-    if all(h == (True, True) for h in has) and plain_numbers(pairs, metric, expected):
+    if all(all(map(operator.contains, map(side, pairs), itertools.repeat(metric))) for side in _SIDES) and \
+            plain_numbers(pairs, metric, expected):  # scored everywhere, plain numbers: checked at once, in C
         return list(pairs), ""
+    has = [(metric in r, metric in c) for r, c in pairs]
     for side, name in ((0, "reference"), (1, "candidate")):
         only = [r["doc_id"] for (r, _), h in zip(pairs, has) if h[side] and not h[1 - side]]
         if only:
@@ -253,7 +255,8 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
     return detail
 
 
-Paired = list[tuple[str, str, list[tuple[dict, dict]], list[str]]]  # metric_pairs' answer, kept
+# check_comparable's answer: metric_pairs' of each task and filter, each metric's scored_pairs in place of its name
+Paired = list[tuple[str, str, list[tuple[dict, dict]], dict[str, tuple[list[tuple[dict, dict]], str]]]]
 
 
 def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, list[tuple[dict, dict]], list[str]]]:
@@ -277,6 +280,7 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
 
 
 _FIRST = operator.itemgetter(0)
+_SIDES = (_FIRST, operator.itemgetter(1))
 _METRICS = operator.methodcaller("get", "metrics")
 
 
@@ -303,13 +307,13 @@ def recorded_only(reference: Run, candidate: Run, paired: Paired | None = None) 
 def check_comparable(reference: Run, candidate: Run) -> Paired:
     """Like for like (runs.check_like_for_like), every metric scored on the same documents in both runs, and no
     value null, NaN, infinite, not what its aggregation takes or too large to add up (scored_pairs): a
-    CompareError before any statistic is computed. Returns the runs' metric_pairs, checked (compare_runs' paired)."""
+    CompareError before any statistic is computed. Returns the runs' metric_pairs, each metric's name mapped to its
+    scored_pairs (compare_runs' paired)."""
     check_like_for_like(reference, candidate)
-    paired = list(metric_pairs(reference, candidate))
-    for task, filt, pairs, metrics in paired:
-        for metric in metrics:
-            scored_pairs(task, filt, pairs, metric, metric_rows.expected_value(reference.results, task, metric))
-    return paired
+    return [(task, filt, pairs, {metric: scored_pairs(task, filt, pairs, metric,
+                                                      metric_rows.expected_value(reference.results, task, metric))
+                                 for metric in metrics})
+            for task, filt, pairs, metrics in metric_pairs(reference, candidate)]
 
 
 def planned_rows(reference: Run, candidate: Run, paired: Paired | None = None) -> int:
@@ -329,27 +333,28 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     (compare_family's; default this comparison's), which sizes the bootstrap resamples. paired: check_comparable's
     answer for these runs (compare_family's), so that they are not paired and checked again."""
     if paired is None:
-        check_like_for_like(reference, candidate)
-        paired = list(metric_pairs(reference, candidate))
+        paired = check_comparable(reference, candidate)
     tolerances = tolerance if isinstance(tolerance, Tolerances) else Tolerances(absolute=tolerance)
     family = planned_rows(reference, candidate, paired) if family is None else family
     settings = dict(confidence=confidence, iterations=iterations, seed=seed, family=family)
     results, rows, details = reference.results, [], []
     values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
-    for task, filt, pairs, metrics in paired:
-        scored, ids = values.setdefault(task, {}), {}
-        for metric in metrics:
-            kept, left_out = scored_pairs(task, filt, pairs, metric, metric_rows.expected_value(results, task, metric))
-            ref, cand = scored[(filt, metric)] = metric_values(kept, metric)
-            ids[metric] = [r["doc_id"] for r, _ in kept]
-            if tolerances.ranges and (why := metric_rows.range_error(results, task, filt, metric, ids[metric],
-                                                                     (ref, cand), tolerances)):
-                raise CompareError(why)
-            row = compare_values(results, task, metric, ref, cand, tolerances=tolerances, settings=settings,
-                                 higher_is_better=metric_rows.direction(results, task, metric))
-            rows.append({"task": task, "filter": filt, "metric": metric, "n": len(kept), **row,
-                         "note": "; ".join(filter(None, [left_out, row["note"]]))})
-        details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
+    with ThreadPoolExecutor(1) as pool:  # each task's detail beside its rows' statistics, which are mostly numpy's
+        for task, filt, pairs, metrics in paired:  # (and scipy's), with the GIL let go
+            scored, ids = values.setdefault(task, {}), {}
+            for metric, (kept, _) in metrics.items():
+                scored[(filt, metric)] = metric_values(kept, metric)
+                ids[metric] = [r["doc_id"] for r, _ in kept]
+                if tolerances.ranges and (why := metric_rows.range_error(results, task, filt, metric, ids[metric],
+                                                                         scored[(filt, metric)], tolerances)):
+                    raise CompareError(why)
+            details.append(pool.submit(task_detail, task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
+            for metric, (kept, left_out) in metrics.items():
+                row = compare_values(results, task, metric, *scored[(filt, metric)], tolerances=tolerances,
+                                     settings=settings, higher_is_better=metric_rows.direction(results, task, metric))
+                rows.append({"task": task, "filter": filt, "metric": metric, "n": len(kept), **row,
+                             "note": "; ".join(filter(None, [left_out, row["note"]]))})
+        details = [detail.result() for detail in details]
     rows += group_rows((results, candidate.results), values, tolerances=tolerances, settings=settings)
     rows += [metric_rows.not_compared(results, task, filt, metric, why, tolerances=tolerances)
              for task, filt, metric, why in recorded_only(reference, candidate, paired)]

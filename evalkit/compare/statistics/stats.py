@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -108,8 +109,10 @@ def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: f
     n, alpha, points = len(ref), 1.0 - confidence, (-tolerance, 0.0, tolerance)
     below = lambda t: tost.tango_p(b, c, n, t, "below", bool(b + c) and t < 0)  # noqa: E731
     above = lambda t: tost.tango_p(b, c, n, t, "above", bool(b + c) and t > 0)  # noqa: E731
-    low = tost._limit(lambda t: above(t) < alpha, above, alpha, points, lower=True)
-    high = tost._limit(lambda t: below(t) < alpha, below, alpha, points, lower=False)
+    with ThreadPoolExecutor(1) as pool:  # the two limits at once: numpy and scipy's special functions let go of
+        lower = pool.submit(tost._limit, lambda t: above(t) < alpha, above, alpha, points, lower=True)  # the GIL
+        high = tost._limit(lambda t: below(t) < alpha, below, alpha, points, lower=False)
+        low = lower.result()
     interval = orient(Interval((c - b) / n, *at_zero(low, high, below, above, alpha), 2 * confidence - 1),
                       higher_is_better)
     return interval, (b, c, p), tost_p_values(below, above, tolerance=tolerance, higher_is_better=higher_is_better)
