@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
+from evalkit.errors import ConfigError  # noqa: F401 (where every stage finds it)
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
 TASKS_DIR = PROJECT_ROOT / "tasks"
@@ -32,10 +34,6 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32", "f32": "float32",
                "bfloat": "bfloat16", "torch.bfloat16": "bfloat16", "torch.float16": "float16",
                "torch.float32": "float32"}
-
-
-class ConfigError(ValueError):
-    """A mistake in the user's input, reported as one line before any engine starts."""
 
 
 def name_of_weights(vllm_path: str) -> str:

@@ -2,7 +2,7 @@
 
 Hydra refuses a mistyped key or a value of the wrong type too, but in six lines, with exit 1, and for a
 mistyped nested key it suggests ``+key=``, which would not work either. Here each mistake is one
-:class:`~evalkit.config.ConfigError` naming the key and the closest valid key or value. Every value of a sweep
+:class:`~evalkit.errors.ConfigError` naming the key and the closest valid key or value. Every value of a sweep
 (``dtype=a,b``) is checked; ``+``/``~`` overrides, ``hydra*`` keys, interpolations (``${...}``) and what Hydra
 cannot parse are left to Hydra.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
-from evalkit.config import ConfigError
+from evalkit.errors import ConfigError
 
 
 def printable(text: object, *, keep: str = "") -> str:

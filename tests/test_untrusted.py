@@ -325,7 +325,7 @@ def test_a_fifo_in_a_received_folder_is_refused_without_waiting(tmp_path, what):
         os.mkfifo(fifo)
     if what == "divergence_reference":
         code, err = without_hanging(f"from evalkit.run import reference; reference.load({str(ref)!r})")
-        assert code == 1 and err[-1].startswith("evalkit.config.ConfigError: divergence_reference") \
+        assert code == 1 and err[-1].startswith("evalkit.errors.ConfigError: divergence_reference") \
             and "not a regular file" in err[-1], err
         return
     if what == "divergence":

@@ -28,7 +28,7 @@ from typing import Any, Iterable, NotRequired, TypedDict
 
 import pandas as pd
 
-from evalkit.config import ConfigError
+from evalkit.errors import ConfigError
 from evalkit.contracts import RequestRecord
 from evalkit.run import divergence_record, recording, sample_index
 from evalkit.untrusted import fresh_folder, inside, write_atomic

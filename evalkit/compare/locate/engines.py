@@ -17,12 +17,15 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from evalkit.compare.runs import CompareError, Run
-from evalkit.config import ConfigError, EvalConfig, closest, schema_keys, validate
 from evalkit.contracts import Engine, TokenTrace
+from evalkit.errors import ConfigError
 from evalkit.untrusted import printable
+
+if TYPE_CHECKING:  # the config schema and OmegaConf are imported where --locate starts engines, not by every compare
+    from evalkit.config import EvalConfig
 
 FLAGS = {"reference": "--ref-engine", "candidate": "--cand-engine"}
 LIBRARIES = {"vllm": "vllm", "hf": "transformers", "served": "httpx"}  # the module each engine needs
@@ -80,6 +83,8 @@ def as_overrides(key: str, value: Any) -> list[str]:
 def adoptable(recorded: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The recorded settings --locate takes (those that decide the engine's numbers, a local engine, a folder
     that exists here) and, as key=value, those it leaves to the user: where they differ from the defaults."""
+    from evalkit.config import EvalConfig
+
     defaults = EvalConfig.__dataclass_fields__
     adopted = {k: recorded[k] for k in NUMERICS if k in recorded}
     if recorded.get("engine") in LOCAL_ENGINES:
@@ -105,6 +110,8 @@ def config_from(recorded: dict[str, Any], overrides: Sequence[str], flag: str) -
     """The user's defaults, the recorded settings --locate adopts (adoptable) and key=value overrides (Hydra's
     syntax, a leading + allowed) over them, checked."""
     from omegaconf import OmegaConf
+
+    from evalkit.config import EvalConfig, closest, schema_keys, validate
 
     keys = schema_keys()
     dotlist = [o.lstrip("+") for o in overrides]

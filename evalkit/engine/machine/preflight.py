@@ -1,6 +1,6 @@
 """Checks that need the model's files or the machine, run before the engine starts (it takes minutes).
 
-Each failure is a :class:`~evalkit.config.ConfigError`: one line with what is wrong and how to fix it.
+Each failure is a :class:`~evalkit.errors.ConfigError`: one line with what is wrong and how to fix it.
 """
 
 from __future__ import annotations
