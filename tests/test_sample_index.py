@@ -71,7 +71,7 @@ def other_format(index):
 def doubled(index):
     """An index whose recorded bytes are the file's but that holds a document twice (a damaged index)."""
     found = sample_index._DECODER.decode(index.read_bytes())
-    for column in (found.lines, found.logprobs, found.arguments_of):
+    for column in (found.lines, found.logprobs, found.arguments_of, found.metrics_of):
         column.append(column[0])
     index.write_bytes(sample_index.msgspec.msgpack.encode(found))
 
@@ -112,6 +112,7 @@ def test_a_bound_index_of_odd_values_is_read_as_a_file_of_them_would_be(tmp_path
     file, index, _ = written(tmp_path, [json.dumps(line(i)) for i in range(3)])
     found = sample_index._DECODER.decode(index.read_bytes())
     found.lines[0]["metrics"], found.lines[1]["metrics"] = [{"not": "a name"}], "acc"
+    found.metrics_of[:2] = [-1, -1]  # the lines' own, not the shared list of names
     index.write_bytes(sample_index.msgspec.msgpack.encode(found))
     read = on_disk.read_samples(file, "t", index)
     assert read[(0, "none")]["metrics"] == [{"not": "a name"}] and read[(1, "none")]["metrics"] == "acc"
@@ -119,7 +120,8 @@ def test_a_bound_index_of_odd_values_is_read_as_a_file_of_them_would_be(tmp_path
 
 def test_choices_shared_by_documents_are_held_once_and_read_back_shared(tmp_path, monkeypatch):
     """A multiple-choice task whose documents offer the same choices (" A" to " D") holds them once in the index,
-    and compare reads them back as one object, as from the file; each choice's log-likelihood is a number."""
+    and compare reads them back as one object, as from the file (so too each document's list of metrics); each
+    choice's log-likelihood is a number."""
     def choices(i, texts):
         return line(i, arguments={f"gen_args_{j}": {"arg_0": f"Question {i}", "arg_1": t} for j, t in enumerate(texts)},
                     resps=[[[str(-1.0 - j - i / 8), "False"]] for j in range(len(texts))], raw_output=None)
@@ -129,12 +131,14 @@ def test_choices_shared_by_documents_are_held_once_and_read_back_shared(tmp_path
     found = sample_index._DECODER.decode(index.read_bytes())
     assert wrote and found.arguments == [{f"gen_args_{j}": {"arg_1": t} for j, t in enumerate(letters)}]
     assert found.arguments_of == [0, 0, 0, 0, -1, -1] and found.logprobs[5] == [-1.625, -2.625]
+    assert found.metrics == [["acc"]] and found.metrics_of == [0] * 6 and found.lines[0]["metrics"] is None
     from_file = on_disk.read_samples(file, "t")
     monkeypatch.setattr(on_disk, "_lines", lambda *a: pytest.fail("the samples file was parsed"))
     from_index = on_disk.read_samples(file, "t", index)
     assert repr(from_index) == repr(from_file)
     for read in (from_file, from_index):
         assert all(read[(i, "none")]["arguments"] is read[(0, "none")]["arguments"] for i in range(4))
+        assert all(read[(i, "none")]["metrics"] is read[(0, "none")]["metrics"] for i in range(6))
         assert sample_index.choice_logprobs(read[(5, "none")]) == [-1.625, -2.625]
 
 

@@ -4,10 +4,8 @@ the same versions, documents, prompts and targets."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import gc
-import itertools
 import json
 import operator
 import os
@@ -147,27 +145,19 @@ def _shared(sample: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
 
 
 def _keyed_at_once(lines: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]] | None:
-    """_keyed(enumerate(lines, 1), ..., _shared) of an index's lines (dicts, as its decoder reads them), each check
-    made of all lines at once, in C: where every doc_id is an int, every filter a text and every list of metrics a
-    list of texts, each (doc_id, filter) once. None where not so: _keyed then checks line by line, and names the
-    line it refuses."""
-    ids, filters, metrics = (list(map(get, lines)) for get in (_DOC_ID, _FILTER, _METRICS))
+    """_keyed(enumerate(lines, 1), ..., _shared) of an index's lines (dicts, as its decoder reads them, their
+    lists of metrics shared as held shares them), each check made of all lines at once, in C: where every doc_id
+    is an int and every filter a text, each (doc_id, filter) once. None where not so: _keyed then checks line by
+    line, and names the line it refuses."""
+    ids, filters = (list(map(get, lines)) for get in (_DOC_ID, _FILTER))
     if not lines or set(map(type, ids)) != {int} or set(map(type, filters)) != {str}:
         return None
     shown = {filt: printable(filt) for filt in set(filters)}
     samples = dict(zip(zip(ids, map(shown.__getitem__, filters)), lines))
-    if len(samples) != len(lines) or set(map(type, metrics)) != {list}:
-        return None
-    names = list(map(tuple, metrics))
-    shared = dict(zip(names, metrics))  # one list per distinct list of names, as shared_metrics holds them
-    if not all(type(name) is str for key in shared for name in key):
-        return None
-    collections.deque(map(operator.setitem, lines, itertools.repeat("metrics"), map(shared.__getitem__, names)), 0)
-    return samples
+    return samples if len(samples) == len(lines) else None
 
 
-_DOC_ID, _FILTER, _METRICS = (operator.methodcaller("get", *key) for key in (("doc_id",), ("filter", "none"),
-                                                                              ("metrics",)))
+_DOC_ID, _FILTER = (operator.methodcaller("get", *key) for key in (("doc_id",), ("filter", "none")))
 
 
 def _parsed(numbered: Iterator[tuple[int, int, bytes]], file: Path) -> Iterator[tuple[int, Any]]:

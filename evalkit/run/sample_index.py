@@ -157,6 +157,8 @@ class _Index(msgspec.Struct, forbid_unknown_fields=True):
     logprobs: list[list[float] | None]  # each line's LOGPROBS
     arguments: list[dict[str, Any]]  # the arguments objects lines share (held's seen), each once
     arguments_of: list[int]  # each line's: its place in arguments, or -1 where the line holds its own
+    metrics: list[list[Any]]  # the same of the lists of metrics
+    metrics_of: list[int]
 
 
 _DECODER = msgspec.msgpack.Decoder(_Index)
@@ -181,20 +183,29 @@ def write(samples: Path, index: Path) -> bool:
             lines.append(held(sample, seen))
     bound = _Bound(name=samples.name, size=size, sha256=digest.hexdigest())
     logprobs = [sample.pop(LOGPROBS) for sample in lines]
-    shared = {id(arguments): arguments for arguments in seen.values() if isinstance(arguments, dict)}
-    counts = collections.Counter(id(sample.get("arguments")) for sample in lines)
-    places = {key: place for place, key in enumerate(key for key in shared if counts[key] > 1)}
-    arguments_of = [places.get(id(sample.get("arguments")), -1) for sample in lines]
-    for sample, place in zip(lines, arguments_of):
-        if place >= 0:
-            sample["arguments"] = None
+    (arguments, arguments_of), (metrics, metrics_of) = (_held_once(lines, key, seen) for key in ("arguments",
+                                                                                                  "metrics"))
     try:
         data = msgspec.msgpack.encode(_Index(format=FORMAT, samples=bound, lines=lines, logprobs=logprobs,
-                                             arguments=[shared[key] for key in places], arguments_of=arguments_of))
+                                             arguments=arguments, arguments_of=arguments_of, metrics=metrics,
+                                             metrics_of=metrics_of))
     except (OverflowError, TypeError, ValueError):  # an integer past 64 bits, a lone surrogate (a string's
         return False  # escaped half of a pair, which MessagePack's UTF-8 cannot hold): compare reads them exactly
     index.write_bytes(data)
     return True
+
+
+def _held_once(lines: list[dict[str, Any]], key: str, seen: dict[Any, Any]) -> tuple[list[Any], list[int]]:
+    """(objects, places): the objects held shares under key (seen) that several lines hold, each once, and each
+    line's place among them (-1: the line holds its own); such a line's object is left as None, its place."""
+    shared = {id(value): value for name, value in seen.items() if name[0] == key}
+    counts = collections.Counter(id(sample.get(key)) for sample in lines)
+    places = {found: place for place, found in enumerate(found for found in shared if counts[found] > 1)}
+    column = [places.get(id(sample.get(key)), -1) for sample in lines]
+    for sample, place in zip(lines, column):
+        if place >= 0:
+            sample[key] = None
+    return [shared[found] for found in places], column
 
 
 def read(samples: Path, index: Path) -> list[dict[str, Any]] | None:
@@ -214,16 +225,23 @@ def read(samples: Path, index: Path) -> list[dict[str, Any]] | None:
 
 
 def _whole(found: _Index) -> list[dict[str, Any]] | None:
-    """found's lines as held holds them: each line's LOGPROBS and shared arguments put back (in their places);
-    None where the columns do not fit the lines (a damaged index)."""
-    lines, shared, places = found.lines, found.arguments, found.arguments_of
-    if not len(lines) == len(found.logprobs) == len(places) or not all(-1 <= place < len(shared) for place in places):
+    """found's lines as held holds them: each line's LOGPROBS and shared objects put back (in their places), in
+    one pass over the lines; None where the columns do not fit the lines (a damaged index)."""
+    lines, arguments, metrics = found.lines, found.arguments, found.metrics
+    columns = (found.logprobs, found.arguments_of, found.metrics_of)
+    if any(len(column) != len(lines) for column in columns) or lines and not (
+            -1 <= min(found.arguments_of) <= max(found.arguments_of) < len(arguments)
+            and -1 <= min(found.metrics_of) <= max(found.metrics_of) < len(metrics)):
         return None
-    for sample, logprobs, place in zip(lines, found.logprobs, places):
-        if place >= 0:
-            if sample.get("arguments", 0) is not None:  # the place a shared object is put back
+    for sample, logprobs, argument, metric in zip(lines, *columns):
+        if argument >= 0:
+            if sample.get("arguments", 0) is not None:  # a shared object's place holds None
                 return None
-            sample["arguments"] = shared[place]
+            sample["arguments"] = arguments[argument]
+        if metric >= 0:
+            if sample.get("metrics", 0) is not None:
+                return None
+            sample["metrics"] = metrics[metric]
         sample[LOGPROBS] = logprobs
     return lines
 

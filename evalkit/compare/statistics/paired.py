@@ -68,10 +68,10 @@ def first_divergence(ref: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any
 
 def metric_values(pairs: list[tuple[dict, dict]], metric: str) -> tuple[list[Any], list[Any]]:
     """One metric's per-document values in both runs; JSON lists turned back into lm-eval's tuples."""
-    def value(sample: dict[str, Any]) -> Any:
-        return tuple(sample[metric]) if isinstance(sample[metric], list) else sample[metric]
-
-    return [value(r) for r, _ in pairs], [value(c) for _, c in pairs]
+    get = operator.itemgetter(metric)
+    found = [list(map(get, map(side, pairs))) for side in _SIDES]
+    return tuple([tuple(v) if isinstance(v, list) else v for v in values] if list in set(map(type, values))
+                 else values for values in found)
 
 
 def unusable(value: Any) -> bool:

@@ -49,7 +49,8 @@ def is_binary(values: np.ndarray) -> bool:
 
 def all_scalar(*runs: Sequence[Any]) -> bool:
     plain = (float, int, bool)  # the types JSON gives, checked first: numbers.Real's isinstance is an ABC's, slow
-    return all(type(v) in plain or isinstance(v, numbers.Real) for values in runs for v in values)
+    return all(set(map(type, values)) <= set(plain) or all(isinstance(v, numbers.Real) for v in values)
+               for values in runs)
 
 
 def all_binary(*runs: Sequence[Any]) -> bool:
