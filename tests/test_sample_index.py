@@ -171,3 +171,13 @@ def test_an_index_named_outside_the_run_folder_is_passed_over(run, tmp_path):
     results["evalkit"]["files"]["sample_index"] = {task: str(elsewhere)}  # absolute: outside
     (copy / "results.json").write_text(json.dumps(results))
     assert repr(on_disk.load_run(copy).samples) == repr(on_disk.load_run(run).samples)
+
+
+def test_an_index_above_the_file_limit_is_passed_over_undecoded(tmp_path, monkeypatch):
+    file, index, _ = written(tmp_path, [json.dumps(line(i)) for i in range(3)])
+    monkeypatch.setenv("EVALKIT_FILE_LIMIT_GIB", str(index.stat().st_size / 2**30 / 2))
+    monkeypatch.setattr(sample_index, "_DECODER", None)  # decoding it would fail otherwise
+    assert sample_index.read(file, index) is None
+    monkeypatch.setenv("EVALKIT_FILE_LIMIT_GIB", str(index.stat().st_size / 2**30))
+    with pytest.raises(AttributeError):
+        sample_index.read(file, index)  # at the limit it is decoded

@@ -9,7 +9,9 @@ therefore never needed and never changes what compare reads: it holds exactly wh
 line holds (held, on line_value, the line as the stdlib json reads it), and none is written for a file whose lines
 msgpack cannot carry exactly (an integer past 64 bits, a lone surrogate) or that compare would refuse. MessagePack
 (msgspec): its decoder builds no object for what it is not asked for and has no code execution in its format,
-unlike pickle.
+unlike pickle. Beside the lines, in columns: each line's LOGPROBS (a key MessagePack's maps of texts cannot hold),
+and the objects held shares among lines (a multiple-choice task's choices, the lists of metrics), each held once
+and put back in its lines as one object: fewer objects to decode, and the same sharing as held's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from evalkit.untrusted import TooLarge, json_data, open_regular, read_bounded
+from evalkit.untrusted import TooLarge, file_limit, json_data, open_regular, too_large
 
 FORMAT = "evalkit sample index 2"  # changed whenever held() keeps something else: an older index is passed over
 
@@ -153,7 +155,7 @@ class _Bound(msgspec.Struct, forbid_unknown_fields=True):
 class _Index(msgspec.Struct, forbid_unknown_fields=True):
     format: str
     samples: _Bound
-    lines: list[dict[str, Any]]  # held lines in order, less LOGPROBS; a shared arguments object left as None
+    lines: list[dict[str, Any]]  # held lines in order, less LOGPROBS; a shared object (below) left as None
     logprobs: list[list[float] | None]  # each line's LOGPROBS
     arguments: list[dict[str, Any]]  # the arguments objects lines share (held's seen), each once
     arguments_of: list[int]  # each line's: its place in arguments, or -1 where the line holds its own
@@ -214,7 +216,7 @@ def read(samples: Path, index: Path) -> list[dict[str, Any]] | None:
     with ThreadPoolExecutor(1) as pool:
         digest = pool.submit(_sha256, samples)  # hashlib and the file's reads let go of the GIL meanwhile
         try:
-            found = _DECODER.decode(read_bounded(index))
+            found = _decoded(index)
         except (OSError, TooLarge, msgspec.MsgspecError, ValueError, RecursionError):
             digest.cancel()
             return None
@@ -244,6 +246,17 @@ def _whole(found: _Index) -> list[dict[str, Any]] | None:
             sample["metrics"] = metrics[metric]
         sample[LOGPROBS] = logprobs
     return lines
+
+
+def _decoded(index: Path) -> _Index:
+    """The index decoded from its mapped bytes (no copy of the file; what the decoder builds copies what it keeps);
+    TooLarge above file_limit(), ValueError where it is empty (mmap's)."""
+    with open_regular(index) as f:
+        size, limit = os.fstat(f.fileno()).st_size, file_limit()
+        if size > limit:
+            raise too_large(index, size, limit)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return _DECODER.decode(mapped)
 
 
 def _sha256(path: Path) -> tuple[int, str] | None:
