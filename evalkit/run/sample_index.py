@@ -221,9 +221,12 @@ def read(samples: Path, index: Path) -> list[dict[str, Any]] | None:
             digest.cancel()
             return None
         bound = found.samples
-        if found.format != FORMAT or bound.name != samples.name or (bound.size, bound.sha256) != digest.result():
+        if found.format != FORMAT or bound.name != samples.name:
             return None
-    return _whole(found)
+        lines = _whole(found)  # while the file is still being hashed: its lines are kept only if it matches
+        if (bound.size, bound.sha256) != digest.result():
+            return None
+    return lines
 
 
 def _whole(found: _Index) -> list[dict[str, Any]] | None:

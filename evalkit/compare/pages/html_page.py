@@ -118,8 +118,8 @@ def flips_link(row: pd.Series, found: dict[tuple[str, str], list[documents.Chang
     rows = found.get((row["task"], row["filter"]))
     if not rows:
         return "—"
-    lost = sum(f"{row['metric']}: right → wrong" in r.change for r in rows)
-    gained = sum(f"{row['metric']}: wrong → right" in r.change for r in rows)
+    lost, gained = (f"{row['metric']}: {way}" for way in ("right → wrong", "wrong → right"))
+    lost, gained = (sum(way in r.change for r in rows) for way in (lost, gained))
     words = f"{lost} lost, {gained} gained" if lost or gained else f"{len(rows)} outputs changed"
     return f'<a href="#{documents.anchor(row["task"], row["filter"])}">{words}</a>'
 

@@ -48,8 +48,7 @@ def differences_plot(table: pd.DataFrame, tolerance: float) -> page.Plot | None:
 
 def drift_plot(drift: list[float], floor: float) -> page.Plot:
     """Per-choice log-probability differences; a sentence when none is above the noise floor."""
-    moved = [d for d in drift if abs(d) > floor]
-    if not moved:
+    if not (np.abs(drift) > floor).any():  # drift: one number per choice, 400,000 for 100,000 documents
         return page.Plot(None, f"no log-probability drift above the noise floor ({floor:g} nats) on {len(drift)} "
                                "choices of the log-likelihood tasks")
     plt = pyplot()

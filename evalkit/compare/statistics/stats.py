@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -315,7 +316,7 @@ def compare_paired(reference: Sequence[Any], candidate: Sequence[Any], *, aggreg
     nan, notes = math.nan, [] if higher_is_better is not None else [
         "direction unknown (higher_is_better null): diff is candidate - reference, unoriented"]
     scores, mcnemar, method, floor = (nan, nan), (None, None, None), None, 0.0
-    changed = sum(r != c for r, c in zip(reference, candidate))
+    changed = sum(map(operator.ne, reference, candidate))
     needed = resamples_for(family, 1.0 - confidence)
     try:
         if aggregate is None:
