@@ -481,13 +481,13 @@ def test_a_groups_declared_range_holds_for_its_tasks_documents(tmp_path, capsys)
 @pytest.mark.parametrize("n", [17, 21, 1003])
 def test_the_drawn_sign_flips_are_summed_exactly_through_the_byte_tables(n):
     """Above 16 documents the signs are random bytes (a bit a document, the last byte's spare bits unused) summed
-    through each 8 documents' table of partial sums: the sums equal those of the signs drawn, for every column, and
-    no pattern counts twice."""
+    through each 8 documents' table of partial sums (a column of ones, a mean's units, by counting the flipped
+    bits): the sums equal those of the signs drawn, for every column, and no pattern counts twice."""
     from evalkit.compare.statistics import means
 
     rng = np.random.default_rng(n)
     d, u = rng.normal(0.0, 1.0, n), rng.uniform(1.0, 5.0, n)
-    (flipped_d, flipped_u), always = means.flipped_sums([d, u], 5000, seed=3)
+    (flipped_d, flipped_u, flipped_ones), always = means.flipped_sums([d, u, np.ones(n)], 5000, seed=3)
     groups = -(-n // 8)
     drawn = np.random.default_rng(3).integers(0, 256, size=(5000, groups), dtype=np.uint8)
     drawn[:, -1] &= (1 << (n - 8 * (groups - 1))) - 1
@@ -497,6 +497,7 @@ def test_the_drawn_sign_flips_are_summed_exactly_through_the_byte_tables(n):
     assert always == int((~kept).sum()) and len(flipped_d) == int(kept.sum())
     np.testing.assert_allclose(flipped_d, signs[kept] @ d, rtol=0, atol=1e-9)
     np.testing.assert_allclose(flipped_u, signs[kept] @ u, rtol=0, atol=1e-9)
+    assert np.array_equal(flipped_ones, signs[kept].sum(axis=1))  # whole numbers, exactly
 
 
 def test_the_drawn_sign_flips_are_the_same_on_any_number_of_threads(monkeypatch):
