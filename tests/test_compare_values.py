@@ -481,8 +481,9 @@ def test_a_groups_declared_range_holds_for_its_tasks_documents(tmp_path, capsys)
 @pytest.mark.parametrize("n", [17, 21, 1003])
 def test_the_drawn_sign_flips_are_summed_exactly_through_the_byte_tables(n):
     """Above 16 documents the signs are random bytes (a bit a document, the last byte's spare bits unused) summed
-    through each 8 documents' table of partial sums (a column of ones, a mean's units, by counting the flipped
-    bits): the sums equal those of the signs drawn, for every column, and no pattern counts twice."""
+    through each 8 documents' table of partial sums (two columns' tables gathered at once, a third alone): the sums
+    equal those of the signs drawn, for every column (a column of ones, a mean's units, exactly), and no pattern
+    counts twice."""
     from evalkit.compare.statistics import means
 
     rng = np.random.default_rng(n)
