@@ -48,6 +48,7 @@ import numpy as np
 
 EXACT_MAX = 16  # documents up to which every sign pattern is enumerated (2^16 patterns)
 MAX_CELLS = 1 << 21  # signs held at once when drawing patterns
+SUM_ROWS = 8  # drawn patterns summed at once: their gathers stay in the processor's cache (a fifth faster)
 THREADS = min(8, os.cpu_count() or 1)  # threads that sum the drawn patterns of many documents
 BET_CAP = 0.75  # the largest bet as a share of what the bettor could lose at the bound (the paper's c)
 
@@ -132,9 +133,9 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
         drawn[:, -1] &= last
         same = ~drawn.any(axis=1)
         kept = drawn[~same]
-        where = kept + offsets
-        flipped = [part.sum(axis=1) for table in gathered for found in [table[where]]
-                   for part in ((found.real, found.imag) if table.dtype == complex else (found,))]
+        parts = [_gathered_sums(gathered, kept[start:start + SUM_ROWS] + offsets)
+                 for start in range(0, len(kept), SUM_ROWS)] or [[np.zeros(0)] * len(totals)]
+        flipped = [np.concatenate(column) for column in zip(*parts)]
         return [total - 2.0 * found for found, total in zip(flipped, totals)], int(same.sum())
 
     # drawn in order on this thread, summed on THREADS (numpy lets go of the GIL), taken in the order drawn: the
@@ -151,6 +152,12 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
         blocks += [block.result() for block in pending]
     return ([np.concatenate([parts[i] for parts, _ in blocks]) for i in range(len(columns))],
             sum(plus for _, plus in blocks))
+
+
+def _gathered_sums(tables: list[np.ndarray], where: np.ndarray) -> list[np.ndarray]:
+    """Each row's sum of each table's values at where, a complex table's parts summed apart (in column order)."""
+    return [part.sum(axis=1) for table in tables for found in [table[where]]
+            for part in ((found.real, found.imag) if table.dtype == complex else (found,))]
 
 
 def _paired_tables(tables: list[np.ndarray]) -> list[np.ndarray]:
