@@ -70,8 +70,8 @@ def metric_values(pairs: list[tuple[dict, dict]], metric: str) -> tuple[list[Any
     """One metric's per-document values in both runs; JSON lists turned back into lm-eval's tuples."""
     get = operator.itemgetter(metric)
     found = [list(map(get, map(side, pairs))) for side in _SIDES]
-    return tuple([tuple(v) if isinstance(v, list) else v for v in values] if list in set(map(type, values))
-                 else values for values in found)
+    return tuple(values if list not in (types := set(map(type, values))) else list(map(tuple, values))
+                 if types == {list} else [tuple(v) if isinstance(v, list) else v for v in values] for values in found)
 
 
 def unusable(value: Any) -> bool:
