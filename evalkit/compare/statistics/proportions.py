@@ -65,9 +65,14 @@ def documents_needed(tolerance: float, *, confidence: float = 0.95) -> int:
         raise ValueError(f"tolerance {tolerance} must lie in (0, 1) for 0/1 metrics")
     alpha = 1.0 - confidence
     shown = lambda n: tost.tango_p(0, 0, n, -tolerance, "above") < alpha  # noqa: E731 (symmetric at b = c = 0)
-    low, high = 1, 2
+    # searched from the asymptotic score test's answer, z^2 (1 - tol) / tol (the exact test needs a little more):
+    # a few exact tests where a search from 1 takes twice as many
+    guess = max(1, math.ceil(z_value(1.0 - 2.0 * alpha) ** 2 * (1.0 - tolerance) / tolerance))
+    low, high = guess, guess + max(1, guess // 4)
     while not shown(high):
         low, high = high, high * 2
+    while low > 1 and shown(low):
+        low, high = max(1, low // 2), low
     while high - low > 1:  # shown(high) holds, shown(low) does not (or low = 1)
         middle = (low + high) // 2
         low, high = (low, middle) if shown(middle) else (middle, high)
