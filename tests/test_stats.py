@@ -112,6 +112,15 @@ def test_documents_the_tolerance_needs():
     assert documents_needed(0.1) == 29
 
 
+@pytest.mark.parametrize("tolerance, confidence", [(0.05, 0.99), (0.3, 0.9), (0.01, 0.95), (0.9, 0.95)])
+def test_documents_needed_is_the_fewest_that_show_equivalence(tolerance, confidence):
+    """Searched from the asymptotic answer, whichever side of the exact one it falls: the exact test shows
+    equivalence at the count found, and not at one fewer."""
+    needed = documents_needed(tolerance, confidence=confidence)
+    shown = [tost.tango_p(0, 0, n, -tolerance, "above") < 1 - confidence for n in (needed - 1, needed)]
+    assert shown == [False, True] or (needed == 1 and shown[1])
+
+
 @pytest.mark.parametrize("n, expected", [(12, "inconclusive"), (40, "inconclusive"), (300, "equivalent")])
 def test_identical_documents_need_enough_of_them(n, expected):
     ref = np.array([1, 0] * (n // 2))
