@@ -16,14 +16,14 @@ is that row:
 
 Printed per size and row, reading the runs from their samples files' indexes (as a run writes them) and then from
 the samples files themselves (as for a run written before indexes): the whole command's wall and CPU time and its
-peak memory (``python -m evalkit.compare REF CAND --output DIR`` in a fresh process, as a user runs it, reports
-written; the fastest of --repeat runs, as timeit reports, since a shared machine only ever adds time; CPU time is the
-figure to compare on a shared machine; the peak is the process's largest resident set, its VmHWM), and the CPU time
-of its parts measured in this process with evalkit's own functions: reading both runs (runs.load_run), pairing and
-checking their documents (paired.check_comparable), the row's statistics (stats.compare_paired: the CPU time of
-every thread meanwhile, the sample-level details' thread beside it included) and the rest of the comparison
-(paired.compare_family less the statistics: the pairs checked again, the details, the verdicts). Printed, not
-asserted.
+peak memory (``python -m evalkit.compare REF CAND --output DIR`` in a fresh process, as a user runs it, with
+Python's bytecode cache, reports written; the fastest of --repeat runs, as timeit reports, since a shared machine
+only ever adds time; CPU time is the figure to compare on a shared machine; the peak is the process's largest
+resident set, its VmHWM), and the CPU time of its parts measured in this process with evalkit's own functions:
+reading both runs (runs.load_run), pairing and checking their documents (paired.check_comparable), the row's
+statistics (stats.compare_paired: the CPU time of every thread meanwhile, the sample-level details' thread beside
+it included) and the rest of the comparison (paired.compare_family less the statistics: the pairs checked again,
+the details, the verdicts). Printed, not asserted.
 
 Run: python -m benchmarks.compare_speed [--documents 10000 100000] [--kinds acc exact_match mean perplexity]
 [--seed 0] [--repeat 3]
@@ -141,6 +141,7 @@ def command(reference: Path, candidate: Path, output: Path) -> tuple[float, floa
     peak is the child's own high-water mark (VmHWM in /proc/PID/status, read every 20 ms until it ends): its
     ru_maxrss would also hold this process's, which Linux carries over to a child through its exec."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # Python's bytecode cache, as a user's Python keeps it by default
     start, peak = time.perf_counter(), 0
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen([sys.executable, "-m", "evalkit.compare", str(reference), str(candidate),
