@@ -224,6 +224,9 @@ def test_the_headline_words_for_equivalent_and_better_and_an_empty_table():
 def test_plots_that_would_say_nothing_are_sentences():
     assert plots.drift_plot([0.0, 5e-5, -2e-5], 1e-4) == page.Plot(
         None, "no log-probability drift above the noise floor (0.0001 nats) on 3 choices of the log-likelihood tasks")
+    moved = plots.drift_plot([0.0, 0.5, -2.0, 5e-5], 1e-4)
+    assert moved.png[:4] == b"\x89PNG" and moved.caption.startswith(
+        "2 of 4 choices moved beyond the noise floor (0.0001 nats), the largest by 2: ")
     assert plots.length_plot([0, 0, 0]).png is None
     shifted = plots.length_plot([0, 2, -1, 0])
     assert shifted.png[:4] == b"\x89PNG" and shifted.caption.startswith("2 of 4 generations changed length")
