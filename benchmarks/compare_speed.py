@@ -21,9 +21,9 @@ Python's bytecode cache, reports written; the fastest of --repeat runs, as timei
 only ever adds time; CPU time is the figure to compare on a shared machine; the peak is the process's largest
 resident set, its VmHWM), and the CPU time of its parts measured in this process with evalkit's own functions:
 reading both runs (runs.load_run), pairing and checking their documents (paired.check_comparable), the row's
-statistics (stats.compare_paired: the CPU time of every thread meanwhile, the sample-level details' thread beside
-it included) and the rest of the comparison (paired.compare_family less the statistics: the pairs checked again,
-the details, the verdicts). Printed, not asserted.
+statistics (stats.compare_paired, the CPU time of all its threads) and the rest of the comparison
+(paired.compare_family less the statistics: the pairs checked again, the details, the verdicts). Printed, not
+asserted.
 
 Run: python -m benchmarks.compare_speed [--documents 10000 100000] [--kinds acc exact_match mean perplexity]
 [--seed 0] [--repeat 3]

@@ -25,7 +25,6 @@ import numbers
 import operator
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -339,22 +338,19 @@ def compare_runs(reference: Run, candidate: Run, *, tolerance: float | Tolerance
     settings = dict(confidence=confidence, iterations=iterations, seed=seed, family=family)
     results, rows, details = reference.results, [], []
     values: dict[str, dict[tuple[str, str], tuple[list, list]]] = {}
-    with ThreadPoolExecutor(1) as pool:  # each task's detail beside its rows' statistics, which are mostly numpy's
-        for task, filt, pairs, metrics in paired:  # (and scipy's), with the GIL let go
-            scored, ids = values.setdefault(task, {}), {}
-            for metric, (kept, _) in metrics.items():
-                scored[(filt, metric)] = metric_values(kept, metric)
-                ids[metric] = [r["doc_id"] for r, _ in kept]
-                if tolerances.ranges and (why := metric_rows.range_error(results, task, filt, metric, ids[metric],
-                                                                         scored[(filt, metric)], tolerances)):
-                    raise CompareError(why)
-            details.append(pool.submit(task_detail, task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
-            for metric, (kept, left_out) in metrics.items():
-                row = compare_values(results, task, metric, *scored[(filt, metric)], tolerances=tolerances,
-                                     settings=settings, higher_is_better=metric_rows.direction(results, task, metric))
-                rows.append({"task": task, "filter": filt, "metric": metric, "n": len(kept), **row,
-                             "note": "; ".join(filter(None, [left_out, row["note"]]))})
-        details = [detail.result() for detail in details]
+    for task, filt, pairs, metrics in paired:
+        scored, ids = values.setdefault(task, {}), {}
+        for metric, (kept, left_out) in metrics.items():
+            ref, cand = scored[(filt, metric)] = metric_values(kept, metric)
+            ids[metric] = [r["doc_id"] for r, _ in kept]
+            if tolerances.ranges and (why := metric_rows.range_error(results, task, filt, metric, ids[metric],
+                                                                     (ref, cand), tolerances)):
+                raise CompareError(why)
+            row = compare_values(results, task, metric, ref, cand, tolerances=tolerances, settings=settings,
+                                 higher_is_better=metric_rows.direction(results, task, metric))
+            rows.append({"task": task, "filter": filt, "metric": metric, "n": len(kept), **row,
+                         "note": "; ".join(filter(None, [left_out, row["note"]]))})
+        details.append(task_detail(task, filt, pairs, {m: scored[(filt, m)] for m in metrics}, ids))
     rows += group_rows((results, candidate.results), values, tolerances=tolerances, settings=settings)
     rows += [metric_rows.not_compared(results, task, filt, metric, why, tolerances=tolerances)
              for task, filt, metric, why in recorded_only(reference, candidate, paired)]
