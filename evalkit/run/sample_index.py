@@ -254,12 +254,10 @@ def _whole(found: _Index) -> list[dict[str, Any]] | None:
 def _decoded(index: Path) -> _Index:
     """The index decoded from its mapped bytes (no copy of the file; what the decoder builds copies what it keeps);
     TooLarge above file_limit(), ValueError where it is empty (mmap's)."""
-    with open_regular(index) as f:
-        size, limit = os.fstat(f.fileno()).st_size, file_limit()
-        if size > limit:
-            raise too_large(index, size, limit)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return _DECODER.decode(mapped)
+    with open_regular(index) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        if len(mapped) > (limit := file_limit()):  # the bytes mapped, which are those decoded
+            raise too_large(index, len(mapped), limit)
+        return _DECODER.decode(mapped)
 
 
 def _sha256(path: Path) -> tuple[int, str] | None:

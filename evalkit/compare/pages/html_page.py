@@ -118,8 +118,8 @@ def flips_link(row: pd.Series, found: dict[tuple[str, str], list[documents.Chang
     rows = found.get((row["task"], row["filter"]))
     if not rows:
         return "—"
-    lost, gained = (f"{row['metric']}: {way}" for way in ("right → wrong", "wrong → right"))
-    lost, gained = (sum(way in r.change for r in rows) for way in (lost, gained))
+    lost, gained = (sum(change in r.change for r in rows)
+                    for change in (f"{row['metric']}: right → wrong", f"{row['metric']}: wrong → right"))
     words = f"{lost} lost, {gained} gained" if lost or gained else f"{len(rows)} outputs changed"
     return f'<a href="#{documents.anchor(row["task"], row["filter"])}">{words}</a>'
 

@@ -68,9 +68,16 @@ def first_divergence(ref: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any
 def metric_values(pairs: list[tuple[dict, dict]], metric: str) -> tuple[list[Any], list[Any]]:
     """One metric's per-document values in both runs; JSON lists turned back into lm-eval's tuples."""
     get = operator.itemgetter(metric)
-    found = [list(map(get, map(side, pairs))) for side in _SIDES]
-    return tuple(values if list not in (types := set(map(type, values))) else list(map(tuple, values))
-                 if types == {list} else [tuple(v) if isinstance(v, list) else v for v in values] for values in found)
+    ref, cand = (_as_tuples(list(map(get, map(side, pairs)))) for side in _SIDES)
+    return ref, cand
+
+
+def _as_tuples(values: list[Any]) -> list[Any]:
+    """values with each list turned into a tuple (all at once, in C, where every value is one)."""
+    types = set(map(type, values))
+    if list not in types:
+        return values
+    return list(map(tuple, values)) if types == {list} else [tuple(v) if isinstance(v, list) else v for v in values]
 
 
 def unusable(value: Any) -> bool:
@@ -187,8 +194,7 @@ def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
     ref_flat: list[float] = []
     cand_flat: list[float] = []
     choices: dict[int, tuple[list[list[float]], list[list[float]]]] = {}  # number of choices -> both runs' lists
-    for ref_lp, cand_lp in zip(map(choice_logprobs, map(_FIRST, pairs)),
-                               map(choice_logprobs, map(operator.itemgetter(1), pairs))):
+    for ref_lp, cand_lp in zip(*(map(choice_logprobs, map(side, pairs)) for side in _SIDES)):
         if ref_lp and cand_lp and len(ref_lp) == len(cand_lp):
             ref_flat += ref_lp
             cand_flat += cand_lp
@@ -204,7 +210,7 @@ def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
 def _same_choices_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> bool:
     """_logprob_drift at C speed where every document of both runs recorded as many choices (most tasks: a fixed
     number of options), each a number: all choices read in one pass per run. False where not so (nothing set)."""
-    logprobs = [list(map(choice_logprobs, map(getter, pairs))) for getter in (_FIRST, operator.itemgetter(1))]
+    logprobs = [list(map(choice_logprobs, map(side, pairs))) for side in _SIDES]
     try:
         counts = [set(map(len, side)) for side in logprobs]
         if len(counts[0]) != 1 or counts[0] != counts[1] or not (choices := counts[0].pop()):
