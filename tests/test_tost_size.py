@@ -15,6 +15,7 @@ import pytest
 from scipy.stats import binom, norm
 
 from evalkit.compare.statistics import tost
+from evalkit.compare.statistics.proportions import tango_interval
 
 ALPHA = 0.05
 
@@ -110,6 +111,24 @@ def test_the_interval_is_the_one_the_tests_invert(b, c, n):
         if -1 < limit < 1:
             near = [tost.tango_p(b, c, n, limit + e, side) for e in (-2e-5, 2e-5)]
             assert min(near) < ALPHA <= max(near)
+
+
+@pytest.mark.parametrize("b, c, n", [(0, 0, 140), (3, 1, 300), (12, 2, 300), (30, 60, 2000), (0, 5, 40), (40, 0, 40),
+                                     (30, 12, 20000), (0, 0, 100000), (20, 0, 100000), (3000, 2500, 100000)])
+def test_a_limit_looked_for_from_a_guess_is_the_one_the_whole_bracket_finds(b, c, n):
+    """Looked for first about a guess (the asymptotic limits, as compare looks for them, or guesses far off on
+    either side), each limit is where the whole bracket's search finds it, to the limit's tolerance, and the
+    p-value crosses alpha there."""
+    points = (-0.02, 0.0, 0.02)
+    whole = tost.tango_limits(b, c, n, ALPHA, points)
+    asymptotic = tango_interval(b, c, n, confidence=1 - 2 * ALPHA)
+    for guess in ((asymptotic.low, asymptotic.high), ((c - b) / n,) * 2, (-0.9, 0.9), (0.9, -0.9), (-0.01, 0.01)):
+        found = tost.tango_limits(b, c, n, ALPHA, points, guess=guess)
+        for limit, expected, side in zip(found, whole, ("above", "below")):
+            assert limit == pytest.approx(expected, abs=2 * (tost.XTOL + 1e-4 * abs(expected)))
+            if -1 < limit < 1:
+                near = [tost.tango_p(b, c, n, limit + e, side) for e in (-2e-5, 2e-5)]
+                assert min(near) < ALPHA <= max(near)
 
 
 def rejected_counts(n, delta, side, given):

@@ -41,7 +41,7 @@ import numpy as np
 from evalkit.compare.statistics import corpus, means, ratio, tost
 from evalkit.compare.statistics.bootstrap import aggregate_statistics, resamples_for, too_few
 from evalkit.compare.statistics.interval import Interval, orient, relative_change
-from evalkit.compare.statistics.proportions import mcnemar_exact
+from evalkit.compare.statistics.proportions import mcnemar_exact, tango_interval
 
 
 def is_binary(values: np.ndarray) -> bool:
@@ -111,9 +111,11 @@ def _tango(ref: np.ndarray, cand: np.ndarray, *, tolerance: float, confidence: f
     n, alpha, points = len(ref), 1.0 - confidence, (-tolerance, 0.0, tolerance)
     below = lambda t: tost.tango_p(b, c, n, t, "below", bool(b + c) and t < 0)  # noqa: E731
     above = lambda t: tost.tango_p(b, c, n, t, "above", bool(b + c) and t > 0)  # noqa: E731
+    guess = tango_interval(b, c, n, confidence=1.0 - 2 * alpha)  # the asymptotic limits, close from ~1,000 on
     with ThreadPoolExecutor(1) as pool:  # the two limits at once: numpy and scipy's special functions let go of
-        lower = pool.submit(tost._limit, lambda t: above(t) < alpha, above, alpha, points, lower=True)  # the GIL
-        high = tost._limit(lambda t: below(t) < alpha, below, alpha, points, lower=False)
+        lower = pool.submit(tost._limit, lambda t: above(t) < alpha, above, alpha, points, lower=True,  # the GIL
+                            guess=guess.low)
+        high = tost._limit(lambda t: below(t) < alpha, below, alpha, points, lower=False, guess=guess.high)
         low = lower.result()
     interval = orient(Interval((c - b) / n, *at_zero(low, high, below, above, alpha), 2 * confidence - 1),
                       higher_is_better)
