@@ -231,14 +231,17 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
     detail = TaskDetail(task=task, filter=filt)
     for metric, (ref, cand) in values.items():
         ids = (scored or {}).get(metric) or [r["doc_id"] for r, _ in pairs]
-        if stats.all_binary(ref, cand):
-            detail.flips[metric] = {
-                "right_to_wrong": [d for d, x, y in zip(ids, ref, cand) if x == 1 and y == 0],
-                "wrong_to_right": [d for d, x, y in zip(ids, ref, cand) if x == 0 and y == 1]}
+        if stats.all_binary(ref, cand):  # each document's doc_id where its 0/1 value went one way, at once
+            x, y, doc_ids = np.asarray(ref, dtype=float), np.asarray(cand, dtype=float), np.asarray(ids)
+            detail.flips[metric] = {"right_to_wrong": doc_ids[(x == 1) & (y == 0)].tolist(),
+                                    "wrong_to_right": doc_ids[(x == 0) & (y == 1)].tolist()}
     reasons: Counter = Counter()
-    outputs = [r.get("raw_output") for r, _ in pairs]
+    outputs, ref_len = list(map(_RAW_OUTPUT, map(_FIRST, pairs))), []
     for (r, c), output in zip(pairs, outputs):
-        if output is not None and c.get("raw_output") is not None:
+        if output is None:
+            continue
+        ref_len.append(float(r.get("output_tokens", 0)))
+        if c.get("raw_output") is not None:
             detail.generated += 1
             if output != c["raw_output"]:
                 detail.generations.append(first_divergence(r, c))
@@ -248,7 +251,6 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
     _logprob_drift(detail, [pair for pair, output in zip(pairs, outputs) if output is None])
     detail.finish_reasons = dict(reasons)
     if detail.generated:
-        ref_len = [float(r.get("output_tokens", 0)) for r, c in pairs if r.get("raw_output") is not None]
         detail.output_tokens = {"reference": float(np.mean(ref_len)),
                                 "candidate": float(np.mean(ref_len) + np.mean(detail.length_shift)),
                                 "mean_shift": float(np.mean(detail.length_shift))}
@@ -277,8 +279,8 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
             pairs = list(zip(refs, cands))
             # each document's list of metric names, in the order documents and runs come; runs read from disk share
             # one list among the documents that name the same metrics (runs.held), so that few are walked
-            lists = {id(names): names for names in itertools.chain.from_iterable(
-                zip(map(_METRICS, refs), map(_METRICS, cands)))}
+            every = list(itertools.chain.from_iterable(zip(map(_METRICS, refs), map(_METRICS, cands))))
+            lists = dict(zip(map(id, every), every))
             named = [m for names in lists.values() for m in (names or []) if isinstance(m, str)]
             metrics = [m for m in dict.fromkeys(named) if any(m in s for p in pairs for s in p)]
             yield task, filt, pairs, metrics
@@ -286,7 +288,7 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
 
 _FIRST = operator.itemgetter(0)
 _SIDES = (_FIRST, operator.itemgetter(1))
-_METRICS = operator.methodcaller("get", "metrics")
+_METRICS, _RAW_OUTPUT = (operator.methodcaller("get", key) for key in ("metrics", "raw_output"))
 
 
 def recorded_only(reference: Run, candidate: Run, paired: Paired | None = None) -> list[tuple[str, str, str, str]]:
