@@ -5,6 +5,8 @@ Run: pytest tests/test_compare_values.py
 """
 
 import json
+import subprocess
+import sys
 import math
 
 import numpy as np
@@ -526,3 +528,20 @@ def test_the_drawn_sign_flips_are_the_same_on_any_number_of_threads(monkeypatch)
     bits = np.unpackbits(drawn, axis=1, bitorder="little")[:, :n]
     kept = bits.any(axis=1)
     np.testing.assert_allclose(many_d, (1 - 2 * bits[kept].astype(float)) @ d, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("values, method, imported", [
+    (lambda rng: -0.5 + rng.uniform(-0.3, 0.3, 300), "sign-flip", False),
+    (lambda rng: rng.integers(0, 2, 300).astype(float), "tango", True)])
+def test_scipy_optimize_is_imported_only_by_a_row_whose_limits_it_finds(tmp_path, values, method, imported):
+    """scipy.optimize costs every command 0.07 s to import: compare imports it only where a root is looked for
+    (Tango's limits), and a sign-flip row's compare, on the command line, does without it."""
+    ref = values(np.random.default_rng(0))
+    folders = value_pair(tmp_path, ref, ref[::-1])
+    script = ("import sys, contextlib, io; from evalkit.compare import cli; tables = []; family = cli.compare_family\n"
+              "cli.compare_family = lambda *a, **k: tables.append(family(*a, **k)) or tables[-1]\n"
+              "with contextlib.redirect_stdout(io.StringIO()): code = cli.main(sys.argv[1:])\n"
+              "print(code, tables[0][0][0].iloc[0]['method'], 'scipy.optimize' in sys.modules)")
+    found = subprocess.run([sys.executable, "-c", script, *map(str, folders), "--output", str(tmp_path / "out")],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert found[1:] == [method, str(imported)] and found[0] in ("0", "1")
