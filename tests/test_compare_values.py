@@ -512,7 +512,7 @@ def test_the_drawn_sign_flips_are_the_same_on_any_number_of_threads(monkeypatch)
     rng = np.random.default_rng(n)
     d, u = rng.normal(0.0, 1.0, n), rng.uniform(1.0, 5.0, n)
     groups = -(-n // 8)
-    monkeypatch.setattr(means, "MAX_CELLS", 700 * groups)  # blocks of 700 patterns
+    monkeypatch.setattr(means, "DRAWN_CELLS", 700 * groups)  # blocks of 700 patterns
     found = {}
     for threads in (1, 3):
         monkeypatch.setattr(means, "THREADS", threads)

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 import numpy as np
 
 EXACT_MAX = 16  # documents up to which every sign pattern is enumerated (2^16 patterns)
-MAX_CELLS = 1 << 21  # signs held at once when drawing patterns
-SUM_ROWS = 8  # drawn patterns summed at once: their gathers stay in the processor's cache (a fifth faster)
+MAX_CELLS = 1 << 21  # signs held at once when enumerating patterns
+DRAWN_CELLS = 1 << 23  # bytes of drawn patterns (8 documents' signs each) held in one block
+TILE_CELLS = 1 << 15  # gathers a block's patterns make at once, from a tile of at least TILE_GROUPS groups' tables
+TILE_GROUPS = 64  # 64 groups' tables: 256 KiB, held in the processor's cache while every pattern of a block reads them
 THREADS = min(8, os.cpu_count() or 1)  # threads that sum the drawn patterns of many documents
 BET_CAP = 0.75  # the largest bet as a share of what the bettor could lose at the bound (the paper's c)
 
@@ -107,7 +109,9 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
     how many all-plus patterns there were. Above EXACT_MAX documents the draws are random bytes, a bit per
     document (1: its sign flipped), summed through tables of each group of 8 documents' 256 partial sums (two
     columns' at once, _paired_tables): a gather a group, where drawing and multiplying a sign a document cost four
-    times as much at 100,000 documents."""
+    times as much at 100,000 documents. A block of patterns is summed a tile of groups at a time, so that the
+    tile's tables stay in the processor's cache while every pattern reads them (0.38 s -> 0.28 s at 100,000
+    documents and 10,000 draws, where the patterns one at a time read every group's table from memory)."""
     n = len(columns[0])
     if n <= EXACT_MAX:
         sums: list[list[np.ndarray]] = [[] for _ in columns]
@@ -129,18 +133,23 @@ def flipped_sums(columns: list[np.ndarray], draws: int, seed: int) -> tuple[list
     offsets = np.arange(groups, dtype=np.intp) * 256
     last = (1 << (n - 8 * (groups - 1))) - 1  # the last group's bits that are documents
 
+    rows = max(1, DRAWN_CELLS // groups)
+    tile = max(TILE_GROUPS, TILE_CELLS // rows)  # of the block's size, not its thread's: the same sums anywhere
+
     def summed(drawn: np.ndarray) -> tuple[list[np.ndarray], int]:
         drawn[:, -1] &= last
         same = ~drawn.any(axis=1)
         kept = drawn[~same]
-        parts = [_gathered_sums(gathered, kept[start:start + SUM_ROWS] + offsets)
-                 for start in range(0, len(kept), SUM_ROWS)] or [[np.zeros(0)] * len(totals)]
-        flipped = [np.concatenate(column) for column in zip(*parts)]
+        flipped = [np.zeros(len(kept)) for _ in totals]
+        for start in range(0, groups, tile):
+            for found, part in zip(flipped, _gathered_sums(gathered, kept[:, start:start + tile]
+                                                           + offsets[start:start + tile])):
+                found += part
         return [total - 2.0 * found for found, total in zip(flipped, totals)], int(same.sum())
 
     # drawn in order on this thread, summed on THREADS (numpy lets go of the GIL), taken in the order drawn: the
     # same sums on any machine; at most 2 * THREADS blocks are held at once
-    rng, rows = np.random.default_rng(seed), max(1, MAX_CELLS // groups)
+    rng = np.random.default_rng(seed)
     pending: collections.deque = collections.deque()
     blocks = []
     with ThreadPoolExecutor(THREADS) as pool:
