@@ -384,12 +384,13 @@ def _limit(rejects: Callable[[float], bool], p: Callable[[float], float], alpha:
 
 
 def _near(crossing: Callable[[float], float], a: float, b: float, guess: float | None) -> tuple[float, float]:
-    """A bracket within [a, b] (where crossing changes sign) about guess where it changes sign: guess -+ the
-    limit's own tolerance first, the bracket moved and widened 16-fold at each step toward the change, up to a
-    or b; [a, b] where there is no guess inside it."""
+    """A bracket within [a, b] (where crossing changes sign) about guess where it changes sign: first guess -+
+    a little under half the limit's own tolerance (a bracket brentq takes as found, with no other p-value), the
+    bracket moved and widened 16-fold at each step toward the change, up to a or b; [a, b] where there is no
+    guess inside it."""
     if guess is None or not a < guess < b:
         return a, b
-    rejected_at_a, width = crossing(a) < 0, XTOL + 1e-4 * abs(guess)
+    rejected_at_a, width = crossing(a) < 0, 0.45 * (XTOL + 1e-4 * abs(guess))
     low, high = max(a, guess - width), min(b, guess + width)
     while True:
         width *= 16
