@@ -80,9 +80,10 @@ def test_the_one_pass_drift_is_the_drift_document_by_document(shape, monkeypatch
     elif shape == "a document without choices":
         del ref_samples[11]["resps"]
     pairs = list(zip(ref_samples, cand_samples))
-    assert paired._same_choices_drift(paired.TaskDetail("t", "none"), pairs) == (shape == "four choices each")
+    assert (paired._same_choices_drift(paired.TaskDetail("t", "none"), pairs) is not None) == (
+        shape == "four choices each")
     one_pass = paired.task_detail("t", "none", pairs, {})
-    monkeypatch.setattr(paired, "_same_choices_drift", lambda detail, pairs: False)
+    monkeypatch.setattr(paired, "_same_choices_drift", lambda detail, pairs: None)
     by_document = paired.task_detail("t", "none", pairs, {})
     assert repr(one_pass.logprob_diffs) == repr(by_document.logprob_diffs) and one_pass.logprob == by_document.logprob
     assert by_document.logprob["argmax_changed"] > 0

@@ -76,6 +76,17 @@ def choice_logprobs(sample: dict[str, Any]) -> list[float] | None:
     return sample[LOGPROBS] if LOGPROBS in sample else _logprobs(sample.get("resps"))
 
 
+def each_choice_logprobs(samples: list[dict[str, Any]]) -> list[list[float] | None]:
+    """choice_logprobs of each sample, read at once (in C) where every one is held."""
+    try:
+        return list(map(_HELD_LOGPROBS, samples))
+    except KeyError:
+        return list(map(choice_logprobs, samples))
+
+
+_HELD_LOGPROBS = operator.itemgetter(LOGPROBS)
+
+
 def _logprobs(resps: Any) -> list[float] | None:
     try:
         return list(map(float, map(_FIRST, map(_FIRST, resps or []))))  # [float(r[0][0]) for r in resps], in C

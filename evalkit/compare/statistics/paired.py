@@ -35,7 +35,7 @@ from evalkit.compare.statistics import metric_rows, stats, verdict
 from evalkit.compare.statistics.metric_rows import compare_values, group_rows
 from evalkit.compare.runs import CompareError, Run, check_like_for_like, collector_paused, recorded_scores
 from evalkit.compare.statistics.verdict import Tolerances
-from evalkit.run.sample_index import choice_logprobs
+from evalkit.run.sample_index import each_choice_logprobs
 
 @dataclass
 class TaskDetail:
@@ -185,43 +185,48 @@ def scored_pairs(task: str, filt: str, pairs: list[tuple[dict, dict]], metric: s
     return kept, note
 
 
-def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> None:
+def _logprob_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> np.ndarray:
     """The log-likelihood documents' drift (pairs: those whose reference has no generation): each choice's change
-    in document order (logprob_diffs), and the documents whose best choice moved (argmax_changed), counted for
-    each number of choices at once; a document whose runs recorded different numbers of choices is left out."""
-    if _same_choices_drift(detail, pairs):
-        return
+    in document order (logprob_diffs; returned as an array, empty where there is none), and the documents whose
+    best choice moved (argmax_changed), counted for each number of choices at once; a document whose runs
+    recorded different numbers of choices is left out."""
+    if (found := _same_choices_drift(detail, pairs)) is not None:
+        return found
     ref_flat: list[float] = []
     cand_flat: list[float] = []
     choices: dict[int, tuple[list[list[float]], list[list[float]]]] = {}  # number of choices -> both runs' lists
-    for ref_lp, cand_lp in zip(*(map(choice_logprobs, map(side, pairs)) for side in _SIDES)):
+    for ref_lp, cand_lp in zip(*(each_choice_logprobs(list(map(side, pairs))) for side in _SIDES)):
         if ref_lp and cand_lp and len(ref_lp) == len(cand_lp):
             ref_flat += ref_lp
             cand_flat += cand_lp
             both = choices.setdefault(len(ref_lp), ([], []))
             both[0].append(ref_lp)
             both[1].append(cand_lp)
-    if choices:
-        detail.logprob_diffs = np.subtract(cand_flat, ref_flat).tolist()  # y - x of each choice, as Python floats
-        detail.logprob["argmax_changed"] = sum(int((np.argmax(ref, axis=1) != np.argmax(cand, axis=1)).sum())
-                                               for ref, cand in choices.values())
+    if not choices:
+        return np.zeros(0)
+    drift = np.subtract(cand_flat, ref_flat)  # y - x of each choice
+    detail.logprob_diffs = drift.tolist()  # as Python floats
+    detail.logprob["argmax_changed"] = sum(int((np.argmax(ref, axis=1) != np.argmax(cand, axis=1)).sum())
+                                           for ref, cand in choices.values())
+    return drift
 
 
-def _same_choices_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> bool:
+def _same_choices_drift(detail: TaskDetail, pairs: list[tuple[dict, dict]]) -> np.ndarray | None:
     """_logprob_drift at C speed where every document of both runs recorded as many choices (most tasks: a fixed
-    number of options), each a number: all choices read in one pass per run. False where not so (nothing set)."""
-    logprobs = [list(map(choice_logprobs, map(side, pairs))) for side in _SIDES]
+    number of options), each a number: all choices read in one pass per run. None where not so (nothing set)."""
+    logprobs = [each_choice_logprobs(list(map(side, pairs))) for side in _SIDES]
     try:
         counts = [set(map(len, side)) for side in logprobs]
         if len(counts[0]) != 1 or counts[0] != counts[1] or not (choices := counts[0].pop()):
-            return False
+            return None
     except TypeError:  # a document without choices (None)
-        return False
+        return None
     ref, cand = (np.fromiter(itertools.chain.from_iterable(side), dtype=float, count=len(side) * choices
                              ).reshape(len(side), choices) for side in logprobs)
-    detail.logprob_diffs = (cand - ref).ravel().tolist()  # y - x of each choice in document order, Python floats
+    drift = (cand - ref).ravel()  # y - x of each choice in document order
+    detail.logprob_diffs = drift.tolist()  # as Python floats
     detail.logprob["argmax_changed"] = int((np.argmax(ref, axis=1) != np.argmax(cand, axis=1)).sum())
-    return True
+    return drift
 
 
 def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
@@ -248,17 +253,18 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
             if r.get("finish_reason") != c.get("finish_reason"):
                 reasons[f"{r.get('finish_reason')} -> {c.get('finish_reason')}"] += 1
             detail.length_shift.append(int(c.get("output_tokens", 0)) - int(r.get("output_tokens", 0)))
-    _logprob_drift(detail, [pair for pair, output in zip(pairs, outputs) if output is None])
+    drift = _logprob_drift(detail, [pair for pair, output in zip(pairs, outputs) if output is None])
     detail.finish_reasons = dict(reasons)
     if detail.generated:
         detail.output_tokens = {"reference": float(np.mean(ref_len)),
                                 "candidate": float(np.mean(ref_len) + np.mean(detail.length_shift)),
                                 "mean_shift": float(np.mean(detail.length_shift))}
-    if detail.logprob_diffs:
-        drift = np.abs(detail.logprob_diffs)
-        detail.logprob.update({"choices": len(drift), "max_abs": float(drift.max()), "mean_abs": float(drift.mean()),
-                               "mean": float(np.mean(detail.logprob_diffs)),
-                               **{f"q{q}_abs": float(np.quantile(drift, q / 100)) for q in (50, 90, 99)}})
+    if len(drift):
+        size = np.abs(drift)
+        detail.logprob.update({"choices": len(size), "max_abs": float(size.max()), "mean_abs": float(size.mean()),
+                               "mean": float(drift.mean()),
+                               **{f"q{q}_abs": float(found) for q, found in zip((50, 90, 99),
+                                                                                np.quantile(size, [0.5, 0.9, 0.99]))}})
     return detail
 
 
