@@ -26,7 +26,7 @@ import operator
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -241,7 +241,7 @@ def task_detail(task: str, filt: str, pairs: list[tuple[dict, dict]],
             detail.flips[metric] = {"right_to_wrong": doc_ids[(x == 1) & (y == 0)].tolist(),
                                     "wrong_to_right": doc_ids[(x == 0) & (y == 1)].tolist()}
     reasons: Counter = Counter()
-    outputs, ref_len = list(map(_RAW_OUTPUT, map(_FIRST, pairs))), []
+    outputs, ref_len = _each("raw_output", list(map(_FIRST, pairs))), []
     for (r, c), output in zip(pairs, outputs):
         if output is None:
             continue
@@ -283,18 +283,31 @@ def metric_pairs(reference: Run, candidate: Run) -> Iterator[tuple[str, str, lis
                     else sorted(k for k in ref_samples if k[1] == filt))
             refs, cands = list(map(ref_samples.__getitem__, keys)), list(map(cand_samples.__getitem__, keys))
             pairs = list(zip(refs, cands))
-            # each document's list of metric names, in the order documents and runs come; runs read from disk share
-            # one list among the documents that name the same metrics (runs.held), so that few are walked
-            every = list(itertools.chain.from_iterable(zip(map(_METRICS, refs), map(_METRICS, cands))))
-            lists = dict(zip(map(id, every), every))
-            named = [m for names in lists.values() for m in (names or []) if isinstance(m, str)]
+            named = [m for names in _metric_lists(refs, cands) for m in (names or []) if isinstance(m, str)]
             metrics = [m for m in dict.fromkeys(named) if any(m in s for p in pairs for s in p)]
             yield task, filt, pairs, metrics
 
 
+def _metric_lists(refs: list[dict], cands: list[dict]) -> Iterable[Any]:
+    """Each distinct list of metric names the documents hold, in the order documents and runs come. Runs read from
+    disk share one list among the documents that name the same metrics (runs.held), so that few are walked: most
+    often one, found at once in C (list.count compares by identity first)."""
+    sides = [_each("metrics", samples) for samples in (refs, cands)]
+    if refs and all(side.count(sides[0][0]) == len(side) for side in sides):
+        return sides[0][:1]
+    return {id(names): names for names in itertools.chain.from_iterable(zip(*sides))}.values()
+
+
+def _each(key: str, samples: list[dict]) -> list[Any]:
+    """Each sample's value under key (None where it has none), read at once in C."""
+    try:
+        return list(map(operator.itemgetter(key), samples))
+    except KeyError:
+        return list(map(operator.methodcaller("get", key), samples))
+
+
 _FIRST = operator.itemgetter(0)
 _SIDES = (_FIRST, operator.itemgetter(1))
-_METRICS, _RAW_OUTPUT = (operator.methodcaller("get", key) for key in ("metrics", "raw_output"))
 
 
 def recorded_only(reference: Run, candidate: Run, paired: Paired | None = None) -> list[tuple[str, str, str, str]]:
