@@ -307,11 +307,13 @@ def failed_in_actor(tmp_path, *cases, pipes: bool = False) -> dict:
     script.write_text(STAND_IN_ACTOR)
     command = [sys.executable, str(script), str(found), *cases]
     if pipes:
-        done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300, start_new_session=True)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, start_new_session=True)
+        assert done.returncode == 0, f"the stand-in actor exited {done.returncode}:\n{done.stderr[-4000:]}"
         assert "EngineCore failed to start." in done.stdout + done.stderr  # the output still reaches Ray's side
     else:
         with open(tmp_path / "worker.out", "w") as out, open(tmp_path / "worker.err", "w") as err:
-            subprocess.run(command, stdout=out, stderr=err, check=True, timeout=300, start_new_session=True)
+            code = subprocess.run(command, stdout=out, stderr=err, timeout=300, start_new_session=True).returncode
+        assert code == 0, f"the stand-in actor exited {code}:\n{(tmp_path / 'worker.err').read_text()[-4000:]}"
     with open(found, "rb") as f:
         failures = pickle.load(f)
     return {case: RayTaskError("EngineActor.start", tb, error, proctitle="ray::EngineActor.start", pid=1,
