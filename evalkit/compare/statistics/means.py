@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 EXACT_MAX = 16  # documents up to which every sign pattern is enumerated (2^16 patterns)
-MAX_CELLS = 1 << 21  # signs held at once when enumerating patterns
+MAX_CELLS = 1 << 21  # signs held at once by sign_patterns
 DRAWN_CELLS = 1 << 23  # bytes of drawn patterns (8 documents' signs each) held in one block
 TILE_CELLS = 1 << 15  # gathers a block's patterns make at once, from a tile of at least TILE_GROUPS groups' tables
 TILE_GROUPS = 64  # 64 groups' tables: 256 KiB, held in the processor's cache while every pattern of a block reads them

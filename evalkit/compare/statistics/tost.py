@@ -375,7 +375,7 @@ def _limit(rejects: Callable[[float], bool], p: Callable[[float], float], alpha:
         from scipy.optimize import brentq  # imported here: a compare that inverts no Tango test spares its 0.07 s
 
         crossing = lambda t: p(t) - alpha  # noqa: E731
-        root = brentq(crossing, *_near(crossing, a, b, guess), xtol=XTOL, rtol=1e-4)
+        root = brentq(crossing, *_near(crossing, a, b, guess, shown[i - 1]), xtol=XTOL, rtol=1e-4)
     if lower and a > -1.0:  # strictly above a bound the test rejects
         return max(root, float(np.nextafter(a, b)))
     if not lower and b < 1.0:  # strictly below one
@@ -383,14 +383,15 @@ def _limit(rejects: Callable[[float], bool], p: Callable[[float], float], alpha:
     return float(root)
 
 
-def _near(crossing: Callable[[float], float], a: float, b: float, guess: float | None) -> tuple[float, float]:
-    """A bracket within [a, b] (where crossing changes sign) about guess where it changes sign: first guess -+
-    a little under half the limit's own tolerance (a bracket brentq takes as found, with no other p-value), the
-    bracket moved and widened 16-fold at each step toward the change, up to a or b; [a, b] where there is no
-    guess inside it."""
+def _near(crossing: Callable[[float], float], a: float, b: float, guess: float | None,
+          rejected_at_a: bool) -> tuple[float, float]:
+    """A bracket within [a, b] (where crossing changes sign; rejected_at_a: crossing(a) < 0, as _limit found it)
+    about guess where it changes sign: first guess -+ a little under half the limit's own tolerance (a bracket
+    brentq takes as found, with no other p-value), the bracket moved and widened 16-fold at each step toward the
+    change, up to a or b; [a, b] where there is no guess inside it."""
     if guess is None or not a < guess < b:
         return a, b
-    rejected_at_a, width = crossing(a) < 0, 0.45 * (XTOL + 1e-4 * abs(guess))
+    width = 0.45 * (XTOL + 1e-4 * abs(guess))
     low, high = max(a, guess - width), min(b, guess + width)
     while True:
         width *= 16
